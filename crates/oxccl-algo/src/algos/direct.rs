@@ -1,0 +1,222 @@
+//! Direct algorithms: every rank reads (or writes) its peers' buffers
+//! itself, over shared memory, CUDA IPC or RDMA.
+//!
+//! Each program opens with a barrier of signals ("my buffers are ready")
+//! and closes with one ("I am done with yours"), so no rank touches a
+//! peer's memory before the peer entered the collective or after it left;
+//! the verifier checks exactly that. One-shot all-reduce moves `(n-1)·S`
+//! into each rank in one round (latency-bound sizes); two-shot moves
+//! `2(n-1)/n · S` like the ring, in two rounds.
+
+use crate::collective::{Collective, part};
+use crate::ir::{Program, Slice, Step};
+
+fn peers(r: usize, n: usize) -> impl Iterator<Item = usize> {
+    (1..n).map(move |k| (r + k) % n)
+}
+
+fn barrier(p: &mut Program, r: usize, n: usize) {
+    for q in peers(r, n) {
+        p.push(r, 0, Step::Signal { peer: q });
+    }
+    for q in peers(r, n) {
+        p.push(r, 0, Step::Wait { peer: q });
+    }
+}
+
+/// `dst = local ⊕ Σ_q peer q's src` by direct reads, `local` and `src` at
+/// the same offsets.
+fn reduce_from_peers(p: &mut Program, r: usize, n: usize, local: Slice, remote: Slice, dst: Slice) {
+    let mut acc = local;
+    for q in peers(r, n) {
+        p.push(
+            r,
+            0,
+            Step::GetReduce {
+                peer: q,
+                src: remote,
+                acc,
+                dst,
+            },
+        );
+        acc = dst;
+    }
+}
+
+fn copy_alone(p: &mut Program, r: usize, len: usize) {
+    if len > 0 {
+        p.push(
+            r,
+            0,
+            Step::Copy {
+                src: Slice::input(0, len),
+                dst: Slice::output(0, len),
+            },
+        );
+    }
+}
+
+/// One-shot all-reduce: each rank reduces all inputs itself (into
+/// scratch, so an in-place call's input stays intact while peers read it).
+pub(crate) fn one_shot(c: Collective) -> Program {
+    let (n, count) = (c.nranks, c.count);
+    let mut p = Program::new("oneshot", c);
+    for r in 0..n {
+        if n == 1 || count == 0 {
+            copy_alone(&mut p, r, if n == 1 { count } else { 0 });
+            continue;
+        }
+        p.need_scratch(r, count);
+        barrier(&mut p, r, n);
+        reduce_from_peers(
+            &mut p,
+            r,
+            n,
+            Slice::input(0, count),
+            Slice::input(0, count),
+            Slice::scratch(0, count),
+        );
+        barrier(&mut p, r, n);
+        p.push(
+            r,
+            0,
+            Step::Copy {
+                src: Slice::scratch(0, count),
+                dst: Slice::output(0, count),
+            },
+        );
+    }
+    p
+}
+
+/// Two-shot all-reduce: rank `r` reduces block `r` reading every peer's
+/// input, then every rank reads the finished blocks from their owners.
+pub(crate) fn two_shot(c: Collective) -> Program {
+    let (n, count) = (c.nranks, c.count);
+    let mut p = Program::new("twoshot", c);
+    let block = |j: usize| {
+        let (off, len) = part(count, n, j);
+        Slice::output(off, len)
+    };
+    for r in 0..n {
+        if n == 1 || count == 0 {
+            copy_alone(&mut p, r, if n == 1 { count } else { 0 });
+            continue;
+        }
+        barrier(&mut p, r, n);
+        let mine = block(r);
+        if mine.len > 0 {
+            let input = Slice::input(mine.off, mine.len);
+            reduce_from_peers(&mut p, r, n, input, input, mine);
+        }
+        barrier(&mut p, r, n);
+        for q in peers(r, n) {
+            let theirs = block(q);
+            if theirs.len > 0 {
+                p.push(
+                    r,
+                    0,
+                    Step::Get {
+                        peer: q,
+                        src: theirs,
+                        dst: theirs,
+                    },
+                );
+            }
+        }
+        barrier(&mut p, r, n);
+    }
+    p
+}
+
+/// Direct reduce-scatter: rank `r` reduces block `r` of every input.
+pub(crate) fn reduce_scatter(c: Collective) -> Program {
+    let (n, cnt) = (c.nranks, c.count);
+    let mut p = Program::new("direct", c);
+    for r in 0..n {
+        if n == 1 || cnt == 0 {
+            copy_alone(&mut p, r, if n == 1 { cnt } else { 0 });
+            continue;
+        }
+        barrier(&mut p, r, n);
+        let mine = Slice::input(r * cnt, cnt);
+        reduce_from_peers(&mut p, r, n, mine, mine, Slice::output(0, cnt));
+        barrier(&mut p, r, n);
+    }
+    p
+}
+
+/// Direct all-gather: each rank writes its input into every peer's output.
+pub(crate) fn all_gather(c: Collective) -> Program {
+    let (n, cnt) = (c.nranks, c.count);
+    let mut p = Program::new("direct", c);
+    for r in 0..n {
+        let mine = Slice::output(r * cnt, cnt);
+        if cnt == 0 {
+            continue;
+        }
+        p.push(
+            r,
+            0,
+            Step::Copy {
+                src: Slice::input(0, cnt),
+                dst: mine,
+            },
+        );
+        if n == 1 {
+            continue;
+        }
+        barrier(&mut p, r, n);
+        for q in peers(r, n) {
+            p.push(
+                r,
+                0,
+                Step::Put {
+                    peer: q,
+                    src: Slice::input(0, cnt),
+                    dst: mine,
+                },
+            );
+        }
+        barrier(&mut p, r, n);
+    }
+    p
+}
+
+/// Direct all-to-all: each rank reads its block from every peer's input.
+/// Not in-place safe: a rank would overwrite blocks a peer still reads.
+pub(crate) fn all_to_all(c: Collective) -> Program {
+    let (n, cnt) = (c.nranks, c.count);
+    let mut p = Program::new("direct", c);
+    p.in_place = false;
+    for r in 0..n {
+        if cnt == 0 {
+            continue;
+        }
+        p.push(
+            r,
+            0,
+            Step::Copy {
+                src: Slice::input(r * cnt, cnt),
+                dst: Slice::output(r * cnt, cnt),
+            },
+        );
+        if n == 1 {
+            continue;
+        }
+        barrier(&mut p, r, n);
+        for q in peers(r, n) {
+            p.push(
+                r,
+                0,
+                Step::Get {
+                    peer: q,
+                    src: Slice::input(r * cnt, cnt),
+                    dst: Slice::output(q * cnt, cnt),
+                },
+            );
+        }
+        barrier(&mut p, r, n);
+    }
+    p
+}

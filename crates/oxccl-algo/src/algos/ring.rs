@@ -1,0 +1,199 @@
+//! Ring algorithms, as NCCL runs them on one channel.
+//!
+//! The count is cut into `n` blocks (balanced: sizes differ by at most one
+//! element) and each block into `k` pipeline chunks. For each chunk, in
+//! order, a rank runs the ring's steps: reduce-scatter passes partial sums
+//! around the ring (`n-1` hops), all-gather passes finished blocks (`n-1`
+//! hops). Per rank, all-reduce sends exactly `2(n-1)` blocks, i.e.
+//! `2(n-1)/n · S` when `n` divides the count; reduce-scatter and
+//! all-gather send `(n-1)` blocks.
+
+use super::BuildOptions;
+use crate::collective::{Collective, part};
+use crate::ir::{Program, Slice, Step};
+
+/// The non-empty chunks of a `len`-element range cut into `k` pieces:
+/// `(offset, len)` relative to the range.
+pub(super) fn chunks(len: usize, k: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..k).map(move |c| part(len, k, c)).filter(|&(_, l)| l > 0)
+}
+
+fn ring_next(r: usize, n: usize) -> (usize, usize) {
+    ((r + 1) % n, (r + n - 1) % n)
+}
+
+/// Ring all-reduce: reduce-scatter then all-gather, fused at the turn
+/// (`recv-reduce-copy-send`).
+pub(crate) fn all_reduce(c: Collective, o: &BuildOptions) -> Program {
+    let n = c.nranks;
+    let mut p = Program::new("ring", c);
+    let block = |j: usize| part(c.count, n, j % n);
+    let k = o.chunking(block(0).1);
+    for r in 0..n {
+        let (next, prev) = ring_next(r, n);
+        if n == 1 {
+            if c.count > 0 {
+                p.push(
+                    r,
+                    0,
+                    Step::Copy {
+                        src: Slice::input(0, c.count),
+                        dst: Slice::output(0, c.count),
+                    },
+                );
+            }
+            continue;
+        }
+        for ch in 0..k {
+            // The chunk `ch` of block j, as a (offset, len) in the buffers.
+            let piece = |j: usize| {
+                let (boff, blen) = block(j);
+                let (coff, clen) = part(blen, k, ch);
+                (boff + coff, clen)
+            };
+            let mut emit = |j: usize, f: &dyn Fn(usize, usize) -> Step| {
+                let (off, len) = piece(j);
+                if len > 0 {
+                    p.push(r, 0, f(off, len));
+                }
+            };
+            // Reduce-scatter: after step s, rank r has added its part to block r-s.
+            emit(r, &|off, len| Step::Send {
+                peer: next,
+                src: Slice::input(off, len),
+            });
+            for s in 1..n - 1 {
+                emit(r + n - s, &|off, len| Step::RecvReduceSend {
+                    recv: prev,
+                    send: next,
+                    src: Slice::input(off, len),
+                });
+            }
+            // Block r+1 is complete here: keep it and start the all-gather.
+            emit(r + 1, &|off, len| Step::RecvReduceCopySend {
+                recv: prev,
+                send: next,
+                src: Slice::input(off, len),
+                dst: Slice::output(off, len),
+            });
+            for s in 1..n - 1 {
+                emit(r + 1 + n - s, &|off, len| Step::RecvCopySend {
+                    recv: prev,
+                    send: next,
+                    dst: Slice::output(off, len),
+                });
+            }
+            emit(r + 2, &|off, len| Step::Recv {
+                peer: prev,
+                dst: Slice::output(off, len),
+            });
+        }
+    }
+    p
+}
+
+/// Ring reduce-scatter: block `j` (of `count` elements) of every input
+/// travels the ring and ends, fully reduced, at rank `j`.
+pub(crate) fn reduce_scatter(c: Collective, o: &BuildOptions) -> Program {
+    let (n, cnt) = (c.nranks, c.count);
+    let mut p = Program::new("ring", c);
+    let k = o.chunking(cnt);
+    for r in 0..n {
+        let (next, prev) = ring_next(r, n);
+        for (off, len) in chunks(cnt, k) {
+            let at = |j: usize| Slice::input((j % n) * cnt + off, len);
+            if n == 1 {
+                p.push(
+                    r,
+                    0,
+                    Step::Copy {
+                        src: at(0),
+                        dst: Slice::output(off, len),
+                    },
+                );
+                continue;
+            }
+            p.push(
+                r,
+                0,
+                Step::Send {
+                    peer: next,
+                    src: at(r + n - 1),
+                },
+            );
+            for s in 1..n - 1 {
+                p.push(
+                    r,
+                    0,
+                    Step::RecvReduceSend {
+                        recv: prev,
+                        send: next,
+                        src: at(r + 2 * n - 1 - s),
+                    },
+                );
+            }
+            p.push(
+                r,
+                0,
+                Step::RecvReduce {
+                    peer: prev,
+                    src: at(r),
+                    dst: Slice::output(off, len),
+                },
+            );
+        }
+    }
+    p
+}
+
+/// Ring all-gather: every input travels the ring once.
+pub(crate) fn all_gather(c: Collective, o: &BuildOptions) -> Program {
+    let (n, cnt) = (c.nranks, c.count);
+    let mut p = Program::new("ring", c);
+    let k = o.chunking(cnt);
+    for r in 0..n {
+        let (next, prev) = ring_next(r, n);
+        for (off, len) in chunks(cnt, k) {
+            let at = |j: usize| Slice::output((j % n) * cnt + off, len);
+            p.push(
+                r,
+                0,
+                Step::Copy {
+                    src: Slice::input(off, len),
+                    dst: at(r),
+                },
+            );
+            if n == 1 {
+                continue;
+            }
+            p.push(
+                r,
+                0,
+                Step::Send {
+                    peer: next,
+                    src: Slice::input(off, len),
+                },
+            );
+            for s in 1..n - 1 {
+                p.push(
+                    r,
+                    0,
+                    Step::RecvCopySend {
+                        recv: prev,
+                        send: next,
+                        dst: at(r + n - s),
+                    },
+                );
+            }
+            p.push(
+                r,
+                0,
+                Step::Recv {
+                    peer: prev,
+                    dst: at(r + 1),
+                },
+            );
+        }
+    }
+    p
+}

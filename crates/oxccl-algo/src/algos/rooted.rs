@@ -1,0 +1,295 @@
+//! Rooted collectives (broadcast, reduce as a pipelined chain or a binary
+//! tree; gather and scatter), pairwise all-to-all and send/recv.
+
+use super::BuildOptions;
+use super::ring::chunks;
+use super::tree::{TreeLinks, broadcast_down, btree, reduce_up};
+use crate::collective::Collective;
+use crate::ir::{Program, Slice, Step};
+
+fn copy(p: &mut Program, r: usize, src: Slice, dst: Slice) {
+    if src.len > 0 {
+        p.push(r, 0, Step::Copy { src, dst });
+    }
+}
+
+/// Pipelined chain broadcast: root → root+1 → … → root-1, chunk by chunk.
+pub(crate) fn chain_broadcast(c: Collective, o: &BuildOptions) -> Program {
+    let (n, count, root) = (c.nranks, c.count, c.root);
+    let mut p = Program::new("ring", c);
+    for (off, len) in chunks(count, o.chunking(count)) {
+        for i in 0..n {
+            let r = (root + i) % n;
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            let out = Slice::output(off, len);
+            if i == 0 {
+                copy(&mut p, r, Slice::input(off, len), out);
+                if n > 1 {
+                    p.push(
+                        r,
+                        0,
+                        Step::Send {
+                            peer: next,
+                            src: Slice::input(off, len),
+                        },
+                    );
+                }
+            } else if i + 1 < n {
+                p.push(
+                    r,
+                    0,
+                    Step::RecvCopySend {
+                        recv: prev,
+                        send: next,
+                        dst: out,
+                    },
+                );
+            } else {
+                p.push(
+                    r,
+                    0,
+                    Step::Recv {
+                        peer: prev,
+                        dst: out,
+                    },
+                );
+            }
+        }
+    }
+    p
+}
+
+/// Pipelined chain reduce: root+1 → root+2 → … → root, accumulating.
+pub(crate) fn chain_reduce(c: Collective, o: &BuildOptions) -> Program {
+    let (n, count, root) = (c.nranks, c.count, c.root);
+    let mut p = Program::new("ring", c);
+    for (off, len) in chunks(count, o.chunking(count)) {
+        let input = Slice::input(off, len);
+        for i in 0..n {
+            let r = (root + 1 + i) % n;
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            let step = match (i, i + 1 == n) {
+                (_, true) if n == 1 => Step::Copy {
+                    src: input,
+                    dst: Slice::output(off, len),
+                },
+                (_, true) => Step::RecvReduce {
+                    peer: prev,
+                    src: input,
+                    dst: Slice::output(off, len),
+                },
+                (0, false) => Step::Send {
+                    peer: next,
+                    src: input,
+                },
+                _ => Step::RecvReduceSend {
+                    recv: prev,
+                    send: next,
+                    src: input,
+                },
+            };
+            p.push(r, 0, step);
+        }
+    }
+    p
+}
+
+/// Rank `r`'s links in the binary tree rooted at `root` (ranks relabelled
+/// so that `root` is the tree's rank 0).
+fn rooted_tree(n: usize, root: usize, r: usize) -> TreeLinks {
+    let l = btree(n, (r + n - root) % n);
+    let real = |v: usize| (v + root) % n;
+    TreeLinks {
+        parent: l.parent.map(real),
+        children: l.children.into_iter().map(real).collect(),
+    }
+}
+
+/// Binary-tree broadcast, pipelined chunk by chunk.
+pub(crate) fn tree_broadcast(c: Collective, o: &BuildOptions) -> Program {
+    let (n, count, root) = (c.nranks, c.count, c.root);
+    let mut p = Program::new("tree", c);
+    for r in 0..n {
+        let links = rooted_tree(n, root, r);
+        for (off, len) in chunks(count, o.chunking(count)) {
+            if r == root {
+                copy(&mut p, r, Slice::input(off, len), Slice::output(off, len));
+                for &child in &links.children {
+                    p.push(
+                        r,
+                        0,
+                        Step::Send {
+                            peer: child,
+                            src: Slice::input(off, len),
+                        },
+                    );
+                }
+            } else {
+                broadcast_down(&mut p, r, 0, &links, Slice::output(off, len));
+            }
+        }
+    }
+    p
+}
+
+/// Binary-tree reduce, pipelined; inner ranks keep partial sums in scratch.
+pub(crate) fn tree_reduce(c: Collective, o: &BuildOptions) -> Program {
+    let (n, count, root) = (c.nranks, c.count, c.root);
+    let mut p = Program::new("tree", c);
+    for r in 0..n {
+        let links = rooted_tree(n, root, r);
+        if n == 1 {
+            copy(&mut p, r, Slice::input(0, count), Slice::output(0, count));
+            continue;
+        }
+        if r != root && links.children.len() > 1 {
+            p.need_scratch(r, count);
+        }
+        for (off, len) in chunks(count, o.chunking(count)) {
+            let acc = if r == root {
+                Slice::output(off, len)
+            } else {
+                Slice::scratch(off, len)
+            };
+            reduce_up(&mut p, r, 0, &links, Slice::input(off, len), acc);
+        }
+    }
+    p
+}
+
+/// nccl-tests' send/recv: rank `r` sends to `r+1` and receives from `r-1`.
+pub(crate) fn send_recv(c: Collective) -> Program {
+    let (n, count) = (c.nranks, c.count);
+    let mut p = Program::new("direct", c);
+    for r in 0..n {
+        if n == 1 {
+            copy(&mut p, r, Slice::input(0, count), Slice::output(0, count));
+        } else if count > 0 {
+            p.push(
+                r,
+                0,
+                Step::Send {
+                    peer: (r + 1) % n,
+                    src: Slice::input(0, count),
+                },
+            );
+            p.push(
+                r,
+                0,
+                Step::Recv {
+                    peer: (r + n - 1) % n,
+                    dst: Slice::output(0, count),
+                },
+            );
+        }
+    }
+    p
+}
+
+/// Pairwise all-to-all: in round `k`, rank `r` sends block `r+k` to rank
+/// `r+k` and receives block `r` from rank `r-k`. In place only for two
+/// ranks: with more, a rank overwrites blocks it has yet to send.
+pub(crate) fn pairwise_all_to_all(c: Collective) -> Program {
+    let (n, cnt) = (c.nranks, c.count);
+    let mut p = Program::new("pairwise", c);
+    p.in_place = n <= 2;
+    for r in 0..n {
+        if cnt == 0 {
+            continue;
+        }
+        copy(
+            &mut p,
+            r,
+            Slice::input(r * cnt, cnt),
+            Slice::output(r * cnt, cnt),
+        );
+        for k in 1..n {
+            let (to, from) = ((r + k) % n, (r + n - k) % n);
+            p.push(
+                r,
+                0,
+                Step::Send {
+                    peer: to,
+                    src: Slice::input(to * cnt, cnt),
+                },
+            );
+            p.push(
+                r,
+                0,
+                Step::Recv {
+                    peer: from,
+                    dst: Slice::output(from * cnt, cnt),
+                },
+            );
+        }
+    }
+    p
+}
+
+/// Linear gather: every rank sends its input to the root.
+pub(crate) fn gather(c: Collective) -> Program {
+    let (n, cnt, root) = (c.nranks, c.count, c.root);
+    let mut p = Program::new("linear", c);
+    if cnt == 0 {
+        return p;
+    }
+    for r in 0..n {
+        if r == root {
+            copy(&mut p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));
+            for q in (1..n).map(|k| (root + k) % n) {
+                p.push(
+                    r,
+                    0,
+                    Step::Recv {
+                        peer: q,
+                        dst: Slice::output(q * cnt, cnt),
+                    },
+                );
+            }
+        } else {
+            p.push(
+                r,
+                0,
+                Step::Send {
+                    peer: root,
+                    src: Slice::input(0, cnt),
+                },
+            );
+        }
+    }
+    p
+}
+
+/// Linear scatter: the root sends block `r` of its input to rank `r`.
+pub(crate) fn scatter(c: Collective) -> Program {
+    let (n, cnt, root) = (c.nranks, c.count, c.root);
+    let mut p = Program::new("linear", c);
+    if cnt == 0 {
+        return p;
+    }
+    for r in 0..n {
+        if r == root {
+            for q in (1..n).map(|k| (root + k) % n) {
+                p.push(
+                    r,
+                    0,
+                    Step::Send {
+                        peer: q,
+                        src: Slice::input(q * cnt, cnt),
+                    },
+                );
+            }
+            copy(&mut p, r, Slice::input(r * cnt, cnt), Slice::output(0, cnt));
+        } else {
+            p.push(
+                r,
+                0,
+                Step::Recv {
+                    peer: root,
+                    dst: Slice::output(0, cnt),
+                },
+            );
+        }
+    }
+    p
+}

@@ -1,0 +1,408 @@
+//! The symbolic machine behind [`super::verify_with`].
+
+use super::race::{Clocks, Rec};
+use super::sym::{Piece, Ranks, SymBuf, Val};
+use super::{Report, VerifyOptions};
+use crate::collective::Collective;
+use crate::ir::{Buf, Program, Slice, Step};
+use oxccl_core::{Error, Result};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+struct Msg {
+    data: Vec<Piece>,
+    pc: usize,
+    clock: Option<Vec<u32>>,
+}
+
+#[derive(Clone, Copy)]
+enum Block {
+    Recv(usize),
+    Full(usize),
+    Signal(usize),
+}
+
+/// Where a rank's logical buffers live in its physical ones.
+#[derive(Clone, Copy)]
+struct Layout {
+    lens: [usize; 3],
+    /// In place: `(input_at, output_at)` inside physical buffer 0.
+    aliased: Option<(usize, usize)>,
+}
+
+impl Layout {
+    fn phys(&self, s: &Slice) -> (usize, usize) {
+        match (s.buf, self.aliased) {
+            (Buf::Input, Some((i, _))) => (0, i + s.off),
+            (Buf::Output, Some((_, o))) => (0, o + s.off),
+            (Buf::Input, None) => (0, s.off),
+            (Buf::Output, None) => (1, s.off),
+            (Buf::Scratch, _) => (2, s.off),
+        }
+    }
+    fn logical_len(&self, coll: &Collective, rank: usize, buf: Buf) -> usize {
+        match buf {
+            Buf::Input => coll.input_len(rank),
+            Buf::Output => coll.output_len(rank),
+            Buf::Scratch => self.lens[2],
+        }
+    }
+}
+
+pub(crate) struct Machine<'a> {
+    p: &'a Program,
+    coll: Collective,
+    slots: usize,
+    /// (rank, channel) of each process.
+    procs: Vec<(usize, usize)>,
+    pc: Vec<usize>,
+    pending: Vec<Option<(usize, Vec<Piece>)>>,
+    blocked: Vec<Option<Block>>,
+    bufs: Vec<[SymBuf; 3]>,
+    layout: Vec<Layout>,
+    conns: HashMap<(usize, usize, usize), VecDeque<Msg>>,
+    signals: HashMap<(usize, usize, usize), VecDeque<(usize, Option<Vec<u32>>)>>,
+    race: Option<Clocks>,
+    sent: Vec<u64>,
+    recv: Vec<u64>,
+    messages: u64,
+    steps: u64,
+    esize: u64,
+}
+
+impl<'a> Machine<'a> {
+    pub(crate) fn new(p: &'a Program, opts: &VerifyOptions) -> Result<Machine<'a>> {
+        let coll = p.collective;
+        coll.validate()
+            .map_err(|e| Error::program(format!("{}: {e}", p.name)))?;
+        let n = coll.nranks;
+        if p.ranks.len() != n {
+            return Err(Error::program(format!(
+                "{}: has programs for {} ranks but the collective has {n}",
+                p.name,
+                p.ranks.len()
+            )));
+        }
+        if opts.slots == 0 {
+            return Err(Error::invalid("verifier slots must be at least 1"));
+        }
+        let mut layout = Vec::with_capacity(n);
+        let mut bufs = Vec::with_capacity(n);
+        let mut procs = Vec::new();
+        for (r, rp) in p.ranks.iter().enumerate() {
+            let (i, o) = (coll.input_len(r), coll.output_len(r));
+            let l = if opts.in_place {
+                let ip = coll.in_place_layout(r);
+                Layout {
+                    lens: [ip.len, 0, rp.scratch],
+                    aliased: Some((ip.input_at, ip.output_at)),
+                }
+            } else {
+                Layout {
+                    lens: [i, o, rp.scratch],
+                    aliased: None,
+                }
+            };
+            let mut b = l.lens.map(SymBuf::undef);
+            let (pb, off) = l.phys(&Slice::input(0, i));
+            b[pb].write(
+                off,
+                &[Piece {
+                    len: i,
+                    val: Val::Sym {
+                        ranks: Rc::new(Ranks::single(r)),
+                        base: 0,
+                    },
+                }],
+            );
+            layout.push(l);
+            bufs.push(b);
+            procs.extend((0..rp.channels.len()).map(|c| (r, c)));
+        }
+        let tracked = p.has_one_sided() || p.ranks.iter().any(|r| r.channels.len() > 1);
+        let race = tracked.then(|| {
+            let per_rank: Vec<usize> = p.ranks.iter().map(|r| r.channels.len()).collect();
+            let lens: Vec<[usize; 3]> = layout.iter().map(|l| l.lens).collect();
+            Clocks::new(&per_rank, &lens)
+        });
+        let np = procs.len();
+        let m = Machine {
+            p,
+            coll,
+            slots: opts.slots,
+            procs,
+            pc: vec![0; np],
+            pending: vec![None; np].into_iter().collect(),
+            blocked: vec![None; np],
+            bufs,
+            layout,
+            conns: HashMap::new(),
+            signals: HashMap::new(),
+            race,
+            sent: vec![0; n],
+            recv: vec![0; n],
+            messages: 0,
+            steps: 0,
+            esize: coll.dtype.size() as u64,
+        };
+        m.check_shapes()?;
+        Ok(m)
+    }
+
+    fn step_at(&self, rank: usize, chan: usize, pc: usize) -> &'a Step {
+        &self.p.ranks[rank].channels[chan][pc]
+    }
+
+    fn at(&self, rank: usize, chan: usize, pc: usize) -> String {
+        let step = self.step_at(rank, chan, pc);
+        if self.p.ranks[rank].channels.len() > 1 {
+            format!("rank {rank} channel {chan} step {pc} ({step})")
+        } else {
+            format!("rank {rank} step {pc} ({step})")
+        }
+    }
+
+    fn here(&self, pi: usize) -> String {
+        let (r, c) = self.procs[pi];
+        self.at(r, c, self.pc[pi])
+    }
+
+    fn fail(&self, pi: usize, what: impl AsRef<str>) -> Error {
+        Error::program(format!(
+            "{}: {}: {}",
+            self.p.name,
+            self.here(pi),
+            what.as_ref()
+        ))
+    }
+
+    /// Peers, bounds and operand lengths, before anything runs.
+    fn check_shapes(&self) -> Result<()> {
+        let n = self.coll.nranks;
+        for (r, rp) in self.p.ranks.iter().enumerate() {
+            for (c, chan) in rp.channels.iter().enumerate() {
+                for (s, step) in chan.iter().enumerate() {
+                    let bad = |what: String| {
+                        Error::program(format!("{}: {}: {what}", self.p.name, self.at(r, c, s)))
+                    };
+                    let peers = [step.recv_peer(), step.send_peer(), step.one_sided_peer()];
+                    for peer in peers.into_iter().flatten() {
+                        if peer >= n {
+                            return Err(bad(format!("peer {peer} is out of range for {n} ranks")));
+                        }
+                        if peer == r {
+                            return Err(bad(
+                                "names the rank itself as its peer (use copy for local data)"
+                                    .into(),
+                            ));
+                        }
+                    }
+                    let remote = step.one_sided_peer();
+                    let (local, far, lens) = operands(step);
+                    for sl in local {
+                        self.check_bounds(r, sl).map_err(|e| bad(e))?;
+                    }
+                    if let (Some(peer), Some(sl)) = (remote, far) {
+                        self.check_bounds(peer, sl)
+                            .map_err(|e| bad(format!("rank {peer}'s {e}")))?;
+                    }
+                    if let Some(first) = lens.first() {
+                        if lens.iter().any(|l| l != first) {
+                            return Err(bad(format!("operand lengths differ: {lens:?}")));
+                        }
+                    }
+                    if let Step::Reduce { srcs, .. } = step {
+                        if srcs.is_empty() {
+                            return Err(bad("reduce has no sources".into()));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_bounds(&self, rank: usize, s: &Slice) -> std::result::Result<(), String> {
+        let len = self.layout[rank].logical_len(&self.coll, rank, s.buf);
+        if s.end() > len {
+            return Err(format!(
+                "{s} is outside the {} buffer of {len} elements",
+                s.buf.name()
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn run(mut self) -> Result<Report> {
+        let np = self.procs.len();
+        loop {
+            let mut progress = false;
+            let mut done = true;
+            for pi in 0..np {
+                while !self.finished(pi) {
+                    match self.exec(pi)? {
+                        None => progress = true,
+                        Some(b) => {
+                            self.blocked[pi] = Some(b);
+                            break;
+                        }
+                    }
+                }
+                done &= self.finished(pi);
+            }
+            if done {
+                break;
+            }
+            if !progress {
+                return Err(self.deadlock());
+            }
+        }
+        self.check_leftovers()?;
+        self.check_results()?;
+        Ok(Report {
+            sent_bytes: self.sent,
+            recv_bytes: self.recv,
+            messages: self.messages,
+            steps: self.steps,
+        })
+    }
+
+    fn finished(&self, pi: usize) -> bool {
+        let (r, c) = self.procs[pi];
+        self.pending[pi].is_none() && self.pc[pi] >= self.p.ranks[r].channels[c].len()
+    }
+
+    fn deadlock(&self) -> Error {
+        let mut lines = Vec::new();
+        let stuck: Vec<usize> = (0..self.procs.len())
+            .filter(|&pi| !self.finished(pi))
+            .collect();
+        for &pi in stuck.iter().take(6) {
+            let why = match self.blocked[pi] {
+                Some(Block::Recv(p)) => format!("waits for a message from rank {p}"),
+                Some(Block::Signal(p)) => format!("waits for a signal from rank {p}"),
+                Some(Block::Full(p)) => {
+                    format!(
+                        "cannot send to rank {p}: its connection holds {} unreceived message(s)",
+                        self.slots
+                    )
+                }
+                None => "is blocked".into(),
+            };
+            lines.push(format!("{} {why}", self.here(pi)));
+        }
+        if stuck.len() > 6 {
+            lines.push(format!("and {} more blocked", stuck.len() - 6));
+        }
+        Error::program(format!("{}: deadlock: {}", self.p.name, lines.join("; ")))
+    }
+
+    fn check_leftovers(&self) -> Result<()> {
+        let mut left: Vec<_> = self.conns.iter().filter(|(_, q)| !q.is_empty()).collect();
+        left.sort_by_key(|(k, _)| **k);
+        if let Some(((s, d, c), q)) = left.first() {
+            return Err(Error::program(format!(
+                "{}: {} sends a message that rank {d} never receives",
+                self.p.name,
+                self.at(*s, *c, q[0].pc)
+            )));
+        }
+        let mut left: Vec<_> = self.signals.iter().filter(|(_, q)| !q.is_empty()).collect();
+        left.sort_by_key(|(k, _)| **k);
+        if let Some(((s, d, c), q)) = left.first() {
+            return Err(Error::program(format!(
+                "{}: {} signals rank {d}, which never waits for it",
+                self.p.name,
+                self.at(*s, *c, q[0].0)
+            )));
+        }
+        if let Some(race) = &self.race {
+            for r in 0..self.coll.nranks {
+                if let Some((buf, rec)) = race.unfinished(r) {
+                    return Err(Error::program(format!(
+                        "{}: rank {r} returns while {} on its {} is not ordered before its end (no signal or message from the accessor after it)",
+                        self.p.name,
+                        self.describe(rec),
+                        self.buf_name(r, buf, rec.start, rec.end)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_results(&self) -> Result<()> {
+        for r in 0..self.coll.nranks {
+            let l = self.layout[r];
+            for e in self.coll.expected(r) {
+                let (pb, off) = l.phys(&Slice::output(e.start, e.len));
+                let want = Ranks::from_iter(e.ranks.iter().copied());
+                let mut at = e.start;
+                for piece in self.bufs[r][pb].read(off, e.len) {
+                    let problem = match &piece.val {
+                        Val::Undef => Some("was never written".to_string()),
+                        Val::Sym { ranks, base } => {
+                            let want_base = e.base + (at - e.start);
+                            let missing = want.minus(ranks);
+                            let extra = ranks.minus(&want);
+                            if *base != want_base {
+                                Some(format!(
+                                    "holds {} but should hold input[{want_base}]",
+                                    piece.val
+                                ))
+                            } else if !missing.is_empty() {
+                                Some(format!(
+                                    "is missing the contribution of ranks {}",
+                                    Ranks::from_iter(missing)
+                                ))
+                            } else if !extra.is_empty() {
+                                Some(format!(
+                                    "holds contributions of ranks {} that do not belong there",
+                                    Ranks::from_iter(extra)
+                                ))
+                            } else {
+                                None
+                            }
+                        }
+                    };
+                    if let Some(problem) = problem {
+                        return Err(Error::program(format!(
+                            "{}: rank {r} output[{at}..{}] {problem}; {} needs input[{}] of ranks {want} there",
+                            self.p.name,
+                            at + piece.len,
+                            self.coll,
+                            e.base + (at - e.start)
+                        )));
+                    }
+                    at += piece.len;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A step's local slices, its remote slice, and the lengths that must agree.
+fn operands(step: &Step) -> (Vec<&Slice>, Option<&Slice>, Vec<usize>) {
+    match step {
+        Step::Send { src, .. } | Step::RecvReduceSend { src, .. } => (vec![src], None, vec![]),
+        Step::Recv { dst, .. } | Step::RecvCopySend { dst, .. } => (vec![dst], None, vec![]),
+        Step::RecvReduce { src, dst, .. }
+        | Step::RecvReduceCopySend { src, dst, .. }
+        | Step::Copy { src, dst } => (vec![src, dst], None, vec![src.len, dst.len]),
+        Step::Reduce { srcs, dst } => {
+            let mut v: Vec<&Slice> = srcs.iter().collect();
+            v.push(dst);
+            let lens = v.iter().map(|s| s.len).collect();
+            (v, None, lens)
+        }
+        Step::Put { src, dst, .. } => (vec![src], Some(dst), vec![src.len, dst.len]),
+        Step::Get { src, dst, .. } => (vec![dst], Some(src), vec![src.len, dst.len]),
+        Step::GetReduce { src, acc, dst, .. } => {
+            (vec![acc, dst], Some(src), vec![src.len, acc.len, dst.len])
+        }
+        Step::Signal { .. } | Step::Wait { .. } => (vec![], None, vec![]),
+    }
+}
+
+mod exec;

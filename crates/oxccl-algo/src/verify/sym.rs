@@ -1,0 +1,413 @@
+//! Symbolic buffer contents over intervals.
+//!
+//! An element's symbolic value is the set of contributions it holds: ranks
+//! `R` and an input index `i` meaning "Σ over r ∈ R of input_r[i]". A run
+//! of elements whose index grows by one per element is one [`Piece`], so a
+//! whole block of a million elements is a single value and the verifier's
+//! cost follows the number of distinct runs, not the element count.
+
+use std::fmt;
+use std::rc::Rc;
+
+/// A set of ranks (bitset).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Ranks(Vec<u64>);
+
+impl Ranks {
+    pub(crate) fn single(rank: usize) -> Ranks {
+        let mut w = vec![0u64; rank / 64 + 1];
+        w[rank / 64] |= 1 << (rank % 64);
+        Ranks(w)
+    }
+
+    pub(crate) fn from_iter(ranks: impl IntoIterator<Item = usize>) -> Ranks {
+        let mut s = Ranks(Vec::new());
+        for r in ranks {
+            if s.0.len() <= r / 64 {
+                s.0.resize(r / 64 + 1, 0);
+            }
+            s.0[r / 64] |= 1 << (r % 64);
+        }
+        s
+    }
+
+    /// The lowest rank in both sets.
+    pub(crate) fn first_common(&self, other: &Ranks) -> Option<usize> {
+        self.0
+            .iter()
+            .zip(&other.0)
+            .enumerate()
+            .find_map(|(i, (a, b))| {
+                let both = a & b;
+                (both != 0).then(|| i * 64 + both.trailing_zeros() as usize)
+            })
+    }
+
+    pub(crate) fn union(&self, other: &Ranks) -> Ranks {
+        let (long, short) = if self.0.len() >= other.0.len() {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        let mut w = long.0.clone();
+        for (a, b) in w.iter_mut().zip(&short.0) {
+            *a |= b;
+        }
+        Ranks(w)
+    }
+
+    /// Ranks in `self` but not in `other`.
+    pub(crate) fn minus(&self, other: &Ranks) -> Vec<usize> {
+        self.iter().filter(|r| !other.contains(*r)).collect()
+    }
+
+    pub(crate) fn contains(&self, r: usize) -> bool {
+        self.0.get(r / 64).is_some_and(|w| w & (1 << (r % 64)) != 0)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, w)| {
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| i * 64 + b)
+        })
+    }
+}
+
+impl fmt::Display for Ranks {
+    /// `{0-3,5}`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v: Vec<usize> = self.iter().collect();
+        f.write_str("{")?;
+        let mut i = 0;
+        while i < v.len() {
+            let mut j = i;
+            while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
+                j += 1;
+            }
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            if j > i {
+                write!(f, "{}-{}", v[i], v[j])?;
+            } else {
+                write!(f, "{}", v[i])?;
+            }
+            i = j + 1;
+        }
+        f.write_str("}")
+    }
+}
+
+/// The value of the first element of a run.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Val {
+    /// Never written.
+    Undef,
+    /// Σ over `ranks` of `input[base]` (the run's k-th element: `base + k`).
+    Sym { ranks: Rc<Ranks>, base: usize },
+}
+
+impl Val {
+    fn at(&self, k: usize) -> Val {
+        match self {
+            Val::Undef => Val::Undef,
+            Val::Sym { ranks, base } => Val::Sym {
+                ranks: ranks.clone(),
+                base: base + k,
+            },
+        }
+    }
+
+    fn continues(&self, len: usize, next: &Val) -> bool {
+        match (self, next) {
+            (Val::Undef, Val::Undef) => true,
+            (Val::Sym { ranks: a, base: x }, Val::Sym { ranks: b, base: y }) => {
+                x + len == *y && (Rc::ptr_eq(a, b) || a == b)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Val {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Val::Undef => f.write_str("nothing (never written)"),
+            Val::Sym { ranks, base } => write!(f, "input[{base}] of ranks {ranks}"),
+        }
+    }
+}
+
+/// A run of `len` elements starting with value `val`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub(crate) len: usize,
+    pub(crate) val: Val,
+}
+
+/// Why two runs cannot be reduced together; `at` is the element offset
+/// into the operands.
+pub(crate) enum Clash {
+    Undef { at: usize, operand: usize },
+    Index { at: usize, a: Val, b: Val },
+    Twice { at: usize, rank: usize },
+}
+
+/// Element-wise reduction of two equally long piece lists.
+pub(crate) fn combine(a: &[Piece], b: &[Piece]) -> Result<Vec<Piece>, Clash> {
+    let mut out: Vec<Piece> = Vec::with_capacity(a.len().max(b.len()));
+    let (mut i, mut j, mut ai, mut bj, mut at) = (0, 0, 0, 0, 0);
+    while i < a.len() && j < b.len() {
+        let (pa, pb) = (&a[i], &b[j]);
+        let n = (pa.len - ai).min(pb.len - bj);
+        if n > 0 {
+            let (va, vb) = (pa.val.at(ai), pb.val.at(bj));
+            let val = match (&va, &vb) {
+                (Val::Undef, _) => return Err(Clash::Undef { at, operand: 0 }),
+                (_, Val::Undef) => return Err(Clash::Undef { at, operand: 1 }),
+                (Val::Sym { ranks: ra, base: x }, Val::Sym { ranks: rb, base: y }) => {
+                    if x != y {
+                        return Err(Clash::Index {
+                            at,
+                            a: va.clone(),
+                            b: vb.clone(),
+                        });
+                    }
+                    if let Some(rank) = ra.first_common(rb) {
+                        return Err(Clash::Twice { at, rank });
+                    }
+                    Val::Sym {
+                        ranks: Rc::new(ra.union(rb)),
+                        base: *x,
+                    }
+                }
+            };
+            push(&mut out, Piece { len: n, val });
+        }
+        ai += n;
+        bj += n;
+        at += n;
+        if ai == pa.len {
+            i += 1;
+            ai = 0;
+        }
+        if bj == pb.len {
+            j += 1;
+            bj = 0;
+        }
+    }
+    Ok(out)
+}
+
+/// The offset of the first undefined element, if any.
+pub(crate) fn first_undef(pieces: &[Piece]) -> Option<usize> {
+    let mut at = 0;
+    for p in pieces {
+        if p.val == Val::Undef && p.len > 0 {
+            return Some(at);
+        }
+        at += p.len;
+    }
+    None
+}
+
+fn push(out: &mut Vec<Piece>, p: Piece) {
+    if p.len == 0 {
+        return;
+    }
+    if let Some(last) = out.last_mut() {
+        if last.val.continues(last.len, &p.val) {
+            last.len += p.len;
+            return;
+        }
+    }
+    out.push(p);
+}
+
+/// One buffer's contents: runs with their start offsets, sorted, covering
+/// `[0, len)`.
+pub(crate) struct SymBuf {
+    starts: Vec<usize>,
+    pieces: Vec<Piece>,
+    len: usize,
+}
+
+impl SymBuf {
+    pub(crate) fn undef(len: usize) -> SymBuf {
+        let mut b = SymBuf {
+            starts: Vec::new(),
+            pieces: Vec::new(),
+            len,
+        };
+        if len > 0 {
+            b.starts.push(0);
+            b.pieces.push(Piece {
+                len,
+                val: Val::Undef,
+            });
+        }
+        b
+    }
+
+    /// The contents of `[off, off + len)`.
+    pub(crate) fn read(&self, off: usize, len: usize) -> Vec<Piece> {
+        debug_assert!(off + len <= self.len);
+        let mut out = Vec::new();
+        if len == 0 {
+            return out;
+        }
+        let end = off + len;
+        let mut i = self.starts.partition_point(|&s| s <= off) - 1;
+        while i < self.pieces.len() && self.starts[i] < end {
+            let (s, p) = (self.starts[i], &self.pieces[i]);
+            let from = off.max(s);
+            let to = end.min(s + p.len);
+            push(
+                &mut out,
+                Piece {
+                    len: to - from,
+                    val: p.val.at(from - s),
+                },
+            );
+            i += 1;
+        }
+        out
+    }
+
+    /// Replaces `[off, off + Σ len)` with `data`.
+    pub(crate) fn write(&mut self, off: usize, data: &[Piece]) {
+        let len: usize = data.iter().map(|p| p.len).sum();
+        if len == 0 {
+            return;
+        }
+        let end = off + len;
+        debug_assert!(end <= self.len);
+        let first = self.starts.partition_point(|&s| s <= off) - 1;
+        let last = self.starts.partition_point(|&s| s < end); // exclusive
+        let mut new: Vec<Piece> = Vec::with_capacity(data.len() + 2);
+        let s0 = self.starts[first];
+        if s0 < off {
+            new.push(Piece {
+                len: off - s0,
+                val: self.pieces[first].val.clone(),
+            });
+        }
+        for p in data {
+            push(&mut new, p.clone());
+        }
+        let (sl, pl) = (self.starts[last - 1], &self.pieces[last - 1]);
+        if sl + pl.len > end {
+            push(
+                &mut new,
+                Piece {
+                    len: sl + pl.len - end,
+                    val: pl.val.at(end - sl),
+                },
+            );
+        }
+        // Merge with the neighbours outside the replaced range.
+        let (mut lo, mut hi) = (first, last);
+        let mut start = s0;
+        if lo > 0 {
+            let prev = &self.pieces[lo - 1];
+            if prev.val.continues(prev.len, &new[0].val) {
+                lo -= 1;
+                start = self.starts[lo];
+                let mut merged = vec![prev.clone()];
+                for p in new {
+                    push(&mut merged, p);
+                }
+                new = merged;
+            }
+        }
+        if hi < self.pieces.len() {
+            let next = self.pieces[hi].clone();
+            let before = new.len();
+            push(&mut new, next);
+            if new.len() == before {
+                hi += 1;
+            } else {
+                new.pop();
+            }
+        }
+        let mut starts = Vec::with_capacity(new.len());
+        let mut at = start;
+        for p in &new {
+            starts.push(at);
+            at += p.len;
+        }
+        self.starts.splice(lo..hi, starts);
+        self.pieces.splice(lo..hi, new);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sym(ranks: &[usize], base: usize, len: usize) -> Piece {
+        Piece {
+            len,
+            val: Val::Sym {
+                ranks: Rc::new(Ranks::from_iter(ranks.iter().copied())),
+                base,
+            },
+        }
+    }
+
+    #[test]
+    fn writes_split_and_merge_runs() {
+        let mut b = SymBuf::undef(100);
+        b.write(10, &[sym(&[1], 10, 20)]);
+        b.write(30, &[sym(&[1], 30, 10)]);
+        assert_eq!(b.pieces.len(), 3, "contiguous runs merge");
+        assert!(b.read(10, 30) == vec![sym(&[1], 10, 30)]);
+        b.write(15, &[sym(&[2], 0, 5)]);
+        let r = b.read(0, 100);
+        assert_eq!(
+            r.iter().map(|p| p.len).collect::<Vec<_>>(),
+            vec![10, 5, 5, 20, 60]
+        );
+        assert!(r[3] == sym(&[1], 20, 20));
+        b.write(
+            0,
+            &[Piece {
+                len: 100,
+                val: Val::Undef,
+            }],
+        );
+        assert_eq!(b.pieces.len(), 1);
+    }
+
+    #[test]
+    fn combine_detects_clashes() {
+        let a = [sym(&[0], 0, 4), sym(&[0], 4, 4)];
+        let b = [sym(&[1, 2], 0, 8)];
+        let c = combine(&a, &b).ok().unwrap();
+        assert!(c == vec![sym(&[0, 1, 2], 0, 8)]);
+        assert!(matches!(
+            combine(&c, &b),
+            Err(Clash::Twice { at: 0, rank: 1 })
+        ));
+        assert!(matches!(
+            combine(&[sym(&[3], 1, 8)], &b),
+            Err(Clash::Index { at: 0, .. })
+        ));
+        let u = [
+            sym(&[3], 0, 2),
+            Piece {
+                len: 6,
+                val: Val::Undef,
+            },
+        ];
+        assert!(matches!(
+            combine(&u, &b),
+            Err(Clash::Undef { at: 2, operand: 0 })
+        ));
+        assert_eq!(
+            Ranks::from_iter([0, 1, 2, 3, 5, 9, 10]).to_string(),
+            "{0-3,5,9-10}"
+        );
+    }
+}
