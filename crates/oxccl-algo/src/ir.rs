@@ -441,6 +441,25 @@ impl Program {
         self.ranks.iter().any(|r| r.steps().any(Step::is_one_sided))
     }
 
+    /// A readable listing: one line per step, grouped by rank and channel.
+    pub fn listing(&self) -> String {
+        use std::fmt::Write;
+        let mut out = format!("{} ({})\n", self.name, self.collective);
+        for (r, rp) in self.ranks.iter().enumerate() {
+            let scratch = if rp.scratch > 0 { format!(", scratch {}", rp.scratch) } else { String::new() };
+            let _ = writeln!(out, "rank {r}{scratch}:");
+            for (c, steps) in rp.channels.iter().enumerate() {
+                if rp.channels.len() > 1 {
+                    let _ = writeln!(out, "  channel {c}:");
+                }
+                for (i, s) in steps.iter().enumerate() {
+                    let _ = writeln!(out, "  {i:>4}  {s}");
+                }
+            }
+        }
+        out
+    }
+
     /// The program as pretty JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("programs always serialize")

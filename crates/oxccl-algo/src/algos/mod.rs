@@ -154,7 +154,7 @@ impl Default for BuildOptions {
 }
 
 impl BuildOptions {
-    /// How to cut `len` elements into pipeline chunks: `(chunks, size)`.
+    /// Into how many pipeline chunks a `len`-element slice is cut.
     pub fn chunking(&self, len: usize) -> usize {
         let by_size = len.div_ceil(self.chunk_elems.max(1));
         by_size.clamp(1, self.max_chunks.max(1))

@@ -2,19 +2,21 @@
 //!
 //! Each process (a rank's channel) carries a vector clock. Signals and
 //! messages release the sender's clock and the matching wait or receive
-//! acquires it. Every access to a rank's buffers is recorded with its
-//! process and epoch; an access that conflicts with an earlier one (same
-//! elements, at least one write, different processes) must find that
-//! access in its clock, or the two race. Each rank's buffers start out
+//! acquires it. Shadow memory (FastTrack's, compressed over runs of
+//! elements) keeps, for every run of a buffer, its last write and the
+//! latest read of each process since; an access that conflicts with one of
+//! them (at least one write, different processes) must find it in its
+//! clock, or the two race. Each rank's buffers start out
 //! "written" by the rank itself at epoch 1, so a peer may touch them only
 //! after hearing from the rank; when the rank returns, every access by
 //! others must be in its clock (nobody is still using its memory).
 
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
 /// A recorded access.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Rec {
-    pub(crate) start: usize,
-    pub(crate) end: usize,
     pub(crate) write: bool,
     pub(crate) proc: usize,
     epoch: u32,
@@ -23,10 +25,21 @@ pub(crate) struct Rec {
     pub(crate) pc: usize,
 }
 
+/// The accesses that matter for a run of elements.
+#[derive(Clone, Debug)]
+struct Shadow {
+    len: usize,
+    write: Rec,
+    reads: Vec<Rec>,
+}
+
 pub(crate) struct Clocks {
     vc: Vec<Vec<u32>>,
+    /// The clock a process last released, while it still describes the
+    /// process (no access or acquire since): consecutive releases share it.
+    snap: Vec<Option<Rc<Vec<u32>>>>,
     first_proc: Vec<usize>,
-    records: Vec<[Vec<Rec>; 3]>,
+    shadow: Vec<[BTreeMap<usize, Shadow>; 3]>,
 }
 
 impl Clocks {
@@ -36,7 +49,7 @@ impl Clocks {
         // into the collective (which wrote its buffers).
         let real: usize = procs.iter().sum();
         let total = real + procs.len();
-        let mut first_proc = Vec::with_capacity(procs.len());
+        let mut first_proc = Vec::with_capacity(procs.len() + 1);
         let mut vc = Vec::with_capacity(real);
         let mut next = 0;
         for (r, &k) in procs.iter().enumerate() {
@@ -50,28 +63,21 @@ impl Clocks {
             next += k;
         }
         first_proc.push(real);
-        let records = lens
+        let shadow = lens
             .iter()
             .enumerate()
             .map(|(r, l)| {
                 l.map(|len| {
-                    let entry = Rec {
-                        start: 0,
-                        end: len,
-                        write: true,
-                        proc: real + r,
-                        epoch: 1,
-                        pc: usize::MAX,
-                    };
-                    if len > 0 { vec![entry] } else { Vec::new() }
+                    let entry = Rec { write: true, proc: real + r, epoch: 1, pc: usize::MAX };
+                    let mut m = BTreeMap::new();
+                    if len > 0 {
+                        m.insert(0, Shadow { len, write: entry, reads: Vec::new() });
+                    }
+                    m
                 })
             })
             .collect();
-        Clocks {
-            vc,
-            first_proc,
-            records,
-        }
+        Clocks { snap: vec![None; vc.len()], vc, first_proc, shadow }
     }
 
     /// The rank entry pseudo-process `proc` stands for, if it is one.
@@ -81,21 +87,32 @@ impl Clocks {
     }
 
     /// Hands out `p`'s clock and starts a new epoch.
-    pub(crate) fn release(&mut self, p: usize) -> Vec<u32> {
-        let c = self.vc[p].clone();
+    pub(crate) fn release(&mut self, p: usize) -> Rc<Vec<u32>> {
+        if let Some(s) = &self.snap[p] {
+            return s.clone();
+        }
+        let s = Rc::new(self.vc[p].clone());
         self.vc[p][p] += 1;
-        c
+        self.snap[p] = Some(s.clone());
+        s
     }
 
     /// Merges a released clock into `p`'s.
     pub(crate) fn acquire(&mut self, p: usize, clock: &[u32]) {
+        let mut learned = false;
         for (a, b) in self.vc[p].iter_mut().zip(clock) {
-            *a = (*a).max(*b);
+            if *b > *a {
+                *a = *b;
+                learned = true;
+            }
+        }
+        if learned {
+            self.snap[p] = None;
         }
     }
 
-    /// Records an access by `p` to `owner`'s buffer `buf`, `[start, end)`;
-    /// returns the earlier access it races with, if any.
+    /// Records an access by `p` (at step `pc`) to `owner`'s buffer `buf`,
+    /// `[start, end)`; returns the earlier access it races with and where.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn access(
         &mut self,
@@ -106,37 +123,46 @@ impl Clocks {
         start: usize,
         end: usize,
         write: bool,
-    ) -> Result<(), Rec> {
+    ) -> Result<(), (Rec, usize, usize)> {
         if start == end {
             return Ok(());
         }
         let clock = &self.vc[p];
-        let recs = &mut self.records[owner][buf];
-        for r in recs.iter() {
-            let overlaps = r.start < end && start < r.end;
-            if overlaps && r.proc != p && (r.write || write) && clock[r.proc] < r.epoch {
-                return Err(*r);
+        let map = &mut self.shadow[owner][buf];
+        split(map, start);
+        split(map, end);
+        let ordered = |r: &Rec| r.proc == p || clock[r.proc] >= r.epoch;
+        for (&s, sh) in map.range(start..end) {
+            let clash = if write {
+                std::iter::once(&sh.write).chain(&sh.reads).find(|r| !ordered(r))
+            } else {
+                Some(&sh.write).filter(|r| !ordered(r))
+            };
+            if let Some(r) = clash {
+                return Err((*r, s, s + sh.len));
             }
         }
-        if write {
-            // Every overlapping access is ordered before this write, so a
-            // later access ordered after this write is ordered after them.
-            recs.retain(|r| !(start <= r.start && r.end <= end));
+        let me = Rec { write, proc: p, epoch: clock[p], pc };
+        self.snap[p] = None;
+        for sh in map.range_mut(start..end).map(|(_, sh)| sh) {
+            if write {
+                // Everything here is ordered before this write, so a later
+                // access ordered after it is ordered after them too.
+                sh.write = me;
+                sh.reads.clear();
+            } else if let Some(r) = sh.reads.iter_mut().find(|r| r.proc == p) {
+                *r = me;
+            } else {
+                sh.reads.push(me);
+            }
         }
-        recs.push(Rec {
-            start,
-            end,
-            write,
-            proc: p,
-            epoch: clock[p],
-            pc,
-        });
         Ok(())
     }
 
     /// The first access to `rank`'s buffers by another rank that `rank`
-    /// has not heard the end of when it returns: `(buffer, access)`.
-    pub(crate) fn unfinished(&self, rank: usize) -> Option<(usize, Rec)> {
+    /// has not heard the end of when it returns: `(buffer, access, start,
+    /// end)`.
+    pub(crate) fn unfinished(&self, rank: usize) -> Option<(usize, Rec, usize, usize)> {
         let (lo, hi) = (self.first_proc[rank], self.first_proc[rank + 1]);
         let mut end = vec![0u32; self.vc[0].len()];
         for c in &self.vc[lo..hi] {
@@ -144,15 +170,22 @@ impl Clocks {
                 *a = (*a).max(*b);
             }
         }
-        self.records[rank]
-            .iter()
-            .enumerate()
-            .find_map(|(buf, recs)| {
-                recs.iter()
-                    .find(|r| {
-                        r.pc != usize::MAX && !(lo..hi).contains(&r.proc) && end[r.proc] < r.epoch
-                    })
-                    .map(|r| (buf, *r))
+        let foreign = |r: &Rec| r.pc != usize::MAX && !(lo..hi).contains(&r.proc) && end[r.proc] < r.epoch;
+        self.shadow[rank].iter().enumerate().find_map(|(buf, map)| {
+            map.iter().find_map(|(&s, sh)| {
+                std::iter::once(&sh.write).chain(&sh.reads).find(|r| foreign(r)).map(|r| (buf, *r, s, s + sh.len))
             })
+        })
+    }
+}
+
+/// Makes `at` the start of a run of `map`.
+fn split(map: &mut BTreeMap<usize, Shadow>, at: usize) {
+    let Some((&s, sh)) = map.range_mut(..=at).next_back() else { return };
+    if s < at && at < s + sh.len {
+        let mut tail = sh.clone();
+        tail.len = s + sh.len - at;
+        sh.len = at - s;
+        map.insert(at, tail);
     }
 }

@@ -9,10 +9,17 @@ use oxccl_core::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
+/// A connection (sender, receiver, channel): its messages and signals.
+#[derive(Default)]
+struct Conn {
+    msgs: VecDeque<Msg>,
+    sigs: VecDeque<(usize, Option<Rc<Vec<u32>>>)>,
+}
+
 struct Msg {
     data: Vec<Piece>,
     pc: usize,
-    clock: Option<Vec<u32>>,
+    clock: Option<Rc<Vec<u32>>>,
 }
 
 #[derive(Clone, Copy)]
@@ -60,8 +67,15 @@ pub(crate) struct Machine<'a> {
     blocked: Vec<Option<Block>>,
     bufs: Vec<[SymBuf; 3]>,
     layout: Vec<Layout>,
-    conns: HashMap<(usize, usize, usize), VecDeque<Msg>>,
-    signals: HashMap<(usize, usize, usize), VecDeque<(usize, Option<Vec<u32>>)>>,
+    conns: Vec<Conn>,
+    /// (sender, receiver, channel) of each connection.
+    ends: Vec<(usize, usize, usize)>,
+    /// Per process and step: the connection it receives (or waits) on and
+    /// the one it sends (or signals) on; `usize::MAX` for none.
+    conn_of: Vec<Vec<[usize; 2]>>,
+    first_proc: Vec<usize>,
+    /// Processes that may be able to make progress.
+    ready: Vec<usize>,
     race: Option<Clocks>,
     sent: Vec<u64>,
     recv: Vec<u64>,
@@ -119,13 +133,49 @@ impl<'a> Machine<'a> {
             bufs.push(b);
             procs.extend((0..rp.channels.len()).map(|c| (r, c)));
         }
+        let np = procs.len();
         let tracked = p.has_one_sided() || p.ranks.iter().any(|r| r.channels.len() > 1);
         let race = tracked.then(|| {
             let per_rank: Vec<usize> = p.ranks.iter().map(|r| r.channels.len()).collect();
             let lens: Vec<[usize; 3]> = layout.iter().map(|l| l.lens).collect();
             Clocks::new(&per_rank, &lens)
         });
-        let np = procs.len();
+        let mut first_proc = Vec::with_capacity(n);
+        for (r, rp) in p.ranks.iter().enumerate() {
+            first_proc.push(procs.partition_point(|&(q, _)| q < r));
+            debug_assert!(rp.channels.is_empty() || procs[first_proc[r]] == (r, 0));
+        }
+        let mut ids: HashMap<(usize, usize, usize), usize> = HashMap::new();
+        let mut ends = Vec::new();
+        let mut id = |key: (usize, usize, usize)| {
+            *ids.entry(key).or_insert_with(|| {
+                ends.push(key);
+                ends.len() - 1
+            })
+        };
+        let conn_of: Vec<Vec<[usize; 2]>> = procs
+            .iter()
+            .map(|&(r, c)| {
+                p.ranks[r].channels[c]
+                    .iter()
+                    .map(|step| {
+                        let inbound = match step {
+                            Step::Wait { peer } => Some(*peer),
+                            _ => step.recv_peer(),
+                        };
+                        let outbound = match step {
+                            Step::Signal { peer } => Some(*peer),
+                            _ => step.send_peer(),
+                        };
+                        [
+                            inbound.map_or(usize::MAX, |q| id((q, r, c))),
+                            outbound.map_or(usize::MAX, |q| id((r, q, c))),
+                        ]
+                    })
+                    .collect()
+            })
+            .collect();
+        let conns = (0..ends.len()).map(|_| Conn::default()).collect();
         let m = Machine {
             p,
             coll,
@@ -136,8 +186,11 @@ impl<'a> Machine<'a> {
             blocked: vec![None; np],
             bufs,
             layout,
-            conns: HashMap::new(),
-            signals: HashMap::new(),
+            conns,
+            ends,
+            conn_of,
+            first_proc,
+            ready: (0..np).rev().collect(),
             race,
             sent: vec![0; n],
             recv: vec![0; n],
@@ -198,6 +251,9 @@ impl<'a> Machine<'a> {
                         }
                     }
                     let remote = step.one_sided_peer();
+                    if let Some(dst) = destination(step).filter(|d| d.buf == Buf::Input) {
+                        return Err(bad(format!("writes {dst}: the input buffer is the caller's and read-only")));
+                    }
                     let (local, far, lens) = operands(step);
                     for sl in local {
                         self.check_bounds(r, sl).map_err(|e| bad(e))?;
@@ -234,28 +290,19 @@ impl<'a> Machine<'a> {
     }
 
     pub(crate) fn run(mut self) -> Result<Report> {
-        let np = self.procs.len();
-        loop {
-            let mut progress = false;
-            let mut done = true;
-            for pi in 0..np {
-                while !self.finished(pi) {
-                    match self.exec(pi)? {
-                        None => progress = true,
-                        Some(b) => {
-                            self.blocked[pi] = Some(b);
-                            break;
-                        }
-                    }
+        // Each process runs until it blocks; it is woken by the one event
+        // it waits for (a message, a free slot, a signal on its
+        // connection), so the whole run costs O(steps).
+        while let Some(pi) = self.ready.pop() {
+            while !self.finished(pi) {
+                if let Some(b) = self.exec(pi)? {
+                    self.blocked[pi] = Some(b);
+                    break;
                 }
-                done &= self.finished(pi);
             }
-            if done {
-                break;
-            }
-            if !progress {
-                return Err(self.deadlock());
-            }
+        }
+        if (0..self.procs.len()).any(|pi| !self.finished(pi)) {
+            return Err(self.deadlock());
         }
         self.check_leftovers()?;
         self.check_results()?;
@@ -297,33 +344,46 @@ impl<'a> Machine<'a> {
         Error::program(format!("{}: deadlock: {}", self.p.name, lines.join("; ")))
     }
 
+    /// Makes the process of (`rank`, `chan`), if it exists and is blocked,
+    /// ready to run again.
+    fn wake(&mut self, rank: usize, chan: usize) {
+        if chan < self.p.ranks[rank].channels.len() {
+            let pi = self.first_proc[rank] + chan;
+            if self.blocked[pi].take().is_some() {
+                self.ready.push(pi);
+            }
+        }
+    }
+
     fn check_leftovers(&self) -> Result<()> {
-        let mut left: Vec<_> = self.conns.iter().filter(|(_, q)| !q.is_empty()).collect();
-        left.sort_by_key(|(k, _)| **k);
-        if let Some(((s, d, c), q)) = left.first() {
+        let mut left: Vec<usize> = (0..self.conns.len()).filter(|&i| !self.conns[i].msgs.is_empty()).collect();
+        left.sort_by_key(|&i| self.ends[i]);
+        if let Some(&i) = left.first() {
+            let (s, d, c) = self.ends[i];
             return Err(Error::program(format!(
                 "{}: {} sends a message that rank {d} never receives",
                 self.p.name,
-                self.at(*s, *c, q[0].pc)
+                self.at(s, c, self.conns[i].msgs[0].pc)
             )));
         }
-        let mut left: Vec<_> = self.signals.iter().filter(|(_, q)| !q.is_empty()).collect();
-        left.sort_by_key(|(k, _)| **k);
-        if let Some(((s, d, c), q)) = left.first() {
+        let mut left: Vec<usize> = (0..self.conns.len()).filter(|&i| !self.conns[i].sigs.is_empty()).collect();
+        left.sort_by_key(|&i| self.ends[i]);
+        if let Some(&i) = left.first() {
+            let (s, d, c) = self.ends[i];
             return Err(Error::program(format!(
                 "{}: {} signals rank {d}, which never waits for it",
                 self.p.name,
-                self.at(*s, *c, q[0].0)
+                self.at(s, c, self.conns[i].sigs[0].0)
             )));
         }
         if let Some(race) = &self.race {
             for r in 0..self.coll.nranks {
-                if let Some((buf, rec)) = race.unfinished(r) {
+                if let Some((buf, rec, start, end)) = race.unfinished(r) {
                     return Err(Error::program(format!(
                         "{}: rank {r} returns while {} on its {} is not ordered before its end (no signal or message from the accessor after it)",
                         self.p.name,
                         self.describe(rec),
-                        self.buf_name(r, buf, rec.start, rec.end)
+                        self.buf_name(r, buf, start, end)
                     )));
                 }
             }
@@ -379,6 +439,22 @@ impl<'a> Machine<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// The slice a step writes, if any (for `put`, the peer's).
+fn destination(step: &Step) -> Option<&Slice> {
+    match step {
+        Step::Recv { dst, .. }
+        | Step::RecvReduce { dst, .. }
+        | Step::RecvCopySend { dst, .. }
+        | Step::RecvReduceCopySend { dst, .. }
+        | Step::Copy { dst, .. }
+        | Step::Reduce { dst, .. }
+        | Step::Put { dst, .. }
+        | Step::Get { dst, .. }
+        | Step::GetReduce { dst, .. } => Some(dst),
+        Step::Send { .. } | Step::RecvReduceSend { .. } | Step::Signal { .. } | Step::Wait { .. } => None,
     }
 }
 

@@ -6,6 +6,7 @@
 //! whole block of a million elements is a single value and the verifier's
 //! cost follows the number of distinct runs, not the element count.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::rc::Rc;
 
@@ -225,29 +226,20 @@ fn push(out: &mut Vec<Piece>, p: Piece) {
     out.push(p);
 }
 
-/// One buffer's contents: runs with their start offsets, sorted, covering
-/// `[0, len)`.
+/// One buffer's contents: runs keyed by their start offset, covering
+/// `[0, len)`; reads and writes cost `O(log runs)` plus the runs touched.
 pub(crate) struct SymBuf {
-    starts: Vec<usize>,
-    pieces: Vec<Piece>,
+    runs: BTreeMap<usize, Piece>,
     len: usize,
 }
 
 impl SymBuf {
     pub(crate) fn undef(len: usize) -> SymBuf {
-        let mut b = SymBuf {
-            starts: Vec::new(),
-            pieces: Vec::new(),
-            len,
-        };
+        let mut runs = BTreeMap::new();
         if len > 0 {
-            b.starts.push(0);
-            b.pieces.push(Piece {
-                len,
-                val: Val::Undef,
-            });
+            runs.insert(0, Piece { len, val: Val::Undef });
         }
-        b
+        SymBuf { runs, len }
     }
 
     /// The contents of `[off, off + len)`.
@@ -258,21 +250,38 @@ impl SymBuf {
             return out;
         }
         let end = off + len;
-        let mut i = self.starts.partition_point(|&s| s <= off) - 1;
-        while i < self.pieces.len() && self.starts[i] < end {
-            let (s, p) = (self.starts[i], &self.pieces[i]);
+        let first = self.runs.range(..=off).next_back().map(|(s, _)| *s).unwrap_or(0);
+        for (&s, p) in self.runs.range(first..end) {
             let from = off.max(s);
             let to = end.min(s + p.len);
-            push(
-                &mut out,
-                Piece {
-                    len: to - from,
-                    val: p.val.at(from - s),
-                },
-            );
-            i += 1;
+            push(&mut out, Piece { len: to - from, val: p.val.at(from - s) });
         }
         out
+    }
+
+    /// Makes `at` the start of a run.
+    fn split(&mut self, at: usize) {
+        if at >= self.len {
+            return;
+        }
+        let (&s, p) = self.runs.range_mut(..=at).next_back().expect("runs cover the buffer");
+        if s < at {
+            let tail = Piece { len: s + p.len - at, val: p.val.at(at - s) };
+            p.len = at - s;
+            self.runs.insert(at, tail);
+        }
+    }
+
+    /// Merges the run starting at `at` into the one before it when the
+    /// values continue.
+    fn merge_at(&mut self, at: usize) {
+        let Some(p) = self.runs.get(&at) else { return };
+        let Some((_, prev)) = self.runs.range(..at).next_back() else { return };
+        if prev.val.continues(prev.len, &p.val) {
+            let add = p.len;
+            self.runs.remove(&at);
+            self.runs.range_mut(..at).next_back().expect("checked above").1.len += add;
+        }
     }
 
     /// Replaces `[off, off + Σ len)` with `data`.
@@ -283,62 +292,19 @@ impl SymBuf {
         }
         let end = off + len;
         debug_assert!(end <= self.len);
-        let first = self.starts.partition_point(|&s| s <= off) - 1;
-        let last = self.starts.partition_point(|&s| s < end); // exclusive
-        let mut new: Vec<Piece> = Vec::with_capacity(data.len() + 2);
-        let s0 = self.starts[first];
-        if s0 < off {
-            new.push(Piece {
-                len: off - s0,
-                val: self.pieces[first].val.clone(),
-            });
+        self.split(off);
+        self.split(end);
+        let old: Vec<usize> = self.runs.range(off..end).map(|(s, _)| *s).collect();
+        for s in old {
+            self.runs.remove(&s);
         }
-        for p in data {
-            push(&mut new, p.clone());
-        }
-        let (sl, pl) = (self.starts[last - 1], &self.pieces[last - 1]);
-        if sl + pl.len > end {
-            push(
-                &mut new,
-                Piece {
-                    len: sl + pl.len - end,
-                    val: pl.val.at(end - sl),
-                },
-            );
-        }
-        // Merge with the neighbours outside the replaced range.
-        let (mut lo, mut hi) = (first, last);
-        let mut start = s0;
-        if lo > 0 {
-            let prev = &self.pieces[lo - 1];
-            if prev.val.continues(prev.len, &new[0].val) {
-                lo -= 1;
-                start = self.starts[lo];
-                let mut merged = vec![prev.clone()];
-                for p in new {
-                    push(&mut merged, p);
-                }
-                new = merged;
-            }
-        }
-        if hi < self.pieces.len() {
-            let next = self.pieces[hi].clone();
-            let before = new.len();
-            push(&mut new, next);
-            if new.len() == before {
-                hi += 1;
-            } else {
-                new.pop();
-            }
-        }
-        let mut starts = Vec::with_capacity(new.len());
-        let mut at = start;
-        for p in &new {
-            starts.push(at);
+        let mut at = off;
+        for p in data.iter().filter(|p| p.len > 0) {
+            self.runs.insert(at, p.clone());
             at += p.len;
         }
-        self.starts.splice(lo..hi, starts);
-        self.pieces.splice(lo..hi, new);
+        self.merge_at(end);
+        self.merge_at(off);
     }
 }
 
@@ -361,7 +327,7 @@ mod tests {
         let mut b = SymBuf::undef(100);
         b.write(10, &[sym(&[1], 10, 20)]);
         b.write(30, &[sym(&[1], 30, 10)]);
-        assert_eq!(b.pieces.len(), 3, "contiguous runs merge");
+        assert_eq!(b.runs.len(), 3, "contiguous runs merge");
         assert!(b.read(10, 30) == vec![sym(&[1], 10, 30)]);
         b.write(15, &[sym(&[2], 0, 5)]);
         let r = b.read(0, 100);
@@ -377,7 +343,7 @@ mod tests {
                 val: Val::Undef,
             }],
         );
-        assert_eq!(b.pieces.len(), 1);
+        assert_eq!(b.runs.len(), 1);
     }
 
     #[test]

@@ -10,19 +10,20 @@ impl Machine<'_> {
     /// progress, `Ok(Some(block))` when it must wait.
     pub(super) fn exec(&mut self, pi: usize) -> Result<Option<Block>> {
         let (rank, chan) = self.procs[pi];
+        let [inbound, outbound] = self.conn_of[pi][self.pc[pi]];
         if let Some((peer, data)) = self.pending[pi].take() {
-            let q = self.conns.entry((rank, peer, chan)).or_default();
-            if q.len() >= self.slots {
+            if self.conns[outbound].msgs.len() >= self.slots {
                 self.pending[pi] = Some((peer, data));
                 return Ok(Some(Block::Full(peer)));
             }
             let len: usize = data.iter().map(|p| p.len).sum();
             let clock = self.race.as_mut().map(|r| r.release(pi));
-            q.push_back(Msg {
+            self.conns[outbound].msgs.push_back(Msg {
                 data,
                 pc: self.pc[pi],
                 clock,
             });
+            self.wake(peer, chan);
             self.sent[rank] += len as u64 * self.esize;
             self.messages += 1;
             self.advance(pi);
@@ -31,13 +32,10 @@ impl Machine<'_> {
         let step = self.step_at(rank, chan, self.pc[pi]);
         let mut incoming = Vec::new();
         if let Some(peer) = step.recv_peer() {
-            let Some(msg) = self
-                .conns
-                .get_mut(&(peer, rank, chan))
-                .and_then(|q| q.pop_front())
-            else {
+            let Some(msg) = self.conns[inbound].msgs.pop_front() else {
                 return Ok(Some(Block::Recv(peer)));
             };
+            self.wake(peer, chan);
             let got: usize = msg.data.iter().map(|p| p.len).sum();
             let want = step.wire_elems();
             if got != want {
@@ -114,17 +112,11 @@ impl Machine<'_> {
             }
             Step::Signal { peer } => {
                 let clock = self.race.as_mut().map(|r| r.release(pi));
-                self.signals
-                    .entry((rank, *peer, chan))
-                    .or_default()
-                    .push_back((self.pc[pi], clock));
+                self.conns[outbound].sigs.push_back((self.pc[pi], clock));
+                self.wake(*peer, chan);
             }
             Step::Wait { peer } => {
-                let Some((_, clock)) = self
-                    .signals
-                    .get_mut(&(*peer, rank, chan))
-                    .and_then(|q| q.pop_front())
-                else {
+                let Some((_, clock)) = self.conns[inbound].sigs.pop_front() else {
                     return Ok(Some(Block::Signal(*peer)));
                 };
                 if let (Some(r), Some(c)) = (self.race.as_mut(), &clock) {
@@ -195,9 +187,9 @@ impl Machine<'_> {
         };
         match race.access(pi, pc, owner, pb, off, off + len, write) {
             Ok(()) => Ok(()),
-            Err(rec) => {
+            Err((rec, s, e)) => {
                 let what = if write { "writes" } else { "reads" };
-                let place = self.buf_name(owner, pb, off.max(rec.start), (off + len).min(rec.end));
+                let place = self.buf_name(owner, pb, off.max(s), (off + len).min(e));
                 Err(self.fail(
                     pi,
                     format!(
