@@ -6,7 +6,9 @@
 //!   nccl-tests number and name them;
 //! - [`ReduceOp`]: sum, prod, max, min, avg and pre-multiplied sum;
 //! - [`Error`]: the one error type of the workspace;
-//! - [`kernels`]: host reduction kernels for every type × op.
+//! - [`kernels`]: host reduction kernels for every type × op, on byte
+//!   buffers or typed slices, and the FP8 element types [`F8E4M3`] and
+//!   [`F8E5M2`].
 //!
 //! ```
 //! use oxccl_core::{DataType, ReduceOp};
@@ -20,8 +22,10 @@
 
 pub mod dtype;
 pub mod error;
+pub mod kernels;
 pub mod op;
 
 pub use dtype::DataType;
 pub use error::{Error, Result};
+pub use kernels::{Element, F8E4M3, F8E5M2};
 pub use op::ReduceOp;

@@ -90,12 +90,12 @@ impl ReduceOp {
     /// defined for every type today; the check exists so that callers ask
     /// (and the error names both) rather than assume.
     pub fn check(self, dtype: DataType) -> Result<()> {
-        if let ReduceOp::PreMulSum { scalar } = self {
-            if !scalar.is_finite() {
-                return Err(Error::invalid(format!(
-                    "premulsum scalar {scalar} for {dtype} is not finite"
-                )));
-            }
+        if let ReduceOp::PreMulSum { scalar } = self
+            && !scalar.is_finite()
+        {
+            return Err(Error::invalid(format!(
+                "premulsum scalar {scalar} for {dtype} is not finite"
+            )));
         }
         Ok(())
     }

@@ -1,0 +1,232 @@
+//! [`Element`]: what the kernels need of an element type, for the twelve
+//! types of [`DataType`].
+
+use super::fp8::{F8E4M3, F8E5M2};
+use crate::dtype::DataType;
+use bytemuck::Pod;
+use half::{bf16, f16};
+use std::fmt::Debug;
+
+/// An element type the host kernels reduce: one per [`DataType`].
+///
+/// The operations are the kernels' semantics, element by element (see the
+/// [module doc](super) for the rules: wrapping integers, `max`/`min` that
+/// skip NaN, narrow floats computed in `f32` and rounded after each
+/// operation).
+pub trait Element: Pod + Debug + Send + Sync + 'static {
+    /// The [`DataType`] whose elements this type holds.
+    const DTYPE: DataType;
+    /// `a + b`.
+    fn sum(self, b: Self) -> Self;
+    /// `a × b`.
+    fn prod(self, b: Self) -> Self;
+    /// The larger of `a` and `b`.
+    fn max(self, b: Self) -> Self;
+    /// The smaller of `a` and `b`.
+    fn min(self, b: Self) -> Self;
+    /// `self / n`, for [`ReduceOp::Avg`](crate::ReduceOp::Avg); `n >= 1`.
+    fn div_count(self, n: usize) -> Self;
+    /// A pre-multiplication scalar converted to this type.
+    fn from_scalar(s: f64) -> Self;
+}
+
+macro_rules! int_element {
+    ($t:ty, $dtype:ident, $wide:ty) => {
+        impl Element for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            #[inline(always)]
+            fn sum(self, b: Self) -> Self {
+                self.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn prod(self, b: Self) -> Self {
+                self.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn max(self, b: Self) -> Self {
+                Ord::max(self, b)
+            }
+            #[inline(always)]
+            fn min(self, b: Self) -> Self {
+                Ord::min(self, b)
+            }
+            #[inline]
+            fn div_count(self, n: usize) -> Self {
+                // Truncating division in a type wide enough for both; a count
+                // beyond it leaves a quotient of 0 (or -1 for the minimum).
+                let n = <$wide>::try_from(n).unwrap_or(<$wide>::MAX);
+                (<$wide>::from(self) / n) as $t
+            }
+            #[inline]
+            fn from_scalar(s: f64) -> Self {
+                // Truncates toward zero and saturates at the type's bounds.
+                s as $t
+            }
+        }
+    };
+}
+
+int_element!(i8, Int8, i64);
+int_element!(u8, Uint8, u64);
+int_element!(i32, Int32, i64);
+int_element!(u32, Uint32, u64);
+int_element!(i64, Int64, i128);
+int_element!(u64, Uint64, u64);
+
+/// `a` if it is larger than `b` or `b` is NaN, else `b`: IEEE `maxNum` (as
+/// CUDA's `fmaxf`), with equal operands (`-0`, `+0`) giving `b`.
+#[inline(always)]
+fn fmax<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    #[allow(clippy::eq_op)]
+    let b_nan = b != b;
+    if a > b || b_nan { a } else { b }
+}
+
+/// `a` if it is smaller than `b` or `b` is NaN, else `b` (see [`fmax`]).
+#[inline(always)]
+fn fmin<T: PartialOrd + Copy>(a: T, b: T) -> T {
+    #[allow(clippy::eq_op)]
+    let b_nan = b != b;
+    if a < b || b_nan { a } else { b }
+}
+
+macro_rules! float_element {
+    ($t:ty, $dtype:ident) => {
+        impl Element for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            #[inline(always)]
+            fn sum(self, b: Self) -> Self {
+                self + b
+            }
+            #[inline(always)]
+            fn prod(self, b: Self) -> Self {
+                self * b
+            }
+            #[inline(always)]
+            fn max(self, b: Self) -> Self {
+                fmax(self, b)
+            }
+            #[inline(always)]
+            fn min(self, b: Self) -> Self {
+                fmin(self, b)
+            }
+            #[inline]
+            fn div_count(self, n: usize) -> Self {
+                self / n as $t
+            }
+            #[inline]
+            fn from_scalar(s: f64) -> Self {
+                s as $t
+            }
+        }
+    };
+}
+
+float_element!(f32, Float32);
+float_element!(f64, Float64);
+
+/// `bf16` to `f32` (exact): the upper half of the bits.
+#[inline(always)]
+pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
+    f32::from_bits(u32::from(x.to_bits()) << 16)
+}
+
+/// `f32` to `bf16`, to nearest even; NaN stays NaN (quiet bit set). The
+/// same bits as `bf16::from_f32`, without branches, so that loops over it
+/// vectorize.
+#[inline(always)]
+pub(crate) fn f32_to_bf16(f: f32) -> bf16 {
+    let x = f.to_bits();
+    let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
+    let nan = (x >> 16) | 0x40;
+    let bits = if x & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        rounded
+    };
+    bf16::from_bits(bits as u16)
+}
+
+/// Types narrower than `f32`: arithmetic in `f32`, rounded back to nearest
+/// even after each operation. Since `f32` carries more than twice their
+/// precision plus two bits, that equals the correctly rounded operation in
+/// the narrow type (no double-rounding error), i.e. what `__hadd` computes.
+macro_rules! narrow_element {
+    ($t:ty, $dtype:ident, $to:expr, $from:expr) => {
+        impl Element for $t {
+            const DTYPE: DataType = DataType::$dtype;
+            #[inline(always)]
+            fn sum(self, b: Self) -> Self {
+                $from($to(self) + $to(b))
+            }
+            #[inline(always)]
+            fn prod(self, b: Self) -> Self {
+                $from($to(self) * $to(b))
+            }
+            #[inline(always)]
+            fn max(self, b: Self) -> Self {
+                fmax(self, b)
+            }
+            #[inline(always)]
+            fn min(self, b: Self) -> Self {
+                fmin(self, b)
+            }
+            #[inline]
+            fn div_count(self, n: usize) -> Self {
+                $from($to(self) / n as f32)
+            }
+            #[inline]
+            fn from_scalar(s: f64) -> Self {
+                <$t>::from_f64(s)
+            }
+        }
+    };
+}
+
+narrow_element!(f16, Float16, f16::to_f32, f16::from_f32);
+narrow_element!(bf16, Bfloat16, bf16_to_f32, f32_to_bf16);
+narrow_element!(F8E4M3, Float8E4M3, F8E4M3::to_f32, F8E4M3::from_f32);
+narrow_element!(F8E5M2, Float8E5M2, F8E5M2::to_f32, F8E5M2::from_f32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branch_free_bf16_conversion_matches_half() {
+        let mut x = 0x2545_F491u32;
+        for i in 0..1u32 << 20 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            // Every other pattern near the rounding boundary, NaN and inf.
+            let bits = if i % 2 == 0 {
+                x
+            } else {
+                x & 0xFFFF_8001 | 0x7FFF
+            };
+            let f = f32::from_bits(bits);
+            assert_eq!(
+                f32_to_bf16(f).to_bits(),
+                bf16::from_f32(f).to_bits(),
+                "{bits:#010x}"
+            );
+            // Widening is exact (`half` also sets the quiet bit of NaNs).
+            let h = bf16::from_bits(bits as u16);
+            if !h.is_nan() {
+                assert_eq!(bf16_to_f32(h).to_bits(), h.to_f32().to_bits());
+            }
+        }
+        for f in [
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::MAX,
+            0.0,
+            -0.0,
+        ] {
+            assert_eq!(f32_to_bf16(f).to_bits(), bf16::from_f32(f).to_bits(), "{f}");
+        }
+    }
+}
