@@ -30,6 +30,7 @@ fn load<T: Element>(out: &mut [T], bytes: &[u8]) {
 }
 
 /// `dst = a op b`.
+#[inline]
 pub(crate) fn reduce2<T: Element>(kind: Kind, dst: &mut [u8], a: &[u8], b: &[u8]) {
     if let (Ok(a), Ok(b)) = (try_cast_slice::<u8, T>(a), try_cast_slice::<u8, T>(b))
         && let Ok(d) = try_cast_slice_mut::<u8, T>(dst)
@@ -41,6 +42,7 @@ pub(crate) fn reduce2<T: Element>(kind: Kind, dst: &mut [u8], a: &[u8], b: &[u8]
 }
 
 /// `acc = acc op b`.
+#[inline]
 pub(crate) fn reduce_into<T: Element>(kind: Kind, acc: &mut [u8], b: &[u8]) {
     if let Ok(b) = try_cast_slice::<u8, T>(b)
         && let Ok(a) = try_cast_slice_mut::<u8, T>(acc)
@@ -52,6 +54,7 @@ pub(crate) fn reduce_into<T: Element>(kind: Kind, acc: &mut [u8], b: &[u8]) {
 }
 
 /// `dst = srcs[0] op srcs[1] op …`; `srcs` is not empty.
+#[inline]
 pub(crate) fn reduce_n<T: Element>(kind: Kind, dst: &mut [u8], srcs: &[&[u8]]) {
     if srcs.iter().all(|s| aligned::<T>(s))
         && let Ok(d) = try_cast_slice_mut::<u8, T>(dst)
