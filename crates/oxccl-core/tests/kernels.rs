@@ -7,8 +7,8 @@ mod common;
 use common::{Buf, Ref, Rng, assert_bits, assert_same, random_vec, values};
 use half::{bf16, f16};
 use oxccl_core::kernels::{
-    Element, finish_avg, finish_avg_typed, premul, premul_in_place, premul_typed, reduce_into,
-    reduce_into_typed, reduce_n, reduce_n_typed, reduce2, reduce2_typed,
+    Element, finish_avg, finish_avg_typed, premul, premul_in_place, premul_in_place_typed,
+    premul_typed, reduce_into, reduce_into_typed, reduce_n, reduce_n_typed, reduce2, reduce2_typed,
 };
 use oxccl_core::{DataType, F8E4M3, F8E5M2, ReduceOp};
 
@@ -160,8 +160,8 @@ fn ties_to_even<T: Element + PartialEq + std::fmt::Debug>(
 
 #[test]
 fn narrow_floats_round_to_nearest_even_after_each_operation() {
-    ties_to_even(f16::from_f64, 2f64.powi(-10));
-    ties_to_even(bf16::from_f64, 2f64.powi(-7));
+    ties_to_even(common::round_f16, 2f64.powi(-10));
+    ties_to_even(common::round_bf16, 2f64.powi(-7));
     ties_to_even(F8E4M3::from_f64, 2f64.powi(-3));
     ties_to_even(F8E5M2::from_f64, 2f64.powi(-2));
 }
@@ -256,7 +256,7 @@ fn finish_avg_divides_floats_and_truncates_integers() {
     assert_ne!(7.0 / 3.0, 7.0 * (1.0f64 / 3.0));
     let mut h = [f16::from_f32(3.0), f16::from_f32(1.0)];
     finish_avg_typed(&mut h, 3).unwrap();
-    assert_eq!(h, [f16::ONE, f16::from_f64(1.0 / 3.0)]);
+    assert_eq!(h, [f16::ONE, common::round_f16(1.0 / 3.0)]);
     let mut e = [F8E4M3::from_f32(448.0)];
     finish_avg_typed(&mut e, 4).unwrap();
     assert_eq!(e[0].to_f32(), 112.0);
@@ -283,9 +283,18 @@ fn premul_converts_the_scalar_to_the_element_type_first() {
     premul_typed(&mut h, &[f16::from_f32(3.0)], s).unwrap();
     assert_eq!(
         h[0].to_f64(),
-        f16::from_f64(3.0 * (1.0 + 2f64.powi(-10))).to_f64()
+        common::round_f16(3.0 * (1.0 + 2f64.powi(-10))).to_f64()
     );
-    assert_ne!(f16::from_f64(3.0 * s), h[0]);
+    assert_ne!(common::round_f16(3.0 * s), h[0]);
+    // A scalar that `half`'s `from_f64` misrounds (1 + 2^-11 + 2^-40 is above
+    // the midpoint 1 + 2^-11, but not once rounded to f32): f16 1 + 2^-10.
+    let s = 1.0 + 2f64.powi(-11) + 2f64.powi(-40);
+    let mut one = [f16::ONE];
+    premul_in_place_typed(&mut one, s).unwrap();
+    assert_eq!(one[0].to_f64(), 1.0 + 2f64.powi(-10));
+    let mut b = [bf16::ONE];
+    premul_in_place_typed(&mut b, 1.0 + 2f64.powi(-8) + 2f64.powi(-40)).unwrap();
+    assert_eq!(b[0].to_f64(), 1.0 + 2f64.powi(-7));
     let mut f = Buf::new(&[1.5f32, -2.0], 1);
     premul_in_place(DataType::Float32, f.bytes_mut(), 0.1).unwrap();
     assert_eq!(f.values::<f32>(), [1.5 * 0.1f32, -2.0 * 0.1f32]);

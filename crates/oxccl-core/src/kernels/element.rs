@@ -125,6 +125,32 @@ macro_rules! float_element {
 float_element!(f32, Float32);
 float_element!(f64, Float64);
 
+/// Rounds `x` to `f32` so that a second rounding to a narrower format is as
+/// if it were done once from `x`: round to odd (truncate, then set the last
+/// bit if anything was lost). Finite values beyond `f32::MAX` become
+/// ±`f32::MAX`, so that they saturate rather than become infinite.
+pub(crate) fn f64_to_f32_odd(x: f64) -> f32 {
+    if x.is_nan() {
+        return f32::NAN;
+    }
+    if x.is_infinite() {
+        return x as f32;
+    }
+    if x.abs() > f64::from(f32::MAX) {
+        return f32::MAX.copysign(x as f32);
+    }
+    let r = x as f32;
+    if f64::from(r) == x {
+        return r;
+    }
+    // Truncate toward zero, then make the last bit odd.
+    let mut bits = r.to_bits();
+    if f64::from(r).abs() > x.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
+}
+
 /// `bf16` to `f32` (exact): the upper half of the bits.
 #[inline(always)]
 pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
@@ -177,7 +203,9 @@ macro_rules! narrow_element {
             }
             #[inline]
             fn from_scalar(s: f64) -> Self {
-                <$t>::from_f64(s)
+                // Not `half`'s `from_f64`: it rounds twice (through `f32`
+                // with F16C) or drops the low half of the f64 (without).
+                $from(f64_to_f32_odd(s))
             }
         }
     };

@@ -11,6 +11,7 @@
 //! encoding and saturates to ±448; E5M2 keeps ±infinity (CUDA's `SATFINITE`
 //! would give ±57344 there). Subnormals are produced and read.
 
+use super::element::f64_to_f32_odd;
 use bytemuck::{Pod, Zeroable};
 use std::fmt;
 
@@ -125,32 +126,6 @@ impl Format {
 
 static E4M3_TABLE: [u32; 256] = E4M3.table();
 static E5M2_TABLE: [u32; 256] = E5M2.table();
-
-/// Rounds `x` to `f32` so that a second rounding to a narrower format is as
-/// if it were done once from `x`: round to odd (truncate, then set the last
-/// bit if anything was lost). Finite values beyond `f32::MAX` become
-/// ±`f32::MAX`, so that they saturate rather than become infinite.
-fn f64_to_f32_odd(x: f64) -> f32 {
-    if x.is_nan() {
-        return f32::NAN;
-    }
-    if x.is_infinite() {
-        return x as f32;
-    }
-    if x.abs() > f64::from(f32::MAX) {
-        return f32::MAX.copysign(x as f32);
-    }
-    let r = x as f32;
-    if f64::from(r) == x {
-        return r;
-    }
-    // Truncate toward zero, then make the last bit odd.
-    let mut bits = r.to_bits();
-    if f64::from(r).abs() > x.abs() {
-        bits -= 1;
-    }
-    f32::from_bits(bits | 1)
-}
 
 macro_rules! fp8_type {
     ($(#[$doc:meta])* $name:ident, $format:ident, $table:ident, $max:literal) => {

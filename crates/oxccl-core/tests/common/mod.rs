@@ -89,6 +89,44 @@ pub fn fp8_round(x: f64, e4m3: bool) -> u8 {
     sign | best
 }
 
+/// `x` rounded to the 16-bit format whose values `to` gives for bit
+/// patterns (nearest, ties to the even pattern; IEEE overflow to infinity
+/// from `max + ulp/2` on), by checking the neighbours of a first guess in
+/// exact f64 arithmetic. Independent of `half`'s `from_f64`, which is not
+/// correctly rounded (it rounds through f32, or drops the low 32 bits).
+fn round16(x: f64, to: fn(u16) -> f64, guess: u16, max: u16) -> u16 {
+    if x.is_nan() {
+        return guess;
+    }
+    let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+    let a = x.abs();
+    let (top, below) = (to(max), to(max - 1));
+    if a >= top + (top - below) / 2.0 {
+        return sign | (max + 1); // infinity
+    }
+    let g = (guess & 0x7FFF).min(max);
+    let mut best = g;
+    for c in [g.saturating_sub(1), g, (g + 1).min(max)] {
+        let (d, db) = ((to(c) - a).abs(), (to(best) - a).abs());
+        if d < db || d == db && c % 2 == 0 {
+            best = c;
+        }
+    }
+    sign | best
+}
+
+/// `x` correctly rounded to f16.
+pub fn round_f16(x: f64) -> f16 {
+    let to = |b: u16| f16::from_bits(b).to_f64();
+    f16::from_bits(round16(x, to, f16::from_f32(x as f32).to_bits(), 0x7BFF))
+}
+
+/// `x` correctly rounded to bf16.
+pub fn round_bf16(x: f64) -> bf16 {
+    let to = |b: u16| bf16::from_bits(b).to_f64();
+    bf16::from_bits(round16(x, to, bf16::from_f32(x as f32).to_bits(), 0x7F7F))
+}
+
 /// The reference semantics of one element type.
 pub trait Ref: Element + Zeroable {
     /// A random value; `any_bits` allows NaN and infinities.
@@ -170,8 +208,8 @@ macro_rules! float_ref {
 
 float_ref!(f32, f64::from, |v: f64| v as f32, f32::is_finite);
 float_ref!(f64, |v: f64| v, |v: f64| v, f64::is_finite);
-float_ref!(f16, f16::to_f64, f16::from_f64, f16::is_finite);
-float_ref!(bf16, bf16::to_f64, bf16::from_f64, bf16::is_finite);
+float_ref!(f16, f16::to_f64, round_f16, f16::is_finite);
+float_ref!(bf16, bf16::to_f64, round_bf16, bf16::is_finite);
 float_ref!(
     F8E4M3,
     |v: F8E4M3| fp8_value(v.to_bits(), true),
