@@ -52,83 +52,64 @@ impl Format {
         }
     }
 
-    /// The binary32 bits of `code`'s value (exact; every code has one).
-    const fn decode(&self, code: u8) -> u32 {
-        let sign = ((code & 0x80) as u32) << 24;
-        let mag = code & 0x7F;
-        if self.is_nan(mag) {
-            return sign | 0x7FC0_0000;
-        }
+    /// `code`'s value (exact). Selects rather than branches or a table,
+    /// so that loops over it vectorize.
+    #[inline(always)]
+    fn decode(&self, code: u8) -> f32 {
+        let sign = u32::from(code & 0x80) << 24;
+        let mag = u32::from(code & 0x7F);
+        // Normal: exponent and mantissa shift into place; adding rebiases
+        // the exponent.
+        let normal = (mag << (23 - self.mant)) + ((127 - self.bias) << 23);
+        // Subnormal (exponent field 0): mag × 2^(1 - bias - mant), exact.
+        let quantum = f32::from_bits((127 + 1 - self.bias - self.mant) << 23);
+        let sub = (mag as f32 * quantum).to_bits();
+        let mut bits = if mag < 1 << self.mant { sub } else { normal };
         if let Some(inf) = self.inf
-            && mag == inf
+            && mag == u32::from(inf)
         {
-            return sign | 0x7F80_0000;
+            bits = 0x7F80_0000;
         }
-        let exp = (mag as u32) >> self.mant;
-        let mut m = (mag as u32) & ((1 << self.mant) - 1);
-        if exp != 0 {
-            return sign | ((exp + 127 - self.bias) << 23) | (m << (23 - self.mant));
+        if self.is_nan(mag as u8) {
+            bits = 0x7FC0_0000;
         }
-        if m == 0 {
-            return sign;
-        }
-        // Subnormal: m × 2^(1 - bias - mant); normalise so that the leading
-        // one sits at bit `mant`, lowering the exponent once per shift.
-        let mut e = 127 + 1 - self.bias;
-        while m & (1 << self.mant) == 0 {
-            m <<= 1;
-            e -= 1;
-        }
-        sign | (e << 23) | ((m & ((1 << self.mant) - 1)) << (23 - self.mant))
-    }
-
-    /// Every code's binary32 bits, for lookup.
-    const fn table(&self) -> [u32; 256] {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            t[i] = self.decode(i as u8);
-            i += 1;
-        }
-        t
+        f32::from_bits(sign | bits)
     }
 
     /// `x` rounded to nearest (ties to even), saturating finite overflow.
+    /// Selects rather than branches, so that loops over it vectorize.
+    #[inline(always)]
     fn encode(&self, x: f32) -> u8 {
         let bits = x.to_bits();
         let sign = ((bits >> 24) & 0x80) as u8;
         let a = bits & 0x7FFF_FFFF;
-        if a > 0x7F80_0000 {
-            return sign | NAN;
-        }
+        // Normal: drop `shift` mantissa bits, to nearest even (a carry out of
+        // the mantissa bumps the exponent, as it should), then rebias.
+        let shift = 23 - self.mant;
+        let round = (1 << (shift - 1)) - 1 + ((a >> shift) & 1);
+        let normal = (a.wrapping_add(round) >> shift).wrapping_sub((127 - self.bias) << self.mant);
+        // Subnormal or zero: adding 2^(23 + q), where 2^q is the format's
+        // smallest subnormal, rounds |x| to nearest even at that quantum in
+        // the f32 adder; the sum's low bits count the quanta (2^mant of them
+        // is the smallest normal's code, as it should be).
+        let magic = f32::from_bits((127 + 23 + 1 - self.bias - self.mant) << 23);
+        let sub = (f32::from_bits(a) + magic)
+            .to_bits()
+            .wrapping_sub(magic.to_bits());
+        let min_normal = (127 + 1 - self.bias) << 23;
+        let mut code = if a >= min_normal { normal } else { sub }.min(u32::from(self.max));
         if a == 0x7F80_0000 {
-            return sign | self.inf.unwrap_or(self.max);
+            code = u32::from(self.inf.unwrap_or(self.max));
         }
-        let min_normal_exp = 127 + 1 - self.bias;
-        let code = if a >> 23 >= min_normal_exp {
-            // Normal: drop 23 - mant mantissa bits, rounding to nearest even;
-            // a carry out of the mantissa bumps the exponent, as it should.
-            let shift = 23 - self.mant;
-            let lsb = (a >> shift) & 1;
-            let rounded = (a + (1 << (shift - 1)) - 1 + lsb) >> shift;
-            rounded - ((127 - self.bias) << self.mant)
-        } else {
-            // Subnormal or zero: count quanta of 2^(1 - bias - mant). The
-            // scaling by a power of two is exact, and the quotient is below
-            // 2^mant, so `round_ties_even` is the whole rounding; a result of
-            // 2^mant is the smallest normal's code, as it should be.
-            let scale = f32::from_bits((127 + self.bias + self.mant - 1) << 23);
-            (f32::from_bits(a) * scale).round_ties_even() as u32
-        };
-        sign | code.min(self.max as u32) as u8
+        if a > 0x7F80_0000 {
+            code = u32::from(NAN);
+        }
+        sign | code as u8
     }
 }
 
-static E4M3_TABLE: [u32; 256] = E4M3.table();
-static E5M2_TABLE: [u32; 256] = E5M2.table();
-
 macro_rules! fp8_type {
-    ($(#[$doc:meta])* $name:ident, $format:ident, $table:ident, $max:literal) => {
+    ($(#[$doc:meta])* $name:ident, $format:ident, $max:literal) => {
         $(#[$doc])*
         #[derive(Clone, Copy, Default, Pod, Zeroable)]
         #[repr(transparent)]
@@ -157,7 +138,7 @@ macro_rules! fp8_type {
             /// The value as `f32` (exact).
             #[inline]
             pub fn to_f32(self) -> f32 {
-                f32::from_bits($table[usize::from(self.0)])
+                $format.decode(self.0)
             }
 
             /// The value as `f64` (exact).
@@ -224,7 +205,6 @@ fp8_type!(
     /// finite 448, smallest subnormal 2⁻⁹.
     F8E4M3,
     E4M3,
-    E4M3_TABLE,
     448.0
 );
 
@@ -234,7 +214,6 @@ fp8_type!(
     /// finite 57344, smallest subnormal 2⁻¹⁶.
     F8E5M2,
     E5M2,
-    E5M2_TABLE,
     57344.0
 );
 

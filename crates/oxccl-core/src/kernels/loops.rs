@@ -7,9 +7,9 @@
 //! `multiversion` crate picks the AVX2 copy at run time where the CPU has it
 //! (one relaxed atomic load per call).
 //!
-//! `bf16` and FP8 are combined element by element in `f32` (their
-//! conversions are a few integer operations that vectorize); `f16` goes
-//! through [`wide`](super::wide), blocks converted by `half`'s F16C code.
+//! Narrow floats (`f16`, `bf16`, FP8) go through [`wide`](super::wide):
+//! blocks widened to `f32`, combined by the same `f32` loop, narrowed back
+//! (rounding after each operation, as element by element).
 //!
 //! Why not fixed-width chunks (`as_chunks::<32>()` with an inner loop over
 //! the array)? They unroll better on SSE2, but with AVX-512 enabled
@@ -18,11 +18,12 @@
 //! The plain loop is vectorized well everywhere.
 
 use super::element::Element;
+use super::fp8::{F8E4M3, F8E5M2};
 use super::wide;
 use crate::dtype::DataType;
 use crate::op::ReduceOp;
 use bytemuck::{cast_slice, cast_slice_mut};
-use half::f16;
+use half::{bf16, f16};
 use multiversion::multiversion;
 
 /// Bytes of each source kept in flight by the fused n-ary loop: every source's
@@ -90,27 +91,44 @@ pub(crate) use by_kind;
 pub(crate) trait Op<T>: BinOp<T> + BinOp<f32> {}
 impl<T, O: BinOp<T> + BinOp<f32>> Op<T> for O {}
 
+/// Calls `wide::$wide::<N, O>(args)` with the slices cast to the narrow
+/// type `N` that `T` is, or `$plain::<T, O>` for the other types. `T::DTYPE`
+/// is a constant, so each instance keeps one arm; the casts between `T` and
+/// the type `DTYPE` names (then the same type) cannot fail.
+macro_rules! route {
+    ($T:ty, $O:ty, $plain:ident, $wide:ident, ($($cast:ident($arg:expr)),*)) => {
+        match <$T>::DTYPE {
+            DataType::Float16 => wide::$wide::<f16, $O>($($cast($arg)),*),
+            DataType::Bfloat16 => wide::$wide::<bf16, $O>($($cast($arg)),*),
+            DataType::Float8E4M3 => wide::$wide::<F8E4M3, $O>($($cast($arg)),*),
+            DataType::Float8E5M2 => wide::$wide::<F8E5M2, $O>($($cast($arg)),*),
+            _ => $plain::<$T, $O>($($arg),*),
+        }
+    };
+}
+
 /// `dst[i] = op(a[i], b[i])`; `a` and `b` have at least `dst.len()` elements.
-///
-/// `T::DTYPE` is a constant, so each instance keeps one branch; the casts
-/// between `T` and `f16` (then the same type) cannot fail.
 #[inline]
 pub(crate) fn map2<T: Element, O: Op<T>>(dst: &mut [T], a: &[T], b: &[T]) {
-    if T::DTYPE == DataType::Float16 {
-        wide::map2::<f16, O>(cast_slice_mut(dst), cast_slice(a), cast_slice(b));
-    } else {
-        plain_map2::<T, O>(dst, a, b);
-    }
+    route!(
+        T,
+        O,
+        plain_map2,
+        map2,
+        (cast_slice_mut(dst), cast_slice(a), cast_slice(b))
+    );
 }
 
 /// `acc[i] = op(acc[i], b[i])`; `b` has at least `acc.len()` elements.
 #[inline]
 pub(crate) fn map_into<T: Element, O: Op<T>>(acc: &mut [T], b: &[T]) {
-    if T::DTYPE == DataType::Float16 {
-        wide::map_into::<f16, O>(cast_slice_mut(acc), cast_slice(b));
-    } else {
-        plain_map_into::<T, O>(acc, b);
-    }
+    route!(
+        T,
+        O,
+        plain_map_into,
+        map_into,
+        (cast_slice_mut(acc), cast_slice(b))
+    );
 }
 
 /// The loop of [`map2`], to inline into a function built for some target.

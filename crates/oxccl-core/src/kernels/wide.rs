@@ -1,14 +1,20 @@
-//! `f16` reduced through `f32` blocks: widen a block of each operand
+//! Narrow floats reduced through `f32` blocks: widen a block of each operand
 //! (exact), combine with the `f32` loop, narrow back to nearest even. That
 //! is one rounding per binary operation, the result of [`Element::sum`] and
-//! its siblings element by element, at the speed of `half`'s slice
-//! conversions (F16C on x86-64 where the CPU has it, chosen at run time;
-//! element by element, `half` checks for F16C on every conversion).
+//! its siblings element by element.
+//!
+//! Why blocks rather than one loop converting element by element? For
+//! `f16`, `half`'s slice conversions use F16C (chosen at run time once per
+//! slice, where element by element it checks on every conversion). For
+//! `bf16`, both run at the same speed in cache, but the block form streams
+//! memory twice as fast at 64 MiB (measured: 4.8 vs 2.1 GB/s). FP8 is
+//! compute-bound either way (~1 ns per element).
 
-use super::element::Element;
+use super::element::{Element, bf16_to_f32, f32_to_bf16};
+use super::fp8::{F8E4M3, F8E5M2};
 use super::loops::{BinOp, zip_into};
-use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use multiversion::multiversion;
 
 /// Elements per widened block (two `f32` stack buffers of 1 KiB).
@@ -33,6 +39,43 @@ impl Narrow for f16 {
         dst.convert_from_f32_slice(src);
     }
 }
+
+impl Narrow for bf16 {
+    #[inline]
+    fn widen(src: &[bf16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = bf16_to_f32(*s);
+        }
+    }
+    #[inline]
+    fn narrow(src: &[f32], dst: &mut [bf16]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32_to_bf16(*s);
+        }
+    }
+}
+
+macro_rules! narrow_fp8 {
+    ($t:ty) => {
+        impl Narrow for $t {
+            #[inline]
+            fn widen(src: &[$t], dst: &mut [f32]) {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = s.to_f32();
+                }
+            }
+            #[inline]
+            fn narrow(src: &[f32], dst: &mut [$t]) {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = <$t>::from_f32(*s);
+                }
+            }
+        }
+    };
+}
+
+narrow_fp8!(F8E4M3);
+narrow_fp8!(F8E5M2);
 
 /// `dst = a op b` for a narrow type; `a` and `b` have at least `dst.len()`
 /// elements.
