@@ -5,15 +5,14 @@
 //! operand sends the whole call down a slower path that copies blocks of
 //! elements through aligned stack buffers, reduces them there with the same
 //! loops and copies the result out. Both paths apply the same operations in
-//! the same order, so their results are identical bit for bit.
+//! the same order, so their results are identical bit for bit (a NaN for a
+//! NaN).
 //!
 //! Elements are in the machine's byte order, as everywhere in the library.
 //! Lengths have been checked by the caller (equal, a multiple of `T`'s size).
 
 use super::element::Element;
-use super::loops::{
-    BLOCK_BYTES, Kind, MaxOp, MinOp, Op, ProdOp, SumOp, by_kind, map_into, map1, map2,
-};
+use super::loops::{Kind, MaxOp, MinOp, Op, ProdOp, SumOp, by_kind, fused, map_into, map1, map2};
 use bytemuck::{cast_slice, try_cast_slice, try_cast_slice_mut};
 
 /// Elements per stack buffer of the misaligned path.
@@ -59,7 +58,12 @@ pub(crate) fn reduce_n<T: Element>(kind: Kind, dst: &mut [u8], srcs: &[&[u8]]) {
     if srcs.iter().all(|s| aligned::<T>(s))
         && let Ok(d) = try_cast_slice_mut::<u8, T>(dst)
     {
-        by_kind!(kind, fused_aligned::<T>(d, srcs));
+        // Offsets are whole elements of aligned buffers: the casts succeed.
+        let size = size_of::<T>();
+        let src = |k: usize, r: std::ops::Range<usize>| {
+            cast_slice::<u8, T>(&srcs[k][r.start * size..r.end * size])
+        };
+        by_kind!(kind, fused::<T>(d, srcs.len(), src));
         return;
     }
     by_kind!(kind, misaligned::<T>(dst, false, srcs));
@@ -80,26 +84,6 @@ pub(crate) fn unary<T: Element>(dst: &mut [u8], src: Option<&[u8]>, f: impl Fn(T
         load(buf, src.map_or(&*d, |s| &s[i * step..i * step + d.len()]));
         map1(buf, None, &f);
         d.copy_from_slice(cast_slice(buf));
-    }
-}
-
-/// The fused n-ary loop over aligned sources: per block of `dst`, the
-/// sources' blocks are viewed in place (block offsets are multiples of
-/// `BLOCK_BYTES`, so they stay aligned).
-fn fused_aligned<T: Element, O: Op<T>>(dst: &mut [T], srcs: &[&[u8]]) {
-    let block = BLOCK_BYTES / size_of::<T>();
-    for (i, d) in dst.chunks_mut(block).enumerate() {
-        let start = i * BLOCK_BYTES;
-        let end = start + std::mem::size_of_val(d);
-        let src = |k: usize| cast_slice::<u8, T>(&srcs[k][start..end]);
-        if srcs.len() == 1 {
-            d.copy_from_slice(src(0));
-            continue;
-        }
-        map2::<T, O>(d, src(0), src(1));
-        for k in 2..srcs.len() {
-            map_into::<T, O>(d, src(k));
-        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! Narrowing rounds to nearest, ties to even, and **saturates**: a finite
 //! value beyond the largest finite one becomes that largest finite value (with
 //! its sign), as CUDA's `__nv_cvt_float_to_fp8(…, __NV_SATFINITE, …)` does.
-//! NaN stays NaN (`0x7F`, with the input's sign bit). Infinity has no E4M3
+//! NaN becomes the canonical NaN `0x7F` (CUDA's conversions do the same;
+//! the input's sign and payload are dropped). Infinity has no E4M3
 //! encoding and saturates to ±448; E5M2 keeps ±infinity (CUDA's `SATFINITE`
 //! would give ±57344 there). Subnormals are produced and read.
 
@@ -101,10 +102,11 @@ impl Format {
         if a == 0x7F80_0000 {
             code = u32::from(self.inf.unwrap_or(self.max));
         }
-        if a > 0x7F80_0000 {
-            code = u32::from(NAN);
-        }
-        sign | code as u8
+        let code = sign | code as u8;
+        // NaN: the one canonical code, whatever the sign, as CUDA's
+        // conversions give (and so that which NaN an addition passed on,
+        // which the compiler may commute, cannot show).
+        if a > 0x7F80_0000 { NAN } else { code }
     }
 }
 

@@ -25,6 +25,7 @@ use crate::op::ReduceOp;
 use bytemuck::{cast_slice, cast_slice_mut};
 use half::{bf16, f16};
 use multiversion::multiversion;
+use std::ops::Range;
 
 /// Bytes of each source kept in flight by the fused n-ary loop: every source's
 /// block plus the destination's stay in L1 while the block is reduced.
@@ -178,21 +179,45 @@ pub(crate) fn map1<T: Copy>(dst: &mut [T], src: Option<&[T]>, f: impl Fn(T) -> T
     }
 }
 
-/// `dst = srcs[0] op srcs[1] op …`, block by block; `srcs` is not empty and
-/// every source has at least `dst.len()` elements.
-pub(crate) fn fused<T: Element, O: Op<T>>(dst: &mut [T], srcs: &[&[T]]) {
+/// `dst = src(0) op src(1) op … op src(n - 1)`, where `src(k, range)` gives
+/// source `k`'s elements `range`; `n >= 1`, and every source has at least
+/// `dst.len()` elements. Block by block, so that all sources' blocks stay in
+/// L1: one pass over memory.
+pub(crate) fn fused<'a, T: Element, O: Op<T>>(
+    dst: &mut [T],
+    n: usize,
+    src: impl Fn(usize, Range<usize>) -> &'a [T],
+) {
+    macro_rules! narrow {
+        ($N:ty) => {
+            wide::fused::<$N, O>(cast_slice_mut(dst), n, |k, r| cast_slice(src(k, r)))
+        };
+    }
+    match T::DTYPE {
+        DataType::Float16 => narrow!(f16),
+        DataType::Bfloat16 => narrow!(bf16),
+        DataType::Float8E4M3 => narrow!(F8E4M3),
+        DataType::Float8E5M2 => narrow!(F8E5M2),
+        _ => plain_fused::<T, O>(dst, n, src),
+    }
+}
+
+/// [`fused`] for the types that compute in their own width.
+fn plain_fused<'a, T: Element, O: Op<T>>(
+    dst: &mut [T],
+    n: usize,
+    src: impl Fn(usize, Range<usize>) -> &'a [T],
+) {
     let block = BLOCK_BYTES / size_of::<T>();
     for (i, d) in dst.chunks_mut(block).enumerate() {
         let range = i * block..i * block + d.len();
-        match srcs {
-            [] => unreachable!("fused reduction without sources"),
-            [only] => d.copy_from_slice(&only[range]),
-            [first, second, rest @ ..] => {
-                map2::<T, O>(d, &first[range.clone()], &second[range.clone()]);
-                for s in rest {
-                    map_into::<T, O>(d, &s[range.clone()]);
-                }
-            }
+        if n == 1 {
+            d.copy_from_slice(src(0, range));
+            continue;
+        }
+        plain_map2::<T, O>(d, src(0, range.clone()), src(1, range.clone()));
+        for k in 2..n {
+            plain_map_into::<T, O>(d, src(k, range.clone()));
         }
     }
 }

@@ -21,15 +21,17 @@
 //! - **`max`/`min` on floats** follow CUDA's `fmaxf`/`fminf` (IEEE
 //!   `maxNum`): a NaN operand is ignored in favour of the other one; only
 //!   two NaNs give NaN. Operands that compare equal (`-0` and `+0`) give the
-//!   second one. `sum` and `prod` propagate NaN as IEEE arithmetic does.
+//!   second one. `sum` and `prod` propagate NaN as IEEE arithmetic does;
+//!   which NaN (sign, payload) comes out is unspecified (the compiler may
+//!   commute an addition's operands), and FP8 has one NaN code, `0x7F`.
 //! - **`f16`, `bf16` and the FP8 types** ([`F8E4M3`], [`F8E5M2`]) are
 //!   widened to `f32`, combined, and rounded back to nearest even after
 //!   **each** binary operation, as a GPU kernel applying `__hadd` one
 //!   operation at a time does. (`f32` has more than twice their precision,
 //!   so this equals the correctly rounded operation in the narrow type.) The
 //!   fused [`reduce_n`] rounds after each source too, so its result is bit
-//!   for bit the one of the chain of [`reduce2`] calls; it is one pass over
-//!   memory, not one rounding. FP8 results saturate to the largest finite
+//!   for bit the one of the chain of [`reduce2`] calls (a NaN for a NaN);
+//!   it is one pass over memory, not one rounding. FP8 results saturate to the largest finite
 //!   value on overflow (see [`fp8`]).
 //! - **`Avg`** reduces as `Sum`: a kernel does not know the number of ranks.
 //!   [`finish_avg`] divides the final sum by it: floats divide (`x / n`,
@@ -158,8 +160,9 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, acc: &mut [u8], b: &[u8]) -> R
 }
 
 /// `dst = srcs[0] op srcs[1] op …` in one pass over memory (4 KiB blocks of
-/// every source at a time), with the results, bit for bit, of the chain
-/// `reduce2(srcs[0], srcs[1])`, then `reduce_into` of each further source.
+/// every source at a time), with the results, bit for bit (a NaN for a
+/// NaN), of the chain `reduce2(srcs[0], srcs[1])`, then `reduce_into` of
+/// each further source.
 /// One source copies it. Errors, leaving `dst` unchanged, without a source or
 /// unless every buffer has `dst`'s length, a multiple of `dtype.size()`.
 pub fn reduce_n(dtype: DataType, op: ReduceOp, dst: &mut [u8], srcs: &[&[u8]]) -> Result<()> {

@@ -48,8 +48,8 @@ pub fn reduce_into_typed<T: Element>(op: ReduceOp, acc: &mut [T], b: &[T]) -> Re
 }
 
 /// `dst = srcs[0] op srcs[1] op …` in one pass over memory (blocks of
-/// 4 KiB per source), bit for bit the result of the chain of
-/// [`reduce2_typed`] calls. Errors (changing nothing) without a source or
+/// 4 KiB per source), bit for bit (a NaN for a NaN) the result of the
+/// chain of [`reduce2_typed`] calls. Errors (changing nothing) without a source or
 /// unless every slice has `dst`'s length.
 pub fn reduce_n_typed<T: Element>(op: ReduceOp, dst: &mut [T], srcs: &[&[T]]) -> Result<()> {
     check_n(
@@ -59,7 +59,8 @@ pub fn reduce_n_typed<T: Element>(op: ReduceOp, dst: &mut [T], srcs: &[&[T]]) ->
         dst.len(),
         srcs.iter().map(|s| s.len()),
     )?;
-    by_kind!(Kind::of(op), fused::<T>(dst, srcs));
+    let src = |k: usize, r: std::ops::Range<usize>| &srcs[k][r];
+    by_kind!(Kind::of(op), fused::<T>(dst, srcs.len(), src));
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use super::loops::{BinOp, zip_into};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use multiversion::multiversion;
+use std::ops::Range;
 
 /// Elements per widened block (two `f32` stack buffers of 1 KiB).
 const BLOCK: usize = 256;
@@ -26,6 +27,42 @@ pub(crate) trait Narrow: Element {
     fn widen(src: &[Self], dst: &mut [f32]);
     /// `dst[i] = src[i]` rounded to nearest even (the type's `from_f32`).
     fn narrow(src: &[f32], dst: &mut [Self]);
+    /// `buf[i]` rounded to the type and widened back: what a store and a
+    /// load of the narrow type do; at most [`BLOCK`] elements.
+    fn round(buf: &mut [f32]);
+    /// `acc[i] = op(acc[i], src[i])`, then rounded as by [`Narrow::round`]
+    /// if `round`; `scratch` has room for `acc.len()` elements.
+    #[inline(always)]
+    fn accumulate<O: BinOp<f32>>(acc: &mut [f32], src: &[Self], scratch: &mut [f32], round: bool) {
+        let w = &mut scratch[..acc.len()];
+        Self::widen(src, w);
+        zip_into::<f32, O>(acc, w);
+        if round {
+            Self::round(acc);
+        }
+    }
+}
+
+/// [`Narrow::accumulate`] in one pass, for types whose conversions are
+/// inline arithmetic (`to` widens, `rnd` rounds in `f32`).
+#[inline(always)]
+fn accumulate_in_one_pass<T: Copy, O: BinOp<f32>>(
+    acc: &mut [f32],
+    src: &[T],
+    round: bool,
+    to: impl Fn(T) -> f32,
+    rnd: impl Fn(f32) -> f32,
+) {
+    let src = &src[..acc.len()];
+    if round {
+        for (a, s) in acc.iter_mut().zip(src) {
+            *a = rnd(O::apply(*a, to(*s)));
+        }
+    } else {
+        for (a, s) in acc.iter_mut().zip(src) {
+            *a = O::apply(*a, to(*s));
+        }
+    }
 }
 
 impl Narrow for f16 {
@@ -37,6 +74,13 @@ impl Narrow for f16 {
     #[inline]
     fn narrow(src: &[f32], dst: &mut [f16]) {
         dst.convert_from_f32_slice(src);
+    }
+    #[inline]
+    fn round(buf: &mut [f32]) {
+        let mut tmp = [f16::ZERO; BLOCK];
+        let tmp = &mut tmp[..buf.len()];
+        tmp.convert_from_f32_slice(buf);
+        tmp.convert_to_f32_slice(buf);
     }
 }
 
@@ -52,6 +96,17 @@ impl Narrow for bf16 {
         for (d, s) in dst.iter_mut().zip(src) {
             *d = f32_to_bf16(*s);
         }
+    }
+    #[inline]
+    fn round(buf: &mut [f32]) {
+        for x in buf {
+            *x = bf16_to_f32(f32_to_bf16(*x));
+        }
+    }
+    #[inline(always)]
+    fn accumulate<O: BinOp<f32>>(acc: &mut [f32], src: &[bf16], _: &mut [f32], round: bool) {
+        let rnd = |x| bf16_to_f32(f32_to_bf16(x));
+        accumulate_in_one_pass::<bf16, O>(acc, src, round, bf16_to_f32, rnd);
     }
 }
 
@@ -69,6 +124,17 @@ macro_rules! narrow_fp8 {
                 for (d, s) in dst.iter_mut().zip(src) {
                     *d = <$t>::from_f32(*s);
                 }
+            }
+            #[inline]
+            fn round(buf: &mut [f32]) {
+                for x in buf {
+                    *x = <$t>::from_f32(*x).to_f32();
+                }
+            }
+            #[inline(always)]
+            fn accumulate<O: BinOp<f32>>(acc: &mut [f32], src: &[$t], _: &mut [f32], round: bool) {
+                let rnd = |x| <$t>::from_f32(x).to_f32();
+                accumulate_in_one_pass::<$t, O>(acc, src, round, <$t>::to_f32, rnd);
             }
         }
     };
@@ -102,5 +168,33 @@ pub(crate) fn map_into<N: Narrow, O: BinOp<f32>>(acc: &mut [N], b: &[N]) {
         N::widen(&b[i * BLOCK..i * BLOCK + d.len()], wb);
         zip_into::<f32, O>(wa, wb);
         N::narrow(wa, d);
+    }
+}
+
+/// `dst = src(0) op src(1) op …` for a narrow type (see
+/// [`loops::fused`](super::loops::fused)). The accumulator stays widened in
+/// `f32` across the sources, rounded to the type after each operation, so
+/// the result is the chain's, bit for bit (a NaN for a NaN); it is
+/// narrowed once at the end.
+#[multiversion(targets("x86_64+avx2+fma+f16c"))]
+pub(crate) fn fused<'a, N: Narrow, O: BinOp<f32>>(
+    dst: &mut [N],
+    n: usize,
+    src: impl Fn(usize, Range<usize>) -> &'a [N],
+) {
+    let (mut acc, mut w) = ([0f32; BLOCK], [0f32; BLOCK]);
+    for (i, d) in dst.chunks_mut(BLOCK).enumerate() {
+        let range = i * BLOCK..i * BLOCK + d.len();
+        if n == 1 {
+            // A copy, as the chain of zero operations is (NaN bits kept).
+            d.copy_from_slice(src(0, range));
+            continue;
+        }
+        let (acc, w) = (&mut acc[..d.len()], &mut w[..d.len()]);
+        N::widen(src(0, range.clone()), acc);
+        for k in 1..n {
+            N::accumulate::<O>(acc, src(k, range.clone()), w, k + 1 < n);
+        }
+        N::narrow(acc, d);
     }
 }

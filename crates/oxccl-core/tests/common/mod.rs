@@ -277,18 +277,6 @@ pub fn assert_same<T: Ref>(got: &[T], want: &[T], what: &str) {
     }
 }
 
-/// Asserts bit-identical buffers.
-#[track_caller]
-pub fn assert_bits(got: &[u8], want: &[u8], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    if let Some(i) = got.iter().zip(want).position(|(g, w)| g != w) {
-        panic!(
-            "{what}: byte {i} differs: got {:#04x}, want {:#04x}",
-            got[i], want[i]
-        );
-    }
-}
-
 /// Runs `$f::<T>()` for every element type.
 #[macro_export]
 macro_rules! for_all_types {
