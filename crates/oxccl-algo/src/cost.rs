@@ -1,0 +1,512 @@
+//! The alpha-beta-gamma cost model: a [`Topology`] of nodes and links, link
+//! specs parsed from text (`450GB/s,0.6us`), and the textbook closed-form
+//! costs of the classic algorithms.
+//!
+//! A message of `m` bytes over a [`Link`] costs `α + m·β` with `α` the
+//! link's latency and `β = 1/bw`; reducing `m` bytes into a buffer costs
+//! `m·γ` with `γ = 1/reduce_bw`. The closed forms below take `S`, the
+//! collective's size in bytes as nccl-tests reports it
+//! ([`Collective::size_bytes`]), and one link for every hop; they are what
+//! the [`sim`](crate::sim) simulator reproduces on a uniform topology, and
+//! a quick first guess (see [`estimate`]) where it does not.
+//!
+//! ```
+//! use oxccl_algo::cost::{ring_all_reduce, Link, Topology};
+//! let link: Link = "50GB/s,5us".parse().unwrap();
+//! let topo = Topology::new(128, 8, "450GB/s,0.6us".parse().unwrap(), link);
+//! assert_eq!(topo.nranks(), 1024);
+//! let t = ring_all_reduce(4, 1 << 20, link, 0.0);
+//! assert!((t - (6.0 * 5e-6 + 1.5 * (1u64 << 20) as f64 / 50e9)).abs() < 1e-15);
+//! ```
+
+use crate::algos::Algorithm;
+use crate::collective::{CollKind, Collective};
+use oxccl_core::{Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// A point-to-point link: bandwidth in bytes per second (may be infinite)
+/// and latency in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Link {
+    /// Bytes per second in each direction.
+    pub bw: f64,
+    /// Seconds from the last byte leaving the sender to its arrival.
+    pub lat: f64,
+}
+
+impl Link {
+    /// A link of `bw` bytes per second and `lat` seconds.
+    pub const fn new(bw: f64, lat: f64) -> Link {
+        Link { bw, lat }
+    }
+
+    /// `α + m/bw`: the time one message of `bytes` takes on an idle link.
+    pub fn time(&self, bytes: f64) -> f64 {
+        self.lat + bytes / self.bw
+    }
+
+    /// Checks that the bandwidth is positive and the latency finite and not
+    /// negative; `what` names the link in the error.
+    pub fn validate(&self, what: &str) -> Result<()> {
+        if self.bw.is_nan() || self.bw <= 0.0 {
+            return Err(Error::invalid(format!(
+                "{what} bandwidth must be positive, got {}",
+                self.bw
+            )));
+        }
+        if !(self.lat.is_finite() && self.lat >= 0.0) {
+            return Err(Error::invalid(format!(
+                "{what} latency must be finite and not negative, got {}",
+                self.lat
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Link {
+    type Err = Error;
+    /// Parses `BANDWIDTH,LATENCY`, e.g. `450GB/s,0.6us` or `100Gb/s, 2us`.
+    fn from_str(s: &str) -> Result<Link> {
+        let (bw, lat) = s.split_once(',').ok_or_else(|| {
+            Error::invalid(format!(
+                "link {s:?} is not BANDWIDTH,LATENCY (for example \"450GB/s,0.6us\" or \"100Gb/s,2us\")"
+            ))
+        })?;
+        let link = Link::new(
+            parse_bandwidth(bw)
+                .map_err(|e| Error::invalid(format!("link {s:?}: {}", message(&e))))?,
+            parse_latency(lat)
+                .map_err(|e| Error::invalid(format!("link {s:?}: {}", message(&e))))?,
+        );
+        link.validate(&format!("link {s:?}"))?;
+        Ok(link)
+    }
+}
+
+impl fmt::Display for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{},{}",
+            format_bandwidth(self.bw),
+            format_seconds(self.lat)
+        )
+    }
+}
+
+fn message(e: &Error) -> String {
+    match e {
+        Error::InvalidArgument(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Parses a bandwidth into bytes per second: a number and a unit `B/s`,
+/// `KB/s`, `MB/s`, `GB/s`, `TB/s` (decimal prefixes), `KiB/s` … `TiB/s`
+/// (binary), or the same with a lowercase `b` for bits (`100Gb/s` is
+/// 12.5 GB/s); `inf` means no bandwidth limit.
+pub fn parse_bandwidth(s: &str) -> Result<f64> {
+    let t = s.trim();
+    if matches!(
+        t.to_ascii_lowercase().as_str(),
+        "inf" | "infinite" | "infinity"
+    ) {
+        return Ok(f64::INFINITY);
+    }
+    let bad = |why: &str| {
+        Error::invalid(format!(
+            "bandwidth {t:?} {why}; expected a number and a unit such as 450GB/s, 100Gb/s, 25GiB/s or inf"
+        ))
+    };
+    let (num, unit) = split_number(t);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| bad("does not start with a number"))?;
+    let unit = unit.trim();
+    let per_s = unit
+        .strip_suffix("/s")
+        .or_else(|| unit.strip_suffix("ps"))
+        .ok_or_else(|| bad("has no unit"))?;
+    let (prefix, base) = match per_s.char_indices().last() {
+        Some((i, 'B')) => (&per_s[..i], 1.0),
+        Some((i, 'b')) => (&per_s[..i], 0.125),
+        _ => return Err(bad("has an unknown unit")),
+    };
+    let scale = match prefix {
+        "" => 1.0,
+        "k" | "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" | "ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(bad("has an unknown unit prefix")),
+    };
+    let bw = value * scale * base;
+    if bw.is_nan() || bw <= 0.0 {
+        return Err(bad("is not positive"));
+    }
+    Ok(bw)
+}
+
+/// Parses a duration into seconds: a number and a unit `ns`, `us` (or
+/// `µs`), `ms` or `s`; a bare `0` is zero.
+pub fn parse_latency(s: &str) -> Result<f64> {
+    let t = s.trim();
+    let bad = |why: &str| {
+        Error::invalid(format!(
+            "latency {t:?} {why}; expected a number and a unit such as 0.6us, 500ns, 2ms"
+        ))
+    };
+    let (num, unit) = split_number(t);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| bad("does not start with a number"))?;
+    let scale = match unit.trim() {
+        "ns" => 1e-9,
+        "us" | "µs" | "μs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "" if value == 0.0 => 0.0,
+        "" => return Err(bad("has no unit")),
+        _ => return Err(bad("has an unknown unit")),
+    };
+    let lat = value * scale + 0.0; // `+ 0.0` turns -0 into 0
+    if !(lat.is_finite() && lat >= 0.0) {
+        return Err(bad("is negative or not finite"));
+    }
+    Ok(lat)
+}
+
+/// Splits `"12.5GB/s"` into `("12.5", "GB/s")`.
+fn split_number(s: &str) -> (&str, &str) {
+    let end = s
+        .char_indices()
+        .find(|&(i, c)| {
+            !(c.is_ascii_digit()
+                || c == '.'
+                || ((c == 'e' || c == 'E')
+                    && s[i + 1..].starts_with(|d: char| d.is_ascii_digit() || d == '-'))
+                || ((c == '-' || c == '+') && (i == 0 || s[..i].ends_with(['e', 'E']))))
+        })
+        .map_or(s.len(), |(i, _)| i);
+    (&s[..end], &s[end..])
+}
+
+/// Formats bytes per second with a decimal prefix (`450 GB/s`).
+pub fn format_bandwidth(bw: f64) -> String {
+    if bw.is_infinite() {
+        return "inf".to_string();
+    }
+    let (v, unit) = scaled(bw, &["B/s", "KB/s", "MB/s", "GB/s", "TB/s"]);
+    format!("{v}{unit}")
+}
+
+/// Formats seconds with a suitable unit (`0.6us`).
+pub fn format_seconds(t: f64) -> String {
+    if t == 0.0 {
+        return "0s".to_string();
+    }
+    let (v, unit) = if t < 1e-6 {
+        (t * 1e9, "ns")
+    } else if t < 1e-3 {
+        (t * 1e6, "us")
+    } else if t < 1.0 {
+        (t * 1e3, "ms")
+    } else {
+        (t, "s")
+    };
+    format!("{}{unit}", round_sig(v))
+}
+
+fn scaled(mut v: f64, units: &[&'static str]) -> (f64, &'static str) {
+    let mut i = 0;
+    while v >= 1000.0 && i + 1 < units.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    (round_sig(v), units[i])
+}
+
+fn round_sig(v: f64) -> f64 {
+    (v * 1e6).round() / 1e6
+}
+
+/// Where the ranks live and how they are connected.
+///
+/// Rank `r` lives on node `r / ranks_per_node`. Ranks of one node talk over
+/// [`Topology::intra`] links; every rank has its own send port and receive
+/// port of that bandwidth. Ranks of different nodes talk through their
+/// nodes' NICs, one per node, of [`Topology::inter`] bandwidth in each
+/// direction, *shared* by all ranks of the node.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Topology {
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Ranks on each node.
+    pub ranks_per_node: usize,
+    /// Link between two ranks of one node (per-rank ports).
+    pub intra: Link,
+    /// Link between nodes (one NIC per node, shared by its ranks).
+    pub inter: Link,
+    /// Reduction throughput in bytes of incoming data per second
+    /// (`γ = 1/reduce_bw`); infinite by default: reductions are free.
+    pub reduce_bw: f64,
+    /// Local copy throughput in bytes per second; infinite by default:
+    /// local copies are free.
+    pub copy_bw: f64,
+}
+
+impl Topology {
+    /// `nodes` nodes of `ranks_per_node` ranks; reductions and copies free.
+    pub fn new(nodes: usize, ranks_per_node: usize, intra: Link, inter: Link) -> Topology {
+        Topology {
+            nodes,
+            ranks_per_node,
+            intra,
+            inter,
+            reduce_bw: f64::INFINITY,
+            copy_bw: f64::INFINITY,
+        }
+    }
+
+    /// `nranks` ranks on one node, every pair connected by `link`.
+    pub fn single_node(nranks: usize, link: Link) -> Topology {
+        Topology::new(1, nranks, link, link)
+    }
+
+    /// `nranks` nodes of one rank each, connected by `link`.
+    pub fn one_rank_per_node(nranks: usize, link: Link) -> Topology {
+        Topology::new(nranks, 1, link, link)
+    }
+
+    /// The same with reductions at `bw` bytes per second.
+    pub fn with_reduce_bw(mut self, bw: f64) -> Topology {
+        self.reduce_bw = bw;
+        self
+    }
+
+    /// The same with local copies at `bw` bytes per second.
+    pub fn with_copy_bw(mut self, bw: f64) -> Topology {
+        self.copy_bw = bw;
+        self
+    }
+
+    /// Total number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.nodes * self.ranks_per_node
+    }
+
+    /// The node rank `r` lives on.
+    pub fn node_of(&self, rank: usize) -> usize {
+        rank / self.ranks_per_node.max(1)
+    }
+
+    /// The link a message from `a` to `b` takes.
+    pub fn link(&self, a: usize, b: usize) -> Link {
+        if self.node_of(a) == self.node_of(b) {
+            self.intra
+        } else {
+            self.inter
+        }
+    }
+
+    /// `γ`: seconds per byte reduced.
+    pub fn gamma(&self) -> f64 {
+        1.0 / self.reduce_bw
+    }
+
+    /// The slowest hop: the inter-node link when there is more than one
+    /// node (with the larger latency and smaller bandwidth of the two),
+    /// else the intra-node link. The closed forms use it in
+    /// [`estimate`].
+    pub fn bottleneck(&self) -> Link {
+        if self.nodes > 1 {
+            Link::new(
+                self.intra.bw.min(self.inter.bw),
+                self.intra.lat.max(self.inter.lat),
+            )
+        } else {
+            self.intra
+        }
+    }
+
+    /// Checks every field: at least one node and one rank per node, valid
+    /// links, positive throughputs.
+    pub fn validate(&self) -> Result<()> {
+        if self.nodes == 0 || self.ranks_per_node == 0 {
+            return Err(Error::invalid(format!(
+                "topology needs at least one node and one rank per node, got {} × {}",
+                self.nodes, self.ranks_per_node
+            )));
+        }
+        if self
+            .nodes
+            .checked_mul(self.ranks_per_node)
+            .is_none_or(|n| n > u32::MAX as usize / 4)
+        {
+            return Err(Error::invalid(format!(
+                "topology of {} × {} ranks is too big",
+                self.nodes, self.ranks_per_node
+            )));
+        }
+        self.intra.validate("intra-node")?;
+        self.inter.validate("inter-node")?;
+        for (what, bw) in [("reduce", self.reduce_bw), ("copy", self.copy_bw)] {
+            if bw.is_nan() || bw <= 0.0 {
+                return Err(Error::invalid(format!(
+                    "{what} bandwidth must be positive, got {bw}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} nodes × {} ranks, intra {}, inter {}, reduce {}",
+            self.nodes,
+            self.ranks_per_node,
+            self.intra,
+            self.inter,
+            format_bandwidth(self.reduce_bw)
+        )?;
+        if self.copy_bw.is_finite() {
+            write!(f, ", copy {}", format_bandwidth(self.copy_bw))?;
+        }
+        Ok(())
+    }
+}
+
+fn nf(n: usize) -> f64 {
+    n as f64
+}
+
+/// `⌈log2 n⌉` as a float (0 for one rank).
+pub fn log2_ceil(n: usize) -> f64 {
+    nf(n.max(1).next_power_of_two().trailing_zeros() as usize)
+}
+
+/// Ring all-reduce: reduce-scatter then all-gather around the ring, each
+/// `n-1` steps of an `S/n` block:
+/// `2(n-1)·α + 2(n-1)/n · S·β + (n-1)/n · S·γ`.
+pub fn ring_all_reduce(n: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
+    let (n, s) = (nf(n), nf(bytes));
+    if n <= 1.0 {
+        return 0.0;
+    }
+    2.0 * (n - 1.0) * link.lat + 2.0 * (n - 1.0) / n * s / link.bw + (n - 1.0) / n * s * gamma
+}
+
+/// Ring reduce-scatter of `S` bytes in all (nccl-tests' size: `n` blocks):
+/// `(n-1)·α + (n-1)/n · S·β + (n-1)/n · S·γ`.
+pub fn ring_reduce_scatter(n: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
+    let (n, s) = (nf(n), nf(bytes));
+    if n <= 1.0 {
+        return 0.0;
+    }
+    (n - 1.0) * link.lat + (n - 1.0) / n * s / link.bw + (n - 1.0) / n * s * gamma
+}
+
+/// Ring all-gather of `S` bytes in all: `(n-1)·α + (n-1)/n · S·β`.
+pub fn ring_all_gather(n: usize, bytes: usize, link: Link) -> f64 {
+    ring_reduce_scatter(n, bytes, link, 0.0)
+}
+
+/// Recursive halving/doubling all-reduce (Rabenseifner) for `n` a power of
+/// two: `2·log2(n)·α + 2(n-1)/n · S·β + (n-1)/n · S·γ`. For other `n`
+/// the ranks beyond the largest power of two first fold into it and get
+/// the result back at the end: two more messages of `S`,
+/// `+ 2·(α + S·β) + S·γ`.
+pub fn rhd_all_reduce(n: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let p = if n.is_power_of_two() {
+        n
+    } else {
+        n.next_power_of_two() / 2
+    };
+    let (pf, s) = (nf(p), nf(bytes));
+    let core = 2.0 * log2_ceil(p) * link.lat
+        + 2.0 * (pf - 1.0) / pf * s / link.bw
+        + (pf - 1.0) / pf * s * gamma;
+    if p == n {
+        core
+    } else {
+        core + 2.0 * link.time(s) + s * gamma
+    }
+}
+
+/// Pipelined (double) binary tree all-reduce in the limit of many chunks:
+/// the reduction climbs and the broadcast descends `log2 n` levels, and in
+/// steady state every rank's ports carry about `S` each way per phase:
+/// `2·⌈log2 n⌉·α + 2·S·β + S·γ`. Without pipelining (one chunk) the
+/// bandwidth term is multiplied by the depth instead; this is the
+/// textbook bound NCCL's tree approaches for large messages.
+pub fn tree_all_reduce(n: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let s = nf(bytes);
+    2.0 * log2_ceil(n) * link.lat + 2.0 * s / link.bw + s * gamma
+}
+
+/// Pipelined chain (or tree) broadcast / reduce in the many-chunk limit:
+/// `depth·α + S·β (+ S·γ for reduce)` with `depth = n-1` for the chain and
+/// `⌈log2 n⌉` for the binary tree.
+pub fn pipelined_rooted(depth: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
+    let s = nf(bytes);
+    if depth == 0 {
+        return 0.0;
+    }
+    nf(depth) * link.lat + s / link.bw + s * gamma
+}
+
+/// A quick closed-form guess of `algo`'s time for `coll` on `topo`, every
+/// hop priced as the topology's [`bottleneck`](Topology::bottleneck) link;
+/// `None` for pairs without a formula here. A first guess for a tuner, not
+/// the simulator: it ignores NIC sharing and the placement of ranks.
+pub fn estimate(algo: Algorithm, coll: &Collective, topo: &Topology) -> Option<f64> {
+    let (n, s, link, g) = (
+        coll.nranks,
+        coll.size_bytes(),
+        topo.bottleneck(),
+        topo.gamma(),
+    );
+    let g = if coll.kind.reduces() { g } else { 0.0 };
+    Some(match (algo, coll.kind) {
+        (Algorithm::Ring, CollKind::AllReduce) => ring_all_reduce(n, s, link, g),
+        (Algorithm::Ring | Algorithm::Rhd, CollKind::ReduceScatter) => {
+            ring_reduce_scatter(n, s, link, g).max(if algo == Algorithm::Rhd {
+                log2_ceil(n) * link.lat
+            } else {
+                0.0
+            })
+        }
+        (Algorithm::Ring, CollKind::AllGather) => ring_all_gather(n, s, link),
+        (Algorithm::Rhd, CollKind::AllGather) => {
+            ring_all_gather(n, s, link) - nf(n.saturating_sub(1)) * link.lat
+                + log2_ceil(n) * link.lat
+        }
+        (Algorithm::Rhd, CollKind::AllReduce) => rhd_all_reduce(n, s, link, g),
+        (Algorithm::Tree, CollKind::AllReduce) => tree_all_reduce(n, s, link, g),
+        (Algorithm::Ring, CollKind::Broadcast | CollKind::Reduce) => {
+            pipelined_rooted(n.saturating_sub(1), s, link, g)
+        }
+        (Algorithm::Tree, CollKind::Broadcast | CollKind::Reduce) => {
+            pipelined_rooted(log2_ceil(n) as usize, s, link, g)
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,329 @@
+//! Unit tests of the simulator on small hand-written programs.
+
+use super::*;
+use crate::cost::Link;
+use crate::ir::Slice;
+use crate::{CollKind, Collective};
+
+const L: Link = Link::new(1e9, 1e-6);
+
+fn prog(n: usize) -> Program {
+    Program::new("hand", Collective::new(CollKind::SendRecv, n, 1000))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * b.abs().max(1e-30)
+}
+
+fn send(p: &mut Program, from: usize, to: usize, ch: usize, elems: usize) {
+    p.push(
+        from,
+        ch,
+        Step::Send {
+            peer: to,
+            src: Slice::input(0, elems),
+        },
+    );
+    p.push(
+        to,
+        ch,
+        Step::Recv {
+            peer: from,
+            dst: Slice::output(0, elems),
+        },
+    );
+}
+
+#[test]
+fn one_message_costs_alpha_plus_beta() {
+    let mut p = prog(2);
+    send(&mut p, 0, 1, 0, 1000);
+    let r = simulate(&p, &Topology::single_node(2, L)).unwrap();
+    assert!(close(r.time, 1e-6 + 4000e-9), "{}", r.time);
+    assert!(close(r.rank_finish[0], 4000e-9) && close(r.rank_finish[1], r.time));
+    assert_eq!(
+        (r.intra_bytes, r.inter_bytes, r.messages, r.steps),
+        (4000, 0, 1, 2)
+    );
+}
+
+#[test]
+fn nic_is_shared_by_the_ranks_of_a_node() {
+    // Rank i of node 0 sends to rank i of node 1: eight transfers queue
+    // on one NIC, so each byte takes 8× as long as with one rank a node.
+    let per_node = |rpn: usize| {
+        let mut p = prog(2 * rpn);
+        for i in 0..rpn {
+            send(&mut p, i, rpn + i, 0, 1 << 20);
+        }
+        let r = simulate(&p, &Topology::new(2, rpn, Link::new(1e12, 0.0), L)).unwrap();
+        assert_eq!(r.inter_bytes, (rpn as u64 * 4) << 20);
+        r.time - L.lat
+    };
+    let (one, eight) = (per_node(1), per_node(8));
+    assert!(close(one, 4.0 * (1 << 20) as f64 / 1e9), "{one}");
+    assert!(close(eight, 8.0 * one), "{eight} vs {one}");
+    // Within a node every rank has its own ports: no queueing.
+    let mut p = prog(16);
+    for i in 0..8 {
+        send(&mut p, i, 8 + i, 0, 1 << 20);
+    }
+    let r = simulate(&p, &Topology::single_node(16, L)).unwrap();
+    assert!(close(r.time - L.lat, one), "{}", r.time);
+}
+
+#[test]
+fn channels_of_a_rank_share_its_ports() {
+    let mut p = prog(2);
+    send(&mut p, 0, 1, 0, 1000);
+    send(&mut p, 0, 1, 1, 1000);
+    let r = simulate(&p, &Topology::single_node(2, L)).unwrap();
+    assert!(close(r.time, 1e-6 + 8000e-9), "{}", r.time);
+}
+
+#[test]
+fn reductions_and_copies_cost_gamma() {
+    let mut p = prog(2);
+    p.push(
+        0,
+        0,
+        Step::Send {
+            peer: 1,
+            src: Slice::input(0, 1000),
+        },
+    );
+    p.push(
+        1,
+        0,
+        Step::RecvReduce {
+            peer: 0,
+            src: Slice::input(0, 1000),
+            dst: Slice::output(0, 1000),
+        },
+    );
+    p.push(
+        1,
+        0,
+        Step::Reduce {
+            srcs: vec![Slice::output(0, 1000); 3],
+            dst: Slice::output(0, 1000),
+        },
+    );
+    p.push(
+        1,
+        0,
+        Step::Copy {
+            src: Slice::output(0, 1000),
+            dst: Slice::scratch(0, 1000),
+        },
+    );
+    let topo = Topology::single_node(2, L)
+        .with_reduce_bw(2e9)
+        .with_copy_bw(4e9);
+    let r = simulate(&p, &topo).unwrap();
+    let want = 1e-6 + 4000e-9 + 4000.0 / 2e9 + 2.0 * 4000.0 / 2e9 + 4000.0 / 4e9;
+    assert!(close(r.time, want), "{} vs {want}", r.time);
+}
+
+#[test]
+fn one_sided_reads_overlap_and_signals_follow_them() {
+    // Rank 0 reads 1000 floats from each of ranks 1..4: the reads queue
+    // on rank 0's receive port and pay the latency once; then it signals
+    // rank 1, which waits for it.
+    let mut p = prog(4);
+    for q in 1..4 {
+        p.push(
+            0,
+            0,
+            Step::GetReduce {
+                peer: q,
+                src: Slice::input(0, 1000),
+                acc: Slice::output(0, 1000),
+                dst: Slice::output(0, 1000),
+            },
+        );
+    }
+    p.push(0, 0, Step::Signal { peer: 1 });
+    p.push(1, 0, Step::Wait { peer: 0 });
+    let r = simulate(&p, &Topology::single_node(4, L)).unwrap();
+    assert!(
+        close(r.rank_finish[0], 1e-6 + 3.0 * 4000e-9),
+        "{}",
+        r.rank_finish[0]
+    );
+    assert!(
+        close(r.rank_finish[1], 2e-6 + 3.0 * 4000e-9),
+        "{}",
+        r.rank_finish[1]
+    );
+    assert_eq!((r.intra_bytes, r.messages), (12000, 1));
+    // A put holds the writer's send port; the writer moves on when the
+    // bytes have left, and finishes when they have arrived.
+    let mut p = prog(2);
+    p.push(
+        0,
+        0,
+        Step::Put {
+            peer: 1,
+            src: Slice::input(0, 1000),
+            dst: Slice::output(0, 1000),
+        },
+    );
+    p.push(
+        0,
+        0,
+        Step::Put {
+            peer: 1,
+            src: Slice::input(0, 1000),
+            dst: Slice::output(0, 1000),
+        },
+    );
+    let r = simulate(&p, &Topology::single_node(2, L)).unwrap();
+    assert!(close(r.time, 1e-6 + 8000e-9), "{}", r.time);
+}
+
+#[test]
+fn deadlocks_name_the_blocked_steps() {
+    let mut p = prog(2);
+    p.push(
+        0,
+        0,
+        Step::Recv {
+            peer: 1,
+            dst: Slice::output(0, 10),
+        },
+    );
+    p.push(
+        0,
+        0,
+        Step::Send {
+            peer: 1,
+            src: Slice::input(0, 10),
+        },
+    );
+    p.push(
+        1,
+        0,
+        Step::Recv {
+            peer: 0,
+            dst: Slice::output(0, 10),
+        },
+    );
+    p.push(
+        1,
+        0,
+        Step::Send {
+            peer: 0,
+            src: Slice::input(0, 10),
+        },
+    );
+    let e = simulate(&p, &Topology::single_node(2, L))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("deadlocks") && e.contains("rank 0 channel 0 step 0") && e.contains("rank 1"),
+        "{e}"
+    );
+    assert!(e.contains("recv output[0..10] from 1"), "{e}");
+}
+
+#[test]
+fn unpaired_messages_are_errors() {
+    let mut p = prog(3);
+    p.push(
+        0,
+        0,
+        Step::Send {
+            peer: 1,
+            src: Slice::input(0, 10),
+        },
+    );
+    p.push(
+        0,
+        0,
+        Step::Send {
+            peer: 1,
+            src: Slice::input(0, 10),
+        },
+    );
+    p.push(
+        1,
+        0,
+        Step::Recv {
+            peer: 0,
+            dst: Slice::output(0, 10),
+        },
+    );
+    let e = simulate(&p, &Topology::single_node(3, L))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 0 sends 2 messages to rank 1 on channel 0, but rank 1 receives 1"),
+        "{e}"
+    );
+    let mut p = prog(3);
+    p.push(
+        2,
+        0,
+        Step::Recv {
+            peer: 0,
+            dst: Slice::output(0, 10),
+        },
+    );
+    let e = simulate(&p, &Topology::single_node(3, L))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rank 2 channel 0 step 0") && e.contains("rank 0 sends nothing"),
+        "{e}"
+    );
+    let mut p = prog(3);
+    p.push(2, 1, Step::Wait { peer: 0 });
+    let e = simulate(&p, &Topology::single_node(3, L))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("never signals"), "{e}");
+    let mut p = prog(3);
+    p.push(
+        1,
+        0,
+        Step::Send {
+            peer: 7,
+            src: Slice::input(0, 10),
+        },
+    );
+    let e = simulate(&p, &Topology::single_node(3, L))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("peer 7 is out of range"), "{e}");
+    let e = simulate(&prog(3), &Topology::single_node(4, L))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("3 ranks but the topology has 4"), "{e}");
+}
+
+#[test]
+fn hand_written_json_is_priced() {
+    let p = Program::from_json(
+        r#"{
+          "name": "pair-exchange",
+          "collective": {"kind": "all_gather", "nranks": 2, "count": 256, "dtype": "float64"},
+          "ranks": [
+            {"channels": [[{"op": "send", "peer": 1, "src": "input[0..256]"},
+                           {"op": "recv", "peer": 1, "dst": "output[256..512]"}]]},
+            {"channels": [[{"op": "recv", "peer": 0, "dst": "output[0..256]"},
+                           {"op": "send", "peer": 0, "src": "input[0..256]"}]]}
+          ]
+        }"#,
+    )
+    .unwrap();
+    let r = simulate(&p, &Topology::one_rank_per_node(2, L)).unwrap();
+    // Rank 1 sends only after its receive: two messages back to back.
+    let m = 2048e-9 + 1e-6;
+    assert!(
+        close(r.rank_finish[0], 2.0 * m) && close(r.rank_finish[1], m + 2048e-9),
+        "{r:?}"
+    );
+    assert_eq!((r.inter_bytes, r.intra_bytes), (4096, 0));
+    assert_eq!(simulate(&p, &Topology::one_rank_per_node(2, L)).unwrap(), r);
+}
