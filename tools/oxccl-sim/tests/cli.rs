@@ -1,0 +1,208 @@
+//! The command line: output that parses like nccl-tests', the best
+//! marker, hand-written programs and clear errors.
+
+use std::process::{Command, Output};
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_oxccl-sim"))
+        .args(args)
+        .output()
+        .expect("oxccl-sim runs")
+}
+
+fn stdout(args: &[&str]) -> String {
+    let out = sim(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn stderr_of_failure(args: &[&str]) -> String {
+    let out = sim(args);
+    assert!(!out.status.success(), "{args:?} should fail");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// The data rows, split on whitespace.
+fn data_rows(text: &str) -> Vec<Vec<String>> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+fn num(s: &str) -> f64 {
+    s.parse()
+        .unwrap_or_else(|_| panic!("{s:?} is not a number"))
+}
+
+#[test]
+fn sweep_prints_nccl_tests_columns_and_marks_the_best() {
+    let text = stdout(&[
+        "all_reduce",
+        "--nodes",
+        "2",
+        "--ranks-per-node",
+        "4",
+        "-b",
+        "8",
+        "-e",
+        "4M",
+        "-f",
+        "4",
+        "--algo",
+        "ring,tree,rhd",
+    ]);
+    let header = text
+        .lines()
+        .find(|l| l.contains("size") && l.contains("count"))
+        .unwrap();
+    let names: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(&names[..6], ["#", "size", "count", "type", "redop", "root"]);
+    assert_eq!(names.iter().filter(|&&w| w == "busbw").count(), 3);
+    assert_eq!(names.last(), Some(&"best"));
+    let algos = ["ring", "tree", "rhd"];
+    let rows = data_rows(&text);
+    let sizes: Vec<f64> = rows.iter().map(|r| num(&r[0])).collect();
+    assert_eq!(
+        sizes,
+        [
+            8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0, 131072.0, 524288.0, 2097152.0
+        ]
+    );
+    for r in &rows {
+        assert_eq!(r.len(), 5 + 3 * algos.len() + 1, "{r:?}");
+        let (size, count) = (num(&r[0]), num(&r[1]));
+        assert_eq!(size, count * 4.0);
+        assert_eq!(
+            (r[2].as_str(), r[3].as_str(), r[4].as_str()),
+            ("float", "sum", "-1")
+        );
+        let times: Vec<f64> = (0..3).map(|a| num(&r[5 + 3 * a])).collect();
+        for a in 0..3 {
+            let (t, algbw, busbw) = (times[a], num(&r[6 + 3 * a]), num(&r[7 + 3 * a]));
+            assert!(t > 0.0, "{r:?}");
+            // algbw = size / time in GB/s; busbw = algbw · 2(n-1)/n.
+            assert!((algbw - size / t / 1e3).abs() <= 0.006, "{r:?}");
+            assert!((busbw - algbw * 1.75).abs() <= 0.011, "{r:?}");
+        }
+        let best = times
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0;
+        assert_eq!(r.last().unwrap(), algos[best], "{r:?}");
+    }
+    // Latency-bound sizes go to a logarithmic algorithm, the biggest to
+    // the ring.
+    assert_ne!(rows[0].last().unwrap(), "ring");
+    assert!(text.contains("# Avg bus bandwidth"));
+}
+
+#[test]
+fn defaults_compare_every_algorithm_of_the_collective() {
+    let text = stdout(&["alltoall", "--ranks-per-node", "4", "-b", "1K", "-e", "1K"]);
+    let header = text.lines().find(|l| l.contains("size")).unwrap();
+    let above = text.lines().take_while(|l| *l != header).last().unwrap();
+    assert!(
+        above.contains("direct") && above.contains("pairwise"),
+        "{above}"
+    );
+    let rows = data_rows(&text);
+    assert_eq!(rows.len(), 1);
+    // nccl-tests' all-to-all size is the whole buffer: count per peer × n.
+    assert_eq!(
+        (num(&rows[0][0]), num(&rows[0][1]), rows[0][3].as_str()),
+        (1024.0, 64.0, "none")
+    );
+    let text = stdout(&[
+        "broadcast",
+        "--ranks-per-node",
+        "4",
+        "-b",
+        "64",
+        "-e",
+        "64",
+        "-r",
+        "2",
+        "-d",
+        "double",
+    ]);
+    let row = &data_rows(&text)[0];
+    assert_eq!(
+        (row[1].as_str(), row[2].as_str(), row[4].as_str()),
+        ("8", "double", "2")
+    );
+}
+
+#[test]
+fn a_hand_written_program_is_priced() {
+    let dir = std::env::temp_dir().join(format!("oxccl-sim-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("pair.json");
+    std::fs::write(
+        &path,
+        r#"{
+          "name": "one-message",
+          "collective": {"kind": "send_recv", "nranks": 2, "count": 250000, "dtype": "float32"},
+          "ranks": [
+            {"channels": [[{"op": "send", "peer": 1, "src": "input[0..250000]"}]]},
+            {"channels": [[{"op": "recv", "peer": 0, "dst": "output[0..250000]"}]]}
+          ]
+        }"#,
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    // One node of two ranks: 1 MB over 100 GB/s after 10 µs is 20 µs.
+    let text = stdout(&["--program", file, "--intra", "100GB/s,10us"]);
+    let rows = data_rows(&text);
+    assert_eq!(rows.len(), 1, "{text}");
+    let r = &rows[0];
+    assert_eq!(
+        (num(&r[0]), r.last().unwrap().as_str()),
+        (1e6, "one-message")
+    );
+    assert!((num(&r[5]) - 20.0).abs() < 1e-9, "{r:?}");
+    assert!((num(&r[6]) - 50.0).abs() < 1e-9, "{r:?}");
+    assert!(text.contains("1000000 bytes within nodes"), "{text}");
+    // Two nodes: the same message crosses the inter-node link.
+    let text = stdout(&["--program", file, "--nodes", "2", "--inter", "10GB/s,1us"]);
+    assert!((num(&data_rows(&text)[0][5]) - 101.0).abs() < 1e-9, "{text}");
+    let e = stderr_of_failure(&["all_gather", "--program", file]);
+    assert!(e.contains("is a sendrecv program, not all_gather"), "{e}");
+    let e = stderr_of_failure(&["--program", file, "--nodes", "3"]);
+    assert!(e.contains("2 ranks"), "{e}");
+    std::fs::write(&path, r#"{"name": "broken"}"#).unwrap();
+    let e = stderr_of_failure(&["--program", file]);
+    assert!(e.contains("program JSON"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_flags_get_clear_errors() {
+    let e = stderr_of_failure(&["all_reduce", "--intra", "450GB/s"]);
+    assert!(e.contains("BANDWIDTH,LATENCY"), "{e}");
+    let e = stderr_of_failure(&["all_reduce", "--inter", "50XB/s,5us"]);
+    assert!(e.contains("unit"), "{e}");
+    let e = stderr_of_failure(&["all_reduce", "--algo", "ring,bogus"]);
+    assert!(e.contains("unknown algorithm") && e.contains("rhd"), "{e}");
+    let e = stderr_of_failure(&["all_gather", "--algo", "tree"]);
+    assert!(
+        e.contains("does not implement all_gather") && e.contains("ring"),
+        "{e}"
+    );
+    let e = stderr_of_failure(&["allscatter"]);
+    assert!(e.contains("unknown collective"), "{e}");
+    let e = stderr_of_failure(&["all_reduce", "-b", "1G", "-e", "1K"]);
+    assert!(e.contains("larger than"), "{e}");
+    let e = stderr_of_failure(&["all_reduce", "-b", "lots"]);
+    assert!(e.contains("K, M, G"), "{e}");
+    let e = stderr_of_failure(&["broadcast", "--ranks-per-node", "4", "-r", "9"]);
+    assert!(e.contains("root 9"), "{e}");
+    let e = stderr_of_failure(&[]);
+    assert!(e.contains("--program"), "{e}");
+}
