@@ -1,7 +1,8 @@
 //! How long the verifier takes to prove big programs.
+#![allow(missing_docs)] // criterion_group! generates an undocumented function
 
-use criterion::{criterion_group, criterion_main, Criterion};
-use oxccl_algo::algos::{build, Algorithm, BuildOptions};
+use criterion::{Criterion, criterion_group, criterion_main};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build};
 use oxccl_algo::verify::verify;
 use oxccl_algo::{CollKind, Collective};
 

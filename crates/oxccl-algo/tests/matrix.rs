@@ -20,7 +20,9 @@ fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
     let s = c.count as u64 * e; // bytes of a rank's buffer (block for RS/AG/A2A)
     let nn = n as u64;
     let v = match (algo, c.kind) {
-        (Algorithm::Ring, CollKind::AllReduce) | (Algorithm::TwoShot, _) if c.count % n == 0 => {
+        (Algorithm::Ring, CollKind::AllReduce) | (Algorithm::TwoShot, _)
+            if c.count.is_multiple_of(n) =>
+        {
             vec![2 * (nn - 1) * s / nn; n]
         }
         (
@@ -29,7 +31,9 @@ fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
         ) if algo != Algorithm::Rhd || n.is_power_of_two() => {
             vec![(nn - 1) * s; n]
         }
-        (Algorithm::Rhd, CollKind::AllReduce) if n.is_power_of_two() && c.count % n == 0 => {
+        (Algorithm::Rhd, CollKind::AllReduce)
+            if n.is_power_of_two() && c.count.is_multiple_of(n) =>
+        {
             vec![2 * (nn - 1) * s / nn; n]
         }
         (Algorithm::Pairwise | Algorithm::Direct, CollKind::AllToAll) => vec![(nn - 1) * s; n],

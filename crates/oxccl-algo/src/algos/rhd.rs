@@ -29,9 +29,12 @@ fn virt(r: usize, rem: usize) -> Option<usize> {
     }
 }
 
+/// Block ranges `[lo, hi)` of virtual ranks.
+type Blocks = (usize, usize);
+
 /// The halving schedule of virtual rank `v` among `p`: per round, the
 /// partner, the block range kept and the block range sent.
-fn halving(v: usize, p: usize) -> Vec<(usize, (usize, usize), (usize, usize))> {
+fn halving(v: usize, p: usize) -> Vec<(usize, Blocks, Blocks)> {
     let (mut lo, mut hi) = (0, p);
     let mut rounds = Vec::new();
     let mut d = p / 2;

@@ -71,14 +71,11 @@ pub fn dtree(n: usize, r: usize, t: usize) -> TreeLinks {
     if t == 0 {
         return btree(n, r);
     }
-    let (to, from): (Box<dyn Fn(usize) -> usize>, Box<dyn Fn(usize) -> usize>) = if n % 2 == 0 {
-        (Box::new(move |x| n - 1 - x), Box::new(move |x| n - 1 - x))
-    } else {
-        (
-            Box::new(move |x| (x + n - 1) % n),
-            Box::new(move |x| (x + 1) % n),
-        )
-    };
+    // Tree 1 is tree 0 over relabelled ranks: mirrored for even n,
+    // shifted by one for odd n.
+    let even = n.is_multiple_of(2);
+    let to = |x: usize| if even { n - 1 - x } else { (x + n - 1) % n };
+    let from = |x: usize| if even { n - 1 - x } else { (x + 1) % n };
     let l = btree(n, to(r));
     TreeLinks {
         parent: l.parent.map(&from),

@@ -252,25 +252,27 @@ impl<'a> Machine<'a> {
                     }
                     let remote = step.one_sided_peer();
                     if let Some(dst) = destination(step).filter(|d| d.buf == Buf::Input) {
-                        return Err(bad(format!("writes {dst}: the input buffer is the caller's and read-only")));
+                        return Err(bad(format!(
+                            "writes {dst}: the input buffer is the caller's and read-only"
+                        )));
                     }
                     let (local, far, lens) = operands(step);
                     for sl in local {
-                        self.check_bounds(r, sl).map_err(|e| bad(e))?;
+                        self.check_bounds(r, sl).map_err(&bad)?;
                     }
                     if let (Some(peer), Some(sl)) = (remote, far) {
                         self.check_bounds(peer, sl)
                             .map_err(|e| bad(format!("rank {peer}'s {e}")))?;
                     }
-                    if let Some(first) = lens.first() {
-                        if lens.iter().any(|l| l != first) {
-                            return Err(bad(format!("operand lengths differ: {lens:?}")));
-                        }
+                    if let Some(first) = lens.first()
+                        && lens.iter().any(|l| l != first)
+                    {
+                        return Err(bad(format!("operand lengths differ: {lens:?}")));
                     }
-                    if let Step::Reduce { srcs, .. } = step {
-                        if srcs.is_empty() {
-                            return Err(bad("reduce has no sources".into()));
-                        }
+                    if let Step::Reduce { srcs, .. } = step
+                        && srcs.is_empty()
+                    {
+                        return Err(bad("reduce has no sources".into()));
                     }
                 }
             }
@@ -356,7 +358,9 @@ impl<'a> Machine<'a> {
     }
 
     fn check_leftovers(&self) -> Result<()> {
-        let mut left: Vec<usize> = (0..self.conns.len()).filter(|&i| !self.conns[i].msgs.is_empty()).collect();
+        let mut left: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| !self.conns[i].msgs.is_empty())
+            .collect();
         left.sort_by_key(|&i| self.ends[i]);
         if let Some(&i) = left.first() {
             let (s, d, c) = self.ends[i];
@@ -366,7 +370,9 @@ impl<'a> Machine<'a> {
                 self.at(s, c, self.conns[i].msgs[0].pc)
             )));
         }
-        let mut left: Vec<usize> = (0..self.conns.len()).filter(|&i| !self.conns[i].sigs.is_empty()).collect();
+        let mut left: Vec<usize> = (0..self.conns.len())
+            .filter(|&i| !self.conns[i].sigs.is_empty())
+            .collect();
         left.sort_by_key(|&i| self.ends[i]);
         if let Some(&i) = left.first() {
             let (s, d, c) = self.ends[i];
@@ -454,7 +460,10 @@ fn destination(step: &Step) -> Option<&Slice> {
         | Step::Put { dst, .. }
         | Step::Get { dst, .. }
         | Step::GetReduce { dst, .. } => Some(dst),
-        Step::Send { .. } | Step::RecvReduceSend { .. } | Step::Signal { .. } | Step::Wait { .. } => None,
+        Step::Send { .. }
+        | Step::RecvReduceSend { .. }
+        | Step::Signal { .. }
+        | Step::Wait { .. } => None,
     }
 }
 

@@ -217,11 +217,11 @@ fn push(out: &mut Vec<Piece>, p: Piece) {
     if p.len == 0 {
         return;
     }
-    if let Some(last) = out.last_mut() {
-        if last.val.continues(last.len, &p.val) {
-            last.len += p.len;
-            return;
-        }
+    if let Some(last) = out.last_mut()
+        && last.val.continues(last.len, &p.val)
+    {
+        last.len += p.len;
+        return;
     }
     out.push(p);
 }
@@ -237,7 +237,13 @@ impl SymBuf {
     pub(crate) fn undef(len: usize) -> SymBuf {
         let mut runs = BTreeMap::new();
         if len > 0 {
-            runs.insert(0, Piece { len, val: Val::Undef });
+            runs.insert(
+                0,
+                Piece {
+                    len,
+                    val: Val::Undef,
+                },
+            );
         }
         SymBuf { runs, len }
     }
@@ -250,11 +256,22 @@ impl SymBuf {
             return out;
         }
         let end = off + len;
-        let first = self.runs.range(..=off).next_back().map(|(s, _)| *s).unwrap_or(0);
+        let first = self
+            .runs
+            .range(..=off)
+            .next_back()
+            .map(|(s, _)| *s)
+            .unwrap_or(0);
         for (&s, p) in self.runs.range(first..end) {
             let from = off.max(s);
             let to = end.min(s + p.len);
-            push(&mut out, Piece { len: to - from, val: p.val.at(from - s) });
+            push(
+                &mut out,
+                Piece {
+                    len: to - from,
+                    val: p.val.at(from - s),
+                },
+            );
         }
         out
     }
@@ -264,9 +281,16 @@ impl SymBuf {
         if at >= self.len {
             return;
         }
-        let (&s, p) = self.runs.range_mut(..=at).next_back().expect("runs cover the buffer");
+        let (&s, p) = self
+            .runs
+            .range_mut(..=at)
+            .next_back()
+            .expect("runs cover the buffer");
         if s < at {
-            let tail = Piece { len: s + p.len - at, val: p.val.at(at - s) };
+            let tail = Piece {
+                len: s + p.len - at,
+                val: p.val.at(at - s),
+            };
             p.len = at - s;
             self.runs.insert(at, tail);
         }
@@ -276,11 +300,18 @@ impl SymBuf {
     /// values continue.
     fn merge_at(&mut self, at: usize) {
         let Some(p) = self.runs.get(&at) else { return };
-        let Some((_, prev)) = self.runs.range(..at).next_back() else { return };
+        let Some((_, prev)) = self.runs.range(..at).next_back() else {
+            return;
+        };
         if prev.val.continues(prev.len, &p.val) {
             let add = p.len;
             self.runs.remove(&at);
-            self.runs.range_mut(..at).next_back().expect("checked above").1.len += add;
+            self.runs
+                .range_mut(..at)
+                .next_back()
+                .expect("checked above")
+                .1
+                .len += add;
         }
     }
 
