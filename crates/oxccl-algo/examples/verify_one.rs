@@ -1,7 +1,7 @@
 //! Builds and verifies one algorithm's program, printing the time and the
 //! volumes: `cargo run --release --example verify_one -- ring all_reduce 256 1000003`.
 
-use oxccl_algo::algos::{build, BuildOptions};
+use oxccl_algo::algos::{BuildOptions, build};
 use oxccl_algo::verify::verify;
 use oxccl_algo::{CollKind, Collective};
 use std::time::Instant;

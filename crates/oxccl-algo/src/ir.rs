@@ -446,7 +446,11 @@ impl Program {
         use std::fmt::Write;
         let mut out = format!("{} ({})\n", self.name, self.collective);
         for (r, rp) in self.ranks.iter().enumerate() {
-            let scratch = if rp.scratch > 0 { format!(", scratch {}", rp.scratch) } else { String::new() };
+            let scratch = if rp.scratch > 0 {
+                format!(", scratch {}", rp.scratch)
+            } else {
+                String::new()
+            };
             let _ = writeln!(out, "rank {r}{scratch}:");
             for (c, steps) in rp.channels.iter().enumerate() {
                 if rp.channels.len() > 1 {

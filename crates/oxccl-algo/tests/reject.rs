@@ -294,8 +294,14 @@ fn bad_shapes_are_named() {
         ],
     );
     let mut p = ring(4, 400);
-    p.ranks[2].channels[0].push(Step::Copy { src: Slice::output(0, 4), dst: Slice::input(0, 4) });
-    assert_has(&err(&p), &["rank 2 step", "writes input[0..4]", "read-only"]);
+    p.ranks[2].channels[0].push(Step::Copy {
+        src: Slice::output(0, 4),
+        dst: Slice::input(0, 4),
+    });
+    assert_has(
+        &err(&p),
+        &["rank 2 step", "writes input[0..4]", "read-only"],
+    );
     let mut p = ring(4, 400);
     p.ranks.pop();
     assert_has(&err(&p), &["programs for 3 ranks", "4"]);

@@ -1,6 +1,6 @@
 //! Snapshots of small programs: the exact steps an algorithm generates.
 
-use oxccl_algo::algos::{build, Algorithm, BuildOptions};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build};
 use oxccl_algo::{CollKind, Collective};
 
 fn listing(algo: Algorithm, kind: CollKind, n: usize, count: usize) -> String {
