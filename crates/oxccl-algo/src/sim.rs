@@ -17,9 +17,9 @@
 //!
 //! Every (rank, channel) is a sequential process running its steps in
 //! order; the channels of a rank run concurrently. Time advances in global
-//! order (a priority queue of processes keyed by (time, process index), so
-//! results are deterministic and independent of how the program is
-//! stored).
+//! order: a priority queue of processes keyed by time, ties served first
+//! come, first served (all processes start at 0 in rank order), so results
+//! are deterministic.
 //!
 //! **Resources.** Every rank has an intra-node send port and receive port;
 //! every node has one NIC with a send side and a receive side, shared by
@@ -200,12 +200,15 @@ fn deadlock(program: &Program, c: &Compiled, sim: &State, blocked: &[usize]) -> 
 /// keys never go below the last one popped, so an entry lives in the
 /// bucket of the highest bit in which it differs from that key, and a pop
 /// only ever moves entries to lower buckets. Times are not negative, so
-/// their bit patterns order like them. Equal times pop in process order:
-/// the processes at the current time (`now`) are kept sorted, last first.
+/// their bit patterns order like them. Entries of equal time pop first in,
+/// first out (buckets keep their order when they are split), so ties go
+/// to the process scheduled first.
 #[derive(Default)]
 struct Queue {
     last: u64,
+    /// The processes at time `last`, in order; `now[head..]` are pending.
     now: Vec<u32>,
+    head: usize,
     buckets: Vec<Vec<(u64, u32)>>,
     /// Bit `b` set when bucket `b` (1..=64) is not empty.
     full: u128,
@@ -216,7 +219,7 @@ impl Queue {
         self.buckets.resize_with(65, Vec::new);
         self.buckets.iter_mut().for_each(Vec::clear);
         self.now.clear();
-        (self.last, self.full) = (0, 0);
+        (self.last, self.full, self.head) = (0, 0, 0);
     }
 
     fn bucket(&self, key: u64) -> usize {
@@ -228,8 +231,7 @@ impl Queue {
         debug_assert!(key >= self.last, "time went backwards");
         let (b, p) = (self.bucket(key), p as u32);
         if b == 0 {
-            let at = self.now.partition_point(|&q| q > p);
-            self.now.insert(at, p);
+            self.now.push(p);
         } else {
             self.buckets[b].push((key, p));
             self.full |= 1 << b;
@@ -237,7 +239,9 @@ impl Queue {
     }
 
     fn pop(&mut self) -> Option<(f64, usize)> {
-        if self.now.is_empty() {
+        if self.head == self.now.len() {
+            self.now.clear();
+            self.head = 0;
             if self.full == 0 {
                 return None;
             }
@@ -256,9 +260,9 @@ impl Queue {
             }
             items.clear();
             self.buckets[b] = items;
-            self.now.sort_unstable_by(|a, b| b.cmp(a));
         }
-        let p = self.now.pop()?;
+        let p = *self.now.get(self.head)?;
+        self.head += 1;
         Some((f64::from_bits(self.last), p as usize))
     }
 }
@@ -329,7 +333,7 @@ impl State {
     }
 
     fn run(&mut self, c: &Compiled) {
-        for p in (0..self.pc.len()).rev() {
+        for p in 0..self.pc.len() {
             self.queue.push(0.0, p);
         }
         while let Some((now, p)) = self.queue.pop() {

@@ -56,8 +56,8 @@ fn estimate_steps(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> u6
 }
 
 /// Bytes of memory one step costs while simulated: the program's step and
-/// the simulator's compiled step and message slot, with slack.
-const BYTES_PER_STEP: u64 = std::mem::size_of::<Step>() as u64 + 32;
+/// the simulator's 12-byte compiled step, with slack.
+const BYTES_PER_STEP: u64 = std::mem::size_of::<Step>() as u64 + 16;
 
 /// One simulation to run: (size index, algorithm index, bytes it may use).
 type Job = (usize, usize, u64);
@@ -107,7 +107,7 @@ impl Pool {
     }
 }
 
-/// Memory the sweep may use: 3/4 of what the system has available (Linux
+/// Memory the sweep may use: 4/5 of what the system has available (Linux
 /// `MemAvailable`), 8 GiB where that cannot be read.
 fn memory_budget() -> u64 {
     let avail = std::fs::read_to_string("/proc/meminfo")
@@ -117,7 +117,7 @@ fn memory_budget() -> u64 {
             let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
             Some(kib * 1024)
         });
-    avail.map_or(8 << 30, |b| b / 4 * 3)
+    avail.map_or(8 << 30, |b| b / 5 * 4)
 }
 
 /// Simulates every collective with every algorithm on `threads` threads;
@@ -180,6 +180,10 @@ pub fn run(
                     let out = out
                         .map(|r| r.time)
                         .map_err(|e| format!("{} of {} bytes: {e}", algos[a], colls[i].size_bytes()));
+                    if bytes > 4 << 30 {
+                        // Give back the buffers a huge program grew.
+                        sim = Simulator::new();
+                    }
                     let failed = out.is_err();
                     results.lock().unwrap_or_else(|e| e.into_inner())[i][a] = Some(out);
                     pool.release(bytes, failed);

@@ -144,9 +144,9 @@ pub(super) struct Compiled {
 
 /// What a step does, decoded once: (receive from, kind), (send kind,
 /// peer, elements), elements reduced, elements copied.
-type Decoded = (Option<(usize, usize)>, (usize, usize, usize), usize, usize);
+pub(super) type Decoded = (Option<(usize, usize)>, (usize, usize, usize), usize, usize);
 
-fn decode(step: &Step) -> Decoded {
+pub(super) fn decode(step: &Step) -> Decoded {
     const NO: (usize, usize, usize) = (KINDS, 0, 0);
     match *step {
         Step::Send { peer, src } => (None, (MSG, peer, src.len), 0, 0),

@@ -327,3 +327,113 @@ fn hand_written_json_is_priced() {
     assert_eq!((r.inter_bytes, r.intra_bytes), (4096, 0));
     assert_eq!(simulate(&p, &Topology::one_rank_per_node(2, L)).unwrap(), r);
 }
+
+#[test]
+fn decoding_agrees_with_the_ir() {
+    let s = Slice::input(0, 7);
+    let d = Slice::output(0, 7);
+    let steps = [
+        Step::Send { peer: 1, src: s },
+        Step::Recv { peer: 1, dst: d },
+        Step::RecvReduce {
+            peer: 1,
+            src: s,
+            dst: d,
+        },
+        Step::RecvReduceSend {
+            recv: 1,
+            send: 2,
+            src: s,
+        },
+        Step::RecvCopySend {
+            recv: 1,
+            send: 2,
+            dst: d,
+        },
+        Step::RecvReduceCopySend {
+            recv: 1,
+            send: 2,
+            src: s,
+            dst: d,
+        },
+        Step::Copy { src: s, dst: d },
+        Step::Reduce {
+            srcs: vec![s, d, d],
+            dst: d,
+        },
+        Step::Put {
+            peer: 1,
+            src: s,
+            dst: d,
+        },
+        Step::Get {
+            peer: 1,
+            src: s,
+            dst: d,
+        },
+        Step::GetReduce {
+            peer: 1,
+            src: s,
+            acc: d,
+            dst: d,
+        },
+        Step::Signal { peer: 1 },
+        Step::Wait { peer: 1 },
+    ];
+    for step in &steps {
+        let (recv, (_, peer, elems), reduce, _) = compile::decode(step);
+        assert_eq!(
+            recv.map(|(q, _)| q),
+            step.recv_peer()
+                .or(matches!(step, Step::Wait { .. }).then_some(1))
+        );
+        if step.send_peer().is_some() || (step.is_one_sided() && !matches!(step, Step::Wait { .. }))
+        {
+            assert_eq!(
+                peer,
+                step.send_peer().or(step.one_sided_peer()).unwrap(),
+                "{step}"
+            );
+            assert_eq!(elems, step.wire_elems(), "{step}");
+        }
+        assert_eq!(reduce, step.reduce_elems(), "{step}");
+    }
+}
+
+#[test]
+fn a_reused_simulator_gives_the_same_reports() {
+    use crate::algos::{Algorithm, BuildOptions, build};
+    let topo = Topology::new(3, 4, L, Link::new(2e8, 5e-6));
+    let mut sim = Simulator::new();
+    for algo in [
+        Algorithm::Tree,
+        Algorithm::Ring,
+        Algorithm::Rhd,
+        Algorithm::OneShot,
+        Algorithm::Tree,
+    ] {
+        let c = Collective::new(CollKind::AllReduce, 12, 10_000);
+        let p = build(
+            algo,
+            &c,
+            &BuildOptions {
+                chunk_elems: 300,
+                max_chunks: 16,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            sim.simulate(&p, &topo).unwrap(),
+            simulate(&p, &topo).unwrap(),
+            "{algo}"
+        );
+    }
+    // An error leaves the simulator usable.
+    assert!(sim.simulate(&prog(5), &topo).is_err());
+    let mut p = prog(12);
+    send(&mut p, 0, 11, 0, 1000);
+    assert!(close(
+        sim.simulate(&p, &topo).unwrap().time,
+        5e-6 + 4000.0 / 2e8
+    ));
+}
