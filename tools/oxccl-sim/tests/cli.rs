@@ -171,7 +171,10 @@ fn a_hand_written_program_is_priced() {
     assert!(text.contains("1000000 bytes within nodes"), "{text}");
     // Two nodes: the same message crosses the inter-node link.
     let text = stdout(&["--program", file, "--nodes", "2", "--inter", "10GB/s,1us"]);
-    assert!((num(&data_rows(&text)[0][5]) - 101.0).abs() < 1e-9, "{text}");
+    assert!(
+        (num(&data_rows(&text)[0][5]) - 101.0).abs() < 1e-9,
+        "{text}"
+    );
     let e = stderr_of_failure(&["all_gather", "--program", file]);
     assert!(e.contains("is a sendrecv program, not all_gather"), "{e}");
     let e = stderr_of_failure(&["--program", file, "--nodes", "3"]);
