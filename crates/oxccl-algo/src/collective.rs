@@ -17,6 +17,7 @@ pub enum CollKind {
     /// Every rank ends with all inputs, concatenated in rank order.
     AllGather,
     /// Rank `r` ends with block `r` of every rank's input, in rank order.
+    #[serde(rename = "alltoall", alias = "all_to_all")]
     AllToAll,
     /// Every rank ends with the root's input.
     Broadcast,
@@ -28,6 +29,7 @@ pub enum CollKind {
     Scatter,
     /// Rank `r` sends its input to `r + 1` and receives from `r - 1` (mod
     /// n), as nccl-tests' `sendrecv_perf` does.
+    #[serde(rename = "sendrecv", alias = "send_recv")]
     SendRecv,
 }
 
@@ -402,6 +404,15 @@ mod tests {
             CollKind::AllReduce
         );
         assert!("allscatter".parse::<CollKind>().is_err());
+        // JSON uses the same names, and accepts the other spelling.
+        for k in CollKind::ALL {
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.name())
+            );
+        }
+        let k: CollKind = serde_json::from_str("\"all_to_all\"").unwrap();
+        assert_eq!(k, CollKind::AllToAll);
     }
 
     #[test]

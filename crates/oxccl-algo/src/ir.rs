@@ -415,6 +415,33 @@ impl Program {
         }
     }
 
+    /// Makes this an empty program for `collective`, keeping the memory
+    /// its steps occupied for the next ones.
+    pub fn reset(&mut self, name: &str, collective: Collective) {
+        self.name.clear();
+        self.name.push_str(name);
+        self.collective = collective;
+        self.in_place = true;
+        self.ranks.truncate(collective.nranks);
+        for r in &mut self.ranks {
+            r.scratch = 0;
+            r.channels.iter_mut().for_each(Vec::clear);
+        }
+        self.ranks
+            .resize_with(collective.nranks, RankProgram::default);
+    }
+
+    /// Drops trailing channels without steps (left over by [`reset`]).
+    ///
+    /// [`reset`]: Program::reset
+    pub fn trim(&mut self) {
+        for r in &mut self.ranks {
+            while r.channels.last().is_some_and(Vec::is_empty) {
+                r.channels.pop();
+            }
+        }
+    }
+
     /// Appends `step` to `rank`'s channel `channel`, creating channels as
     /// needed.
     pub fn push(&mut self, rank: usize, channel: usize, step: Step) {

@@ -58,3 +58,30 @@ fn hand_written_program_verifies_and_counts() {
             .contains("line 1")
     );
 }
+
+#[test]
+fn building_into_a_used_program_equals_a_fresh_build() {
+    use oxccl_algo::algos::build_into;
+    let mut reused = Program::new("", Collective::new(CollKind::AllReduce, 1, 0));
+    // Alternate algorithms, sizes and rank counts so that leftovers would show.
+    for (algo, kind, n, count) in [
+        (Algorithm::Tree, CollKind::AllReduce, 9, 1000),
+        (Algorithm::Ring, CollKind::AllReduce, 5, 10),
+        (Algorithm::TwoShot, CollKind::AllReduce, 12, 77),
+        (Algorithm::Rhd, CollKind::ReduceScatter, 3, 5),
+        (Algorithm::Tree, CollKind::Broadcast, 7, 3),
+    ] {
+        let c = Collective::new(kind, n, count).with_root(n - 1);
+        build_into(algo, &c, &BuildOptions::default(), &mut reused).unwrap();
+        assert_eq!(
+            reused,
+            build(algo, &c, &BuildOptions::default()).unwrap(),
+            "{algo} {c}"
+        );
+    }
+    // A failing build leaves the program alone.
+    let before = reused.clone();
+    let bad = Collective::new(CollKind::AllToAll, 4, 4);
+    assert!(build_into(Algorithm::Ring, &bad, &BuildOptions::default(), &mut reused).is_err());
+    assert_eq!(reused, before);
+}

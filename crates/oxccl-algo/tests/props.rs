@@ -23,7 +23,7 @@ proptest! {
             .collect();
         let (algo, kind) = pairs[pick % pairs.len()];
         let c = Collective::new(kind, n, count).with_root(root % n);
-        let p = build(algo, &c, &BuildOptions { chunk_elems: chunk, max_chunks }).unwrap();
+        let p = build(algo, &c, &BuildOptions { chunk_bytes: chunk * 4, max_chunks }).unwrap();
         let r = verify(&p);
         prop_assert!(r.is_ok(), "{} {}: {}", algo, c, r.unwrap_err());
         let r = r.unwrap();

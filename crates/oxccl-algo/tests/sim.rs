@@ -7,7 +7,7 @@ use oxccl_algo::sim::simulate;
 use oxccl_algo::{CollKind, Collective, Program};
 
 const ONE_CHUNK: BuildOptions = BuildOptions {
-    chunk_elems: usize::MAX,
+    chunk_bytes: usize::MAX,
     max_chunks: 1,
 };
 
@@ -67,7 +67,7 @@ fn ring_chunks_keep_the_bandwidth_term_and_add_latency() {
         n,
         count,
         &BuildOptions {
-            chunk_elems: 1000,
+            chunk_bytes: 1000 * 4,
             max_chunks: 64,
         },
     );
@@ -163,7 +163,7 @@ fn every_generated_program_runs_to_completion() {
                         algo,
                         &coll,
                         &BuildOptions {
-                            chunk_elems: 16,
+                            chunk_bytes: 16 * 4,
                             max_chunks: 4,
                         },
                     )
@@ -192,7 +192,7 @@ fn program_json_round_trip_prices_the_same() {
         6,
         1000,
         &BuildOptions {
-            chunk_elems: 100,
+            chunk_bytes: 100 * 4,
             max_chunks: 8,
         },
     );

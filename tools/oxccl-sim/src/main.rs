@@ -85,7 +85,7 @@ struct Args {
     /// Root of rooted collectives.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
-    /// Largest pipeline chunk in elements (K/M suffixes) [default: 128K].
+    /// Largest pipeline chunk in bytes (K/M suffixes) [default: 2M, NCCL's].
     #[arg(long = "chunk", value_parser = parse_size)]
     chunk: Option<u64>,
     /// At most this many pipeline chunks per slice [default: 64].
@@ -162,9 +162,9 @@ fn run(args: &Args) -> Result<(), String> {
     let mut opts = BuildOptions::default();
     if let Some(c) = args.chunk {
         if c == 0 {
-            return Err("--chunk must be at least 1 element".into());
+            return Err("--chunk must be at least 1 byte".into());
         }
-        opts.chunk_elems = usize::try_from(c).map_err(|_| "--chunk is too large")?;
+        opts.chunk_bytes = usize::try_from(c).map_err(|_| "--chunk is too large")?;
     }
     if let Some(m) = args.max_chunks {
         if m == 0 {
@@ -262,8 +262,8 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
     );
     println!("# oxccl-sim: {kind}, {n} ranks on {topo}");
     println!(
-        "# pipeline chunk {} elements, at most {} chunks; times are predicted by oxccl_algo::sim",
-        opts.chunk_elems, opts.max_chunks
+        "# pipeline chunk {} bytes, at most {} chunks; times are predicted by oxccl_algo::sim",
+        opts.chunk_bytes, opts.max_chunks
     );
     println!("#");
     table.print_header();

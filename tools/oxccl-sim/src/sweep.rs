@@ -1,7 +1,8 @@
 //! Running a sweep of (size, algorithm) simulations on worker threads, and
 //! printing the results in nccl-tests' columns.
 
-use oxccl_algo::algos::{Algorithm, BuildOptions, build};
+use oxccl_algo::Program;
+use oxccl_algo::algos::{Algorithm, BuildOptions, build_into};
 use oxccl_algo::cost::Topology;
 use oxccl_algo::ir::Step;
 use oxccl_algo::sim::Simulator;
@@ -44,7 +45,7 @@ pub fn sizes(min: u64, max: u64, factor: u64, step: Option<u64>) -> Result<Vec<u
 /// the biggest first and keeps their sum within memory.
 fn estimate_steps(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> u64 {
     let (n, c) = (coll.nranks as u64, coll.count as u64);
-    let chunks = |len: u64| opts.chunking(len as usize) as u64;
+    let chunks = |len: u64| opts.chunking(len as usize, coll.dtype.size()) as u64;
     let log = u64::from(n.max(1).next_power_of_two().trailing_zeros()) + 1;
     match (algo, coll.kind) {
         (Algorithm::Ring, CollKind::AllReduce) => 2 * n * c.min(n) * chunks(c / n.max(1)) + n,
@@ -157,22 +158,23 @@ pub fn run(
         for _ in 0..workers {
             s.spawn(|| {
                 let mut sim = Simulator::new();
+                // One program per worker, rebuilt in place: a 4096-rank ring
+                // is gigabytes of steps, and fresh pages cost more than the
+                // steps themselves.
+                let mut prog = Program::new("", colls[0]);
                 while let Some((i, a, bytes)) = pool.take() {
                     let t0 = Instant::now();
-                    let out = build(algos[a], &colls[i], opts).and_then(|p| {
+                    let out = build_into(algos[a], &colls[i], opts, &mut prog).and_then(|()| {
                         let t1 = Instant::now();
-                        let r = sim.simulate(&p, topo);
-                        let t2 = Instant::now();
-                        drop(p);
+                        let r = sim.simulate(&prog, topo);
                         if verbose {
                             let steps = r.as_ref().map_or(0, |r| r.steps);
                             eprintln!(
-                                "# {:>8} {:>12} B: {steps:>10} steps, build {:.2}s, simulate {:.2}s, free {:.2}s",
+                                "# {:>8} {:>12} B: {steps:>10} steps, build {:.2}s, simulate {:.2}s",
                                 algos[a].name(),
                                 colls[i].size_bytes(),
                                 (t1 - t0).as_secs_f64(),
-                                (t2 - t1).as_secs_f64(),
-                                t2.elapsed().as_secs_f64()
+                                t1.elapsed().as_secs_f64()
                             );
                         }
                         r
@@ -183,6 +185,7 @@ pub fn run(
                     if bytes > 4 << 30 {
                         // Give back the buffers a huge program grew.
                         sim = Simulator::new();
+                        prog = Program::new("", colls[0]);
                     }
                     let failed = out.is_err();
                     results.lock().unwrap_or_else(|e| e.into_inner())[i][a] = Some(out);

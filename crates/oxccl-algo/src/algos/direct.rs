@@ -58,25 +58,25 @@ fn copy_alone(p: &mut Program, r: usize, len: usize) {
 
 /// One-shot all-reduce: each rank reduces all inputs itself (into
 /// scratch, so an in-place call's input stays intact while peers read it).
-pub(crate) fn one_shot(c: Collective) -> Program {
+pub(crate) fn one_shot(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
-    let mut p = Program::new("oneshot", c);
+    p.reset("oneshot", c);
     for r in 0..n {
         if n == 1 || count == 0 {
-            copy_alone(&mut p, r, if n == 1 { count } else { 0 });
+            copy_alone(p, r, if n == 1 { count } else { 0 });
             continue;
         }
         p.need_scratch(r, count);
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
         reduce_from_peers(
-            &mut p,
+            p,
             r,
             n,
             Slice::input(0, count),
             Slice::input(0, count),
             Slice::scratch(0, count),
         );
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
         p.push(
             r,
             0,
@@ -86,30 +86,29 @@ pub(crate) fn one_shot(c: Collective) -> Program {
             },
         );
     }
-    p
 }
 
 /// Two-shot all-reduce: rank `r` reduces block `r` reading every peer's
 /// input, then every rank reads the finished blocks from their owners.
-pub(crate) fn two_shot(c: Collective) -> Program {
+pub(crate) fn two_shot(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
-    let mut p = Program::new("twoshot", c);
+    p.reset("twoshot", c);
     let block = |j: usize| {
         let (off, len) = part(count, n, j);
         Slice::output(off, len)
     };
     for r in 0..n {
         if n == 1 || count == 0 {
-            copy_alone(&mut p, r, if n == 1 { count } else { 0 });
+            copy_alone(p, r, if n == 1 { count } else { 0 });
             continue;
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
         let mine = block(r);
         if mine.len > 0 {
             let input = Slice::input(mine.off, mine.len);
-            reduce_from_peers(&mut p, r, n, input, input, mine);
+            reduce_from_peers(p, r, n, input, input, mine);
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
         for q in peers(r, n) {
             let theirs = block(q);
             if theirs.len > 0 {
@@ -124,32 +123,30 @@ pub(crate) fn two_shot(c: Collective) -> Program {
                 );
             }
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
     }
-    p
 }
 
 /// Direct reduce-scatter: rank `r` reduces block `r` of every input.
-pub(crate) fn reduce_scatter(c: Collective) -> Program {
+pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
-    let mut p = Program::new("direct", c);
+    p.reset("direct", c);
     for r in 0..n {
         if n == 1 || cnt == 0 {
-            copy_alone(&mut p, r, if n == 1 { cnt } else { 0 });
+            copy_alone(p, r, if n == 1 { cnt } else { 0 });
             continue;
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
         let mine = Slice::input(r * cnt, cnt);
-        reduce_from_peers(&mut p, r, n, mine, mine, Slice::output(0, cnt));
-        barrier(&mut p, r, n);
+        reduce_from_peers(p, r, n, mine, mine, Slice::output(0, cnt));
+        barrier(p, r, n);
     }
-    p
 }
 
 /// Direct all-gather: each rank writes its input into every peer's output.
-pub(crate) fn all_gather(c: Collective) -> Program {
+pub(crate) fn all_gather(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
-    let mut p = Program::new("direct", c);
+    p.reset("direct", c);
     for r in 0..n {
         let mine = Slice::output(r * cnt, cnt);
         if cnt == 0 {
@@ -166,7 +163,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
         if n == 1 {
             continue;
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
         for q in peers(r, n) {
             p.push(
                 r,
@@ -178,16 +175,15 @@ pub(crate) fn all_gather(c: Collective) -> Program {
                 },
             );
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
     }
-    p
 }
 
 /// Direct all-to-all: each rank reads its block from every peer's input.
 /// Not in-place safe: a rank would overwrite blocks a peer still reads.
-pub(crate) fn all_to_all(c: Collective) -> Program {
+pub(crate) fn all_to_all(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
-    let mut p = Program::new("direct", c);
+    p.reset("direct", c);
     p.in_place = false;
     for r in 0..n {
         if cnt == 0 {
@@ -204,7 +200,7 @@ pub(crate) fn all_to_all(c: Collective) -> Program {
         if n == 1 {
             continue;
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
         for q in peers(r, n) {
             p.push(
                 r,
@@ -216,7 +212,6 @@ pub(crate) fn all_to_all(c: Collective) -> Program {
                 },
             );
         }
-        barrier(&mut p, r, n);
+        barrier(p, r, n);
     }
-    p
 }

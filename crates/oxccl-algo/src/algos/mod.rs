@@ -135,10 +135,12 @@ impl FromStr for Algorithm {
 /// Knobs of program generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BuildOptions {
-    /// Largest pipeline chunk, in elements: pipelined algorithms (ring,
+    /// Largest pipeline chunk, in bytes: pipelined algorithms (ring,
     /// tree, chain) cut every slice they move into pieces of at most this
-    /// many elements so several are in flight per peer.
-    pub chunk_elems: usize,
+    /// size so several are in flight per peer. The default, 2 MiB, is
+    /// NCCL's chunk for its simple protocol (a 4 MiB buffer in 8 steps, 4
+    /// steps a chunk).
+    pub chunk_bytes: usize,
     /// At most this many chunks per pipelined slice: for big buffers the
     /// chunk grows instead, bounding the program's size.
     pub max_chunks: usize,
@@ -147,7 +149,7 @@ pub struct BuildOptions {
 impl Default for BuildOptions {
     fn default() -> BuildOptions {
         BuildOptions {
-            chunk_elems: 1 << 17,
+            chunk_bytes: 2 << 20,
             max_chunks: 64,
         }
     }
@@ -155,8 +157,10 @@ impl Default for BuildOptions {
 
 impl BuildOptions {
     /// Into how many pipeline chunks a `len`-element slice is cut.
-    pub fn chunking(&self, len: usize) -> usize {
-        let by_size = len.div_ceil(self.chunk_elems.max(1));
+    pub fn chunking(&self, len: usize, elem_size: usize) -> usize {
+        let by_size = len
+            .saturating_mul(elem_size)
+            .div_ceil(self.chunk_bytes.max(1));
         by_size.clamp(1, self.max_chunks.max(1))
     }
 }
@@ -165,6 +169,20 @@ impl BuildOptions {
 /// (the algorithm does not implement that collective, or the collective's
 /// description is invalid).
 pub fn build(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> Result<Program> {
+    let mut p = Program::new(algo.name(), *coll);
+    build_into(algo, coll, opts, &mut p)?;
+    Ok(p)
+}
+
+/// [`build`] into an existing program, reusing its allocations (a sweep
+/// over sizes builds programs of millions of steps one after another).
+/// On error the program is left as it was.
+pub fn build_into(
+    algo: Algorithm,
+    coll: &Collective,
+    opts: &BuildOptions,
+    program: &mut Program,
+) -> Result<()> {
     coll.validate()?;
     if !algo.supports(coll.kind) {
         let have: Vec<&str> = Algorithm::for_kind(coll.kind)
@@ -179,28 +197,30 @@ pub fn build(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> Result<
         )));
     }
     let c = *coll;
-    let program = match (algo, coll.kind) {
-        (Algorithm::Ring, CollKind::AllReduce) => ring::all_reduce(c, opts),
-        (Algorithm::Ring, CollKind::ReduceScatter) => ring::reduce_scatter(c, opts),
-        (Algorithm::Ring, CollKind::AllGather) => ring::all_gather(c, opts),
-        (Algorithm::Ring, CollKind::Broadcast) => rooted::chain_broadcast(c, opts),
-        (Algorithm::Ring, CollKind::Reduce) => rooted::chain_reduce(c, opts),
-        (Algorithm::Tree, CollKind::AllReduce) => tree::all_reduce(c, opts),
-        (Algorithm::Tree, CollKind::Broadcast) => rooted::tree_broadcast(c, opts),
-        (Algorithm::Tree, CollKind::Reduce) => rooted::tree_reduce(c, opts),
-        (Algorithm::Rhd, CollKind::AllReduce) => rhd::all_reduce(c),
-        (Algorithm::Rhd, CollKind::ReduceScatter) => rhd::reduce_scatter(c),
-        (Algorithm::Rhd, CollKind::AllGather) => rhd::all_gather(c),
-        (Algorithm::OneShot, _) => direct::one_shot(c),
-        (Algorithm::TwoShot, _) => direct::two_shot(c),
-        (Algorithm::Direct, CollKind::ReduceScatter) => direct::reduce_scatter(c),
-        (Algorithm::Direct, CollKind::AllGather) => direct::all_gather(c),
-        (Algorithm::Direct, CollKind::AllToAll) => direct::all_to_all(c),
-        (Algorithm::Direct, CollKind::SendRecv) => rooted::send_recv(c),
-        (Algorithm::Pairwise, _) => rooted::pairwise_all_to_all(c),
-        (Algorithm::Linear, CollKind::Gather) => rooted::gather(c),
-        (Algorithm::Linear, CollKind::Scatter) => rooted::scatter(c),
+    let p = program;
+    match (algo, coll.kind) {
+        (Algorithm::Ring, CollKind::AllReduce) => ring::all_reduce(p, c, opts),
+        (Algorithm::Ring, CollKind::ReduceScatter) => ring::reduce_scatter(p, c, opts),
+        (Algorithm::Ring, CollKind::AllGather) => ring::all_gather(p, c, opts),
+        (Algorithm::Ring, CollKind::Broadcast) => rooted::chain_broadcast(p, c, opts),
+        (Algorithm::Ring, CollKind::Reduce) => rooted::chain_reduce(p, c, opts),
+        (Algorithm::Tree, CollKind::AllReduce) => tree::all_reduce(p, c, opts),
+        (Algorithm::Tree, CollKind::Broadcast) => rooted::tree_broadcast(p, c, opts),
+        (Algorithm::Tree, CollKind::Reduce) => rooted::tree_reduce(p, c, opts),
+        (Algorithm::Rhd, CollKind::AllReduce) => rhd::all_reduce(p, c),
+        (Algorithm::Rhd, CollKind::ReduceScatter) => rhd::reduce_scatter(p, c),
+        (Algorithm::Rhd, CollKind::AllGather) => rhd::all_gather(p, c),
+        (Algorithm::OneShot, _) => direct::one_shot(p, c),
+        (Algorithm::TwoShot, _) => direct::two_shot(p, c),
+        (Algorithm::Direct, CollKind::ReduceScatter) => direct::reduce_scatter(p, c),
+        (Algorithm::Direct, CollKind::AllGather) => direct::all_gather(p, c),
+        (Algorithm::Direct, CollKind::AllToAll) => direct::all_to_all(p, c),
+        (Algorithm::Direct, CollKind::SendRecv) => rooted::send_recv(p, c),
+        (Algorithm::Pairwise, _) => rooted::pairwise_all_to_all(p, c),
+        (Algorithm::Linear, CollKind::Gather) => rooted::gather(p, c),
+        (Algorithm::Linear, CollKind::Scatter) => rooted::scatter(p, c),
         _ => unreachable!("supports() and this table disagree on {algo} {}", coll.kind),
-    };
-    Ok(program)
+    }
+    p.trim();
+    Ok(())
 }

@@ -60,16 +60,16 @@ fn push_nonempty(p: &mut Program, r: usize, len: usize, step: Step) {
 
 /// Rabenseifner all-reduce: the `p` virtual ranks split the count into
 /// `p` balanced blocks.
-pub(crate) fn all_reduce(c: Collective) -> Program {
+pub(crate) fn all_reduce(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
     let (p2, rem) = split(n);
-    let mut p = Program::new("rhd", c);
+    p.reset("rhd", c);
     let at = |b: usize| part(count, p2, b).0;
     let span = |(lo, hi): (usize, usize)| (at(lo), at(hi) - at(lo));
     for r in 0..n {
         if n == 1 {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 count,
                 Step::Copy {
@@ -81,7 +81,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
         }
         let Some(v) = virt(r, rem) else {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 count,
                 Step::Send {
@@ -90,7 +90,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
                 },
             );
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 count,
                 Step::Recv {
@@ -104,7 +104,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
         let mut acc = Slice::input(0, count);
         if r < 2 * rem {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 count,
                 Step::RecvReduce {
@@ -120,7 +120,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
             let (ko, kl) = span(keep);
             let peer = real(partner);
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 gl,
                 Step::Send {
@@ -129,7 +129,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
                 },
             );
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 kl,
                 Step::RecvReduce {
@@ -143,7 +143,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
         if acc.buf != crate::ir::Buf::Output {
             // p == 1 cannot happen for n > 1, but keep the output defined.
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 count,
                 Step::Copy {
@@ -158,7 +158,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
             let (mo, ml) = span(((v / d) * d, (v / d) * d + d));
             let (po, pl) = span(((partner / d) * d, (partner / d) * d + d));
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 ml,
                 Step::Send {
@@ -167,7 +167,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
                 },
             );
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 pl,
                 Step::Recv {
@@ -179,7 +179,7 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
         }
         if r < 2 * rem {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 count,
                 Step::Send {
@@ -189,7 +189,6 @@ pub(crate) fn all_reduce(c: Collective) -> Program {
             );
         }
     }
-    p
 }
 
 /// Element offset of virtual rank `v`'s blocks when rank `r` owns block
@@ -200,11 +199,11 @@ fn vstart(v: usize, rem: usize, c: usize) -> usize {
 
 /// Recursive-halving reduce-scatter; partial sums live in scratch (the
 /// input is the caller's and stays untouched).
-pub(crate) fn reduce_scatter(c: Collective) -> Program {
+pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
     let total = n * cnt;
     let (p2, rem) = split(n);
-    let mut p = Program::new("rhd", c);
+    p.reset("rhd", c);
     let span = |(lo, hi): (usize, usize)| {
         (
             vstart(lo, rem, cnt),
@@ -215,7 +214,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
         let own = Slice::output(0, cnt);
         if n == 1 {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 cnt,
                 Step::Copy {
@@ -227,7 +226,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
         }
         let Some(v) = virt(r, rem) else {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 total,
                 Step::Send {
@@ -236,7 +235,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
                 },
             );
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 cnt,
                 Step::Recv {
@@ -251,7 +250,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
         let mut acc = Slice::input(0, total);
         if r < 2 * rem {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 total,
                 Step::RecvReduce {
@@ -267,7 +266,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
             let (ko, kl) = span(keep);
             let peer = real(partner);
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 gl,
                 Step::Send {
@@ -276,7 +275,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
                 },
             );
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 kl,
                 Step::RecvReduce {
@@ -289,7 +288,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
         }
         if r < 2 * rem {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 cnt,
                 Step::Send {
@@ -299,7 +298,7 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
             );
         }
         push_nonempty(
-            &mut p,
+            p,
             r,
             cnt,
             Step::Copy {
@@ -308,15 +307,14 @@ pub(crate) fn reduce_scatter(c: Collective) -> Program {
             },
         );
     }
-    p
 }
 
 /// Recursive-doubling all-gather.
-pub(crate) fn all_gather(c: Collective) -> Program {
+pub(crate) fn all_gather(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
     let total = n * cnt;
     let (p2, rem) = split(n);
-    let mut p = Program::new("rhd", c);
+    p.reset("rhd", c);
     let span = |lo: usize, hi: usize| {
         (
             vstart(lo, rem, cnt),
@@ -326,7 +324,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
     for r in 0..n {
         let mine = Slice::output(r * cnt, cnt);
         push_nonempty(
-            &mut p,
+            p,
             r,
             cnt,
             Step::Copy {
@@ -337,7 +335,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
         let Some(v) = virt(r, rem) else {
             if n > 1 {
                 push_nonempty(
-                    &mut p,
+                    p,
                     r,
                     cnt,
                     Step::Send {
@@ -346,7 +344,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
                     },
                 );
                 push_nonempty(
-                    &mut p,
+                    p,
                     r,
                     r * cnt,
                     Step::Recv {
@@ -356,7 +354,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
                 );
                 let after = total - (r + 1) * cnt;
                 push_nonempty(
-                    &mut p,
+                    p,
                     r,
                     after,
                     Step::Recv {
@@ -370,7 +368,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
         let real = |w: usize| if w < rem { 2 * w + 1 } else { w + rem };
         if r < 2 * rem {
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 cnt,
                 Step::Recv {
@@ -385,7 +383,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
             let (mo, ml) = span((v / d) * d, (v / d) * d + d);
             let (po, pl) = span((partner / d) * d, (partner / d) * d + d);
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 ml,
                 Step::Send {
@@ -394,7 +392,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
                 },
             );
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 pl,
                 Step::Recv {
@@ -407,7 +405,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
         if r < 2 * rem {
             let before = (r - 1) * cnt;
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 before,
                 Step::Send {
@@ -417,7 +415,7 @@ pub(crate) fn all_gather(c: Collective) -> Program {
             );
             let after = total - r * cnt;
             push_nonempty(
-                &mut p,
+                p,
                 r,
                 after,
                 Step::Send {
@@ -427,5 +425,4 @@ pub(crate) fn all_gather(c: Collective) -> Program {
             );
         }
     }
-    p
 }

@@ -24,11 +24,11 @@ fn ring_next(r: usize, n: usize) -> (usize, usize) {
 
 /// Ring all-reduce: reduce-scatter then all-gather, fused at the turn
 /// (`recv-reduce-copy-send`).
-pub(crate) fn all_reduce(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let n = c.nranks;
-    let mut p = Program::new("ring", c);
+    p.reset("ring", c);
     let block = |j: usize| part(c.count, n, j % n);
-    let k = o.chunking(block(0).1);
+    let k = o.chunking(block(0).1, c.dtype.size());
     for r in 0..n {
         let (next, prev) = ring_next(r, n);
         if n == 1 {
@@ -89,15 +89,14 @@ pub(crate) fn all_reduce(c: Collective, o: &BuildOptions) -> Program {
             });
         }
     }
-    p
 }
 
 /// Ring reduce-scatter: block `j` (of `count` elements) of every input
 /// travels the ring and ends, fully reduced, at rank `j`.
-pub(crate) fn reduce_scatter(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, cnt) = (c.nranks, c.count);
-    let mut p = Program::new("ring", c);
-    let k = o.chunking(cnt);
+    p.reset("ring", c);
+    let k = o.chunking(cnt, c.dtype.size());
     for r in 0..n {
         let (next, prev) = ring_next(r, n);
         for (off, len) in chunks(cnt, k) {
@@ -143,14 +142,13 @@ pub(crate) fn reduce_scatter(c: Collective, o: &BuildOptions) -> Program {
             );
         }
     }
-    p
 }
 
 /// Ring all-gather: every input travels the ring once.
-pub(crate) fn all_gather(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, cnt) = (c.nranks, c.count);
-    let mut p = Program::new("ring", c);
-    let k = o.chunking(cnt);
+    p.reset("ring", c);
+    let k = o.chunking(cnt, c.dtype.size());
     for r in 0..n {
         let (next, prev) = ring_next(r, n);
         for (off, len) in chunks(cnt, k) {
@@ -195,5 +193,4 @@ pub(crate) fn all_gather(c: Collective, o: &BuildOptions) -> Program {
             );
         }
     }
-    p
 }

@@ -14,16 +14,16 @@ fn copy(p: &mut Program, r: usize, src: Slice, dst: Slice) {
 }
 
 /// Pipelined chain broadcast: root → root+1 → … → root-1, chunk by chunk.
-pub(crate) fn chain_broadcast(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
-    let mut p = Program::new("ring", c);
-    for (off, len) in chunks(count, o.chunking(count)) {
+    p.reset("ring", c);
+    for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
         for i in 0..n {
             let r = (root + i) % n;
             let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
             let out = Slice::output(off, len);
             if i == 0 {
-                copy(&mut p, r, Slice::input(off, len), out);
+                copy(p, r, Slice::input(off, len), out);
                 if n > 1 {
                     p.push(
                         r,
@@ -56,14 +56,13 @@ pub(crate) fn chain_broadcast(c: Collective, o: &BuildOptions) -> Program {
             }
         }
     }
-    p
 }
 
 /// Pipelined chain reduce: root+1 → root+2 → … → root, accumulating.
-pub(crate) fn chain_reduce(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn chain_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
-    let mut p = Program::new("ring", c);
-    for (off, len) in chunks(count, o.chunking(count)) {
+    p.reset("ring", c);
+    for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
         let input = Slice::input(off, len);
         for i in 0..n {
             let r = (root + 1 + i) % n;
@@ -91,7 +90,6 @@ pub(crate) fn chain_reduce(c: Collective, o: &BuildOptions) -> Program {
             p.push(r, 0, step);
         }
     }
-    p
 }
 
 /// Rank `r`'s links in the binary tree rooted at `root` (ranks relabelled
@@ -106,14 +104,14 @@ fn rooted_tree(n: usize, root: usize, r: usize) -> TreeLinks {
 }
 
 /// Binary-tree broadcast, pipelined chunk by chunk.
-pub(crate) fn tree_broadcast(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn tree_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
-    let mut p = Program::new("tree", c);
+    p.reset("tree", c);
     for r in 0..n {
         let links = rooted_tree(n, root, r);
-        for (off, len) in chunks(count, o.chunking(count)) {
+        for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
             if r == root {
-                copy(&mut p, r, Slice::input(off, len), Slice::output(off, len));
+                copy(p, r, Slice::input(off, len), Slice::output(off, len));
                 for &child in &links.children {
                     p.push(
                         r,
@@ -125,45 +123,43 @@ pub(crate) fn tree_broadcast(c: Collective, o: &BuildOptions) -> Program {
                     );
                 }
             } else {
-                broadcast_down(&mut p, r, 0, &links, Slice::output(off, len));
+                broadcast_down(p, r, 0, &links, Slice::output(off, len));
             }
         }
     }
-    p
 }
 
 /// Binary-tree reduce, pipelined; inner ranks keep partial sums in scratch.
-pub(crate) fn tree_reduce(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn tree_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
-    let mut p = Program::new("tree", c);
+    p.reset("tree", c);
     for r in 0..n {
         let links = rooted_tree(n, root, r);
         if n == 1 {
-            copy(&mut p, r, Slice::input(0, count), Slice::output(0, count));
+            copy(p, r, Slice::input(0, count), Slice::output(0, count));
             continue;
         }
         if r != root && links.children.len() > 1 {
             p.need_scratch(r, count);
         }
-        for (off, len) in chunks(count, o.chunking(count)) {
+        for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
             let acc = if r == root {
                 Slice::output(off, len)
             } else {
                 Slice::scratch(off, len)
             };
-            reduce_up(&mut p, r, 0, &links, Slice::input(off, len), acc);
+            reduce_up(p, r, 0, &links, Slice::input(off, len), acc);
         }
     }
-    p
 }
 
 /// nccl-tests' send/recv: rank `r` sends to `r+1` and receives from `r-1`.
-pub(crate) fn send_recv(c: Collective) -> Program {
+pub(crate) fn send_recv(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
-    let mut p = Program::new("direct", c);
+    p.reset("direct", c);
     for r in 0..n {
         if n == 1 {
-            copy(&mut p, r, Slice::input(0, count), Slice::output(0, count));
+            copy(p, r, Slice::input(0, count), Slice::output(0, count));
         } else if count > 0 {
             p.push(
                 r,
@@ -183,22 +179,21 @@ pub(crate) fn send_recv(c: Collective) -> Program {
             );
         }
     }
-    p
 }
 
 /// Pairwise all-to-all: in round `k`, rank `r` sends block `r+k` to rank
 /// `r+k` and receives block `r` from rank `r-k`. In place only for two
 /// ranks: with more, a rank overwrites blocks it has yet to send.
-pub(crate) fn pairwise_all_to_all(c: Collective) -> Program {
+pub(crate) fn pairwise_all_to_all(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
-    let mut p = Program::new("pairwise", c);
+    p.reset("pairwise", c);
     p.in_place = n <= 2;
     for r in 0..n {
         if cnt == 0 {
             continue;
         }
         copy(
-            &mut p,
+            p,
             r,
             Slice::input(r * cnt, cnt),
             Slice::output(r * cnt, cnt),
@@ -223,19 +218,18 @@ pub(crate) fn pairwise_all_to_all(c: Collective) -> Program {
             );
         }
     }
-    p
 }
 
 /// Linear gather: every rank sends its input to the root.
-pub(crate) fn gather(c: Collective) -> Program {
+pub(crate) fn gather(p: &mut Program, c: Collective) {
     let (n, cnt, root) = (c.nranks, c.count, c.root);
-    let mut p = Program::new("linear", c);
+    p.reset("linear", c);
     if cnt == 0 {
-        return p;
+        return;
     }
     for r in 0..n {
         if r == root {
-            copy(&mut p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));
+            copy(p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));
             for q in (1..n).map(|k| (root + k) % n) {
                 p.push(
                     r,
@@ -257,15 +251,14 @@ pub(crate) fn gather(c: Collective) -> Program {
             );
         }
     }
-    p
 }
 
 /// Linear scatter: the root sends block `r` of its input to rank `r`.
-pub(crate) fn scatter(c: Collective) -> Program {
+pub(crate) fn scatter(p: &mut Program, c: Collective) {
     let (n, cnt, root) = (c.nranks, c.count, c.root);
-    let mut p = Program::new("linear", c);
+    p.reset("linear", c);
     if cnt == 0 {
-        return p;
+        return;
     }
     for r in 0..n {
         if r == root {
@@ -279,7 +272,7 @@ pub(crate) fn scatter(c: Collective) -> Program {
                     },
                 );
             }
-            copy(&mut p, r, Slice::input(r * cnt, cnt), Slice::output(0, cnt));
+            copy(p, r, Slice::input(r * cnt, cnt), Slice::output(0, cnt));
         } else {
             p.push(
                 r,
@@ -291,5 +284,4 @@ pub(crate) fn scatter(c: Collective) -> Program {
             );
         }
     }
-    p
 }

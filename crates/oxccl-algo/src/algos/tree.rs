@@ -84,9 +84,9 @@ pub fn dtree(n: usize, r: usize, t: usize) -> TreeLinks {
 }
 
 /// Double binary tree all-reduce.
-pub(crate) fn all_reduce(c: Collective, o: &BuildOptions) -> Program {
+pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let n = c.nranks;
-    let mut p = Program::new("tree", c);
+    p.reset("tree", c);
     for r in 0..n {
         if n == 1 {
             if c.count > 0 {
@@ -104,13 +104,13 @@ pub(crate) fn all_reduce(c: Collective, o: &BuildOptions) -> Program {
         for t in 0..2 {
             let (hoff, hlen) = part(c.count, 2, t);
             let links = dtree(n, r, t);
-            let k = o.chunking(hlen);
+            let k = o.chunking(hlen, c.dtype.size());
             let pieces: Vec<(usize, usize)> = chunks(hlen, k)
                 .map(|(off, len)| (hoff + off, len))
                 .collect();
             for &(off, len) in &pieces {
                 reduce_up(
-                    &mut p,
+                    p,
                     r,
                     t,
                     &links,
@@ -119,11 +119,10 @@ pub(crate) fn all_reduce(c: Collective, o: &BuildOptions) -> Program {
                 );
             }
             for &(off, len) in &pieces {
-                broadcast_down(&mut p, r, t, &links, Slice::output(off, len));
+                broadcast_down(p, r, t, &links, Slice::output(off, len));
             }
         }
     }
-    p
 }
 
 /// One chunk's reduction towards the root: `acc` is where a rank with two

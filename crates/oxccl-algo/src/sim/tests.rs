@@ -417,7 +417,7 @@ fn a_reused_simulator_gives_the_same_reports() {
             algo,
             &c,
             &BuildOptions {
-                chunk_elems: 300,
+                chunk_bytes: 300 * 4,
                 max_chunks: 16,
             },
         )
