@@ -22,11 +22,7 @@ use oxccl_core::kernels::{reduce_into, reduce_n};
 use oxccl_core::{DataType, F8E4M3, F8E5M2, ReduceOp};
 use std::time::Duration;
 
-const SIZES: [(usize, &str); 3] = [
-    (4 << 10, "4KiB"),
-    (256 << 10, "256KiB"),
-    (64 << 20, "64MiB"),
-];
+const SIZES: [(usize, &str); 3] = [(4 << 10, "4KiB"), (256 << 10, "256KiB"), (64 << 20, "64MiB")];
 
 /// The bytes of the value 1 in `t`: sums of ones stay normal numbers (no
 /// subnormal slow paths) and saturate or wrap without NaN.

@@ -64,18 +64,12 @@ impl CollKind {
 
     /// Whether the collective has a root.
     pub const fn is_rooted(self) -> bool {
-        matches!(
-            self,
-            CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter
-        )
+        matches!(self, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter)
     }
 
     /// Whether the collective reduces (takes a reduction operator).
     pub const fn reduces(self) -> bool {
-        matches!(
-            self,
-            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
-        )
+        matches!(self, CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce)
     }
 
     /// nccl-tests' bus-bandwidth factor for `n` ranks (its PERFORMANCE.md):
@@ -104,11 +98,7 @@ impl fmt::Display for CollKind {
 impl FromStr for CollKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<CollKind> {
-        let key: String = s
-            .chars()
-            .filter(|c| *c != '_' && *c != '-')
-            .collect::<String>()
-            .to_ascii_lowercase();
+        let key: String = s.chars().filter(|c| *c != '_' && *c != '-').collect::<String>().to_ascii_lowercase();
         let key = key.strip_suffix("perf").unwrap_or(&key);
         CollKind::ALL
             .into_iter()
@@ -174,13 +164,7 @@ pub struct InPlaceLayout {
 impl Collective {
     /// A collective of `kind` over `nranks` ranks, float32, root 0.
     pub fn new(kind: CollKind, nranks: usize, count: usize) -> Collective {
-        Collective {
-            kind,
-            nranks,
-            count,
-            root: 0,
-            dtype: DataType::Float32,
-        }
+        Collective { kind, nranks, count, root: 0, dtype: DataType::Float32 }
     }
 
     /// The same with another root.
@@ -199,10 +183,7 @@ impl Collective {
     /// buffer sizes that fit in memory.
     pub fn validate(&self) -> Result<()> {
         if self.nranks == 0 {
-            return Err(Error::invalid(format!(
-                "{}: nranks must be at least 1",
-                self.kind
-            )));
+            return Err(Error::invalid(format!("{}: nranks must be at least 1", self.kind)));
         }
         if self.root >= self.nranks {
             return Err(Error::invalid(format!(
@@ -211,10 +192,7 @@ impl Collective {
             )));
         }
         let biggest = self.count.checked_mul(self.nranks).ok_or_else(|| {
-            Error::invalid(format!(
-                "{}: count {} × {} ranks overflows",
-                self.kind, self.count, self.nranks
-            ))
+            Error::invalid(format!("{}: count {} × {} ranks overflows", self.kind, self.count, self.nranks))
         })?;
         self.dtype.bytes(biggest).map(|_| ())
     }
@@ -224,11 +202,7 @@ impl Collective {
     pub fn input_len(&self, rank: usize) -> usize {
         let (n, c, root) = (self.nranks, self.count, rank == self.root);
         match self.kind {
-            CollKind::AllReduce
-            | CollKind::AllGather
-            | CollKind::Reduce
-            | CollKind::Gather
-            | CollKind::SendRecv => c,
+            CollKind::AllReduce | CollKind::AllGather | CollKind::Reduce | CollKind::Gather | CollKind::SendRecv => c,
             CollKind::ReduceScatter | CollKind::AllToAll => n * c,
             CollKind::Broadcast => {
                 if root {
@@ -280,21 +254,11 @@ impl Collective {
         let (i, o) = (self.input_len(rank), self.output_len(rank));
         let at = rank * self.count;
         match self.kind {
-            CollKind::AllGather | CollKind::Gather if o > i => InPlaceLayout {
-                len: o,
-                input_at: at,
-                output_at: 0,
-            },
-            CollKind::ReduceScatter | CollKind::Scatter if i > o => InPlaceLayout {
-                len: i,
-                input_at: 0,
-                output_at: at,
-            },
-            _ => InPlaceLayout {
-                len: i.max(o),
-                input_at: 0,
-                output_at: 0,
-            },
+            CollKind::AllGather | CollKind::Gather if o > i => InPlaceLayout { len: o, input_at: at, output_at: 0 },
+            CollKind::ReduceScatter | CollKind::Scatter if i > o => {
+                InPlaceLayout { len: i, input_at: 0, output_at: at }
+            }
+            _ => InPlaceLayout { len: i.max(o), input_at: 0, output_at: 0 },
         }
     }
 
@@ -302,34 +266,14 @@ impl Collective {
     pub fn expected(&self, rank: usize) -> Vec<Expect> {
         let (n, c) = (self.nranks, self.count);
         let all: Vec<usize> = (0..n).collect();
-        let one = |start, src: usize, base| Expect {
-            start,
-            len: c,
-            ranks: vec![src],
-            base,
-        };
+        let one = |start, src: usize, base| Expect { start, len: c, ranks: vec![src], base };
         match self.kind {
-            CollKind::AllReduce => vec![Expect {
-                start: 0,
-                len: c,
-                ranks: all,
-                base: 0,
-            }],
-            CollKind::ReduceScatter => vec![Expect {
-                start: 0,
-                len: c,
-                ranks: all,
-                base: rank * c,
-            }],
+            CollKind::AllReduce => vec![Expect { start: 0, len: c, ranks: all, base: 0 }],
+            CollKind::ReduceScatter => vec![Expect { start: 0, len: c, ranks: all, base: rank * c }],
             CollKind::AllGather => (0..n).map(|j| one(j * c, j, 0)).collect(),
             CollKind::AllToAll => (0..n).map(|j| one(j * c, j, rank * c)).collect(),
             CollKind::Broadcast => vec![one(0, self.root, 0)],
-            CollKind::Reduce if rank == self.root => vec![Expect {
-                start: 0,
-                len: c,
-                ranks: all,
-                base: 0,
-            }],
+            CollKind::Reduce if rank == self.root => vec![Expect { start: 0, len: c, ranks: all, base: 0 }],
             CollKind::Gather if rank == self.root => (0..n).map(|j| one(j * c, j, 0)).collect(),
             CollKind::Scatter => vec![one(0, self.root, rank * c)],
             CollKind::SendRecv => vec![one(0, (rank + n - 1) % n, 0)],
@@ -355,11 +299,7 @@ impl Collective {
 
 impl fmt::Display for Collective {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} of {} × {} on {} ranks",
-            self.kind, self.count, self.dtype, self.nranks
-        )?;
+        write!(f, "{} of {} × {} on {} ranks", self.kind, self.count, self.dtype, self.nranks)?;
         if self.kind.is_rooted() {
             write!(f, " (root {})", self.root)?;
         }
@@ -399,17 +339,11 @@ mod tests {
             assert_eq!(k.name().parse::<CollKind>().unwrap(), k);
             assert_eq!(format!("{}_perf", k.name()).parse::<CollKind>().unwrap(), k);
         }
-        assert_eq!(
-            "allreduce".parse::<CollKind>().unwrap(),
-            CollKind::AllReduce
-        );
+        assert_eq!("allreduce".parse::<CollKind>().unwrap(), CollKind::AllReduce);
         assert!("allscatter".parse::<CollKind>().is_err());
         // JSON uses the same names, and accepts the other spelling.
         for k in CollKind::ALL {
-            assert_eq!(
-                serde_json::to_string(&k).unwrap(),
-                format!("\"{}\"", k.name())
-            );
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{}\"", k.name()));
         }
         let k: CollKind = serde_json::from_str("\"all_to_all\"").unwrap();
         assert_eq!(k, CollKind::AllToAll);
@@ -419,46 +353,17 @@ mod tests {
     fn validation_names_the_problem() {
         let c = Collective::new(CollKind::Broadcast, 4, 10).with_root(4);
         assert!(c.validate().unwrap_err().to_string().contains("root 4"));
-        assert!(
-            Collective::new(CollKind::AllGather, 0, 1)
-                .validate()
-                .is_err()
-        );
-        assert!(
-            Collective::new(CollKind::AllGather, 3, usize::MAX / 2)
-                .validate()
-                .is_err()
-        );
+        assert!(Collective::new(CollKind::AllGather, 0, 1).validate().is_err());
+        assert!(Collective::new(CollKind::AllGather, 3, usize::MAX / 2).validate().is_err());
     }
 
     #[test]
     fn in_place_layouts_follow_nccl() {
         let ag = Collective::new(CollKind::AllGather, 4, 10);
-        assert_eq!(
-            ag.in_place_layout(2),
-            InPlaceLayout {
-                len: 40,
-                input_at: 20,
-                output_at: 0
-            }
-        );
+        assert_eq!(ag.in_place_layout(2), InPlaceLayout { len: 40, input_at: 20, output_at: 0 });
         let rs = Collective::new(CollKind::ReduceScatter, 4, 10);
-        assert_eq!(
-            rs.in_place_layout(3),
-            InPlaceLayout {
-                len: 40,
-                input_at: 0,
-                output_at: 30
-            }
-        );
+        assert_eq!(rs.in_place_layout(3), InPlaceLayout { len: 40, input_at: 0, output_at: 30 });
         let ar = Collective::new(CollKind::AllReduce, 4, 10);
-        assert_eq!(
-            ar.in_place_layout(1),
-            InPlaceLayout {
-                len: 10,
-                input_at: 0,
-                output_at: 0
-            }
-        );
+        assert_eq!(ar.in_place_layout(1), InPlaceLayout { len: 10, input_at: 0, output_at: 0 });
     }
 }

@@ -50,16 +50,10 @@ impl Link {
     /// negative; `what` names the link in the error.
     pub fn validate(&self, what: &str) -> Result<()> {
         if self.bw.is_nan() || self.bw <= 0.0 {
-            return Err(Error::invalid(format!(
-                "{what} bandwidth must be positive, got {}",
-                self.bw
-            )));
+            return Err(Error::invalid(format!("{what} bandwidth must be positive, got {}", self.bw)));
         }
         if !(self.lat.is_finite() && self.lat >= 0.0) {
-            return Err(Error::invalid(format!(
-                "{what} latency must be finite and not negative, got {}",
-                self.lat
-            )));
+            return Err(Error::invalid(format!("{what} latency must be finite and not negative, got {}", self.lat)));
         }
         Ok(())
     }
@@ -75,10 +69,8 @@ impl FromStr for Link {
             ))
         })?;
         let link = Link::new(
-            parse_bandwidth(bw)
-                .map_err(|e| Error::invalid(format!("link {s:?}: {}", message(&e))))?,
-            parse_latency(lat)
-                .map_err(|e| Error::invalid(format!("link {s:?}: {}", message(&e))))?,
+            parse_bandwidth(bw).map_err(|e| Error::invalid(format!("link {s:?}: {}", message(&e))))?,
+            parse_latency(lat).map_err(|e| Error::invalid(format!("link {s:?}: {}", message(&e))))?,
         );
         link.validate(&format!("link {s:?}"))?;
         Ok(link)
@@ -87,12 +79,7 @@ impl FromStr for Link {
 
 impl fmt::Display for Link {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{},{}",
-            format_bandwidth(self.bw),
-            format_seconds(self.lat)
-        )
+        write!(f, "{},{}", format_bandwidth(self.bw), format_seconds(self.lat))
     }
 }
 
@@ -109,10 +96,7 @@ fn message(e: &Error) -> String {
 /// 12.5 GB/s); `inf` means no bandwidth limit.
 pub fn parse_bandwidth(s: &str) -> Result<f64> {
     let t = s.trim();
-    if matches!(
-        t.to_ascii_lowercase().as_str(),
-        "inf" | "infinite" | "infinity"
-    ) {
+    if matches!(t.to_ascii_lowercase().as_str(), "inf" | "infinite" | "infinity") {
         return Ok(f64::INFINITY);
     }
     let bad = |why: &str| {
@@ -121,14 +105,9 @@ pub fn parse_bandwidth(s: &str) -> Result<f64> {
         ))
     };
     let (num, unit) = split_number(t);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| bad("does not start with a number"))?;
+    let value: f64 = num.parse().map_err(|_| bad("does not start with a number"))?;
     let unit = unit.trim();
-    let per_s = unit
-        .strip_suffix("/s")
-        .or_else(|| unit.strip_suffix("ps"))
-        .ok_or_else(|| bad("has no unit"))?;
+    let per_s = unit.strip_suffix("/s").or_else(|| unit.strip_suffix("ps")).ok_or_else(|| bad("has no unit"))?;
     let (prefix, base) = match per_s.char_indices().last() {
         Some((i, 'B')) => (&per_s[..i], 1.0),
         Some((i, 'b')) => (&per_s[..i], 0.125),
@@ -158,14 +137,10 @@ pub fn parse_bandwidth(s: &str) -> Result<f64> {
 pub fn parse_latency(s: &str) -> Result<f64> {
     let t = s.trim();
     let bad = |why: &str| {
-        Error::invalid(format!(
-            "latency {t:?} {why}; expected a number and a unit such as 0.6us, 500ns, 2ms"
-        ))
+        Error::invalid(format!("latency {t:?} {why}; expected a number and a unit such as 0.6us, 500ns, 2ms"))
     };
     let (num, unit) = split_number(t);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| bad("does not start with a number"))?;
+    let value: f64 = num.parse().map_err(|_| bad("does not start with a number"))?;
     let scale = match unit.trim() {
         "ns" => 1e-9,
         "us" | "µs" | "μs" => 1e-6,
@@ -189,8 +164,7 @@ fn split_number(s: &str) -> (&str, &str) {
         .find(|&(i, c)| {
             !(c.is_ascii_digit()
                 || c == '.'
-                || ((c == 'e' || c == 'E')
-                    && s[i + 1..].starts_with(|d: char| d.is_ascii_digit() || d == '-'))
+                || ((c == 'e' || c == 'E') && s[i + 1..].starts_with(|d: char| d.is_ascii_digit() || d == '-'))
                 || ((c == '-' || c == '+') && (i == 0 || s[..i].ends_with(['e', 'E']))))
         })
         .map_or(s.len(), |(i, _)| i);
@@ -264,14 +238,7 @@ pub struct Topology {
 impl Topology {
     /// `nodes` nodes of `ranks_per_node` ranks; reductions and copies free.
     pub fn new(nodes: usize, ranks_per_node: usize, intra: Link, inter: Link) -> Topology {
-        Topology {
-            nodes,
-            ranks_per_node,
-            intra,
-            inter,
-            reduce_bw: f64::INFINITY,
-            copy_bw: f64::INFINITY,
-        }
+        Topology { nodes, ranks_per_node, intra, inter, reduce_bw: f64::INFINITY, copy_bw: f64::INFINITY }
     }
 
     /// `nranks` ranks on one node, every pair connected by `link`.
@@ -308,11 +275,7 @@ impl Topology {
 
     /// The link a message from `a` to `b` takes.
     pub fn link(&self, a: usize, b: usize) -> Link {
-        if self.node_of(a) == self.node_of(b) {
-            self.intra
-        } else {
-            self.inter
-        }
+        if self.node_of(a) == self.node_of(b) { self.intra } else { self.inter }
     }
 
     /// `γ`: seconds per byte reduced.
@@ -326,10 +289,7 @@ impl Topology {
     /// [`estimate`].
     pub fn bottleneck(&self) -> Link {
         if self.nodes > 1 {
-            Link::new(
-                self.intra.bw.min(self.inter.bw),
-                self.intra.lat.max(self.inter.lat),
-            )
+            Link::new(self.intra.bw.min(self.inter.bw), self.intra.lat.max(self.inter.lat))
         } else {
             self.intra
         }
@@ -344,11 +304,7 @@ impl Topology {
                 self.nodes, self.ranks_per_node
             )));
         }
-        if self
-            .nodes
-            .checked_mul(self.ranks_per_node)
-            .is_none_or(|n| n > u32::MAX as usize / 4)
-        {
+        if self.nodes.checked_mul(self.ranks_per_node).is_none_or(|n| n > u32::MAX as usize / 4) {
             return Err(Error::invalid(format!(
                 "topology of {} × {} ranks is too big",
                 self.nodes, self.ranks_per_node
@@ -358,9 +314,7 @@ impl Topology {
         self.inter.validate("inter-node")?;
         for (what, bw) in [("reduce", self.reduce_bw), ("copy", self.copy_bw)] {
             if bw.is_nan() || bw <= 0.0 {
-                return Err(Error::invalid(format!(
-                    "{what} bandwidth must be positive, got {bw}"
-                )));
+                return Err(Error::invalid(format!("{what} bandwidth must be positive, got {bw}")));
             }
         }
         Ok(())
@@ -429,20 +383,10 @@ pub fn rhd_all_reduce(n: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
     if n <= 1 {
         return 0.0;
     }
-    let p = if n.is_power_of_two() {
-        n
-    } else {
-        n.next_power_of_two() / 2
-    };
+    let p = if n.is_power_of_two() { n } else { n.next_power_of_two() / 2 };
     let (pf, s) = (nf(p), nf(bytes));
-    let core = 2.0 * log2_ceil(p) * link.lat
-        + 2.0 * (pf - 1.0) / pf * s / link.bw
-        + (pf - 1.0) / pf * s * gamma;
-    if p == n {
-        core
-    } else {
-        core + 2.0 * link.time(s) + s * gamma
-    }
+    let core = 2.0 * log2_ceil(p) * link.lat + 2.0 * (pf - 1.0) / pf * s / link.bw + (pf - 1.0) / pf * s * gamma;
+    if p == n { core } else { core + 2.0 * link.time(s) + s * gamma }
 }
 
 /// Pipelined (double) binary tree all-reduce in the limit of many chunks:
@@ -475,32 +419,20 @@ pub fn pipelined_rooted(depth: usize, bytes: usize, link: Link, gamma: f64) -> f
 /// `None` for pairs without a formula here. A first guess for a tuner, not
 /// the simulator: it ignores NIC sharing and the placement of ranks.
 pub fn estimate(algo: Algorithm, coll: &Collective, topo: &Topology) -> Option<f64> {
-    let (n, s, link, g) = (
-        coll.nranks,
-        coll.size_bytes(),
-        topo.bottleneck(),
-        topo.gamma(),
-    );
+    let (n, s, link, g) = (coll.nranks, coll.size_bytes(), topo.bottleneck(), topo.gamma());
     let g = if coll.kind.reduces() { g } else { 0.0 };
     Some(match (algo, coll.kind) {
         (Algorithm::Ring, CollKind::AllReduce) => ring_all_reduce(n, s, link, g),
         (Algorithm::Ring | Algorithm::Rhd, CollKind::ReduceScatter) => {
-            ring_reduce_scatter(n, s, link, g).max(if algo == Algorithm::Rhd {
-                log2_ceil(n) * link.lat
-            } else {
-                0.0
-            })
+            ring_reduce_scatter(n, s, link, g).max(if algo == Algorithm::Rhd { log2_ceil(n) * link.lat } else { 0.0 })
         }
         (Algorithm::Ring, CollKind::AllGather) => ring_all_gather(n, s, link),
         (Algorithm::Rhd, CollKind::AllGather) => {
-            ring_all_gather(n, s, link) - nf(n.saturating_sub(1)) * link.lat
-                + log2_ceil(n) * link.lat
+            ring_all_gather(n, s, link) - nf(n.saturating_sub(1)) * link.lat + log2_ceil(n) * link.lat
         }
         (Algorithm::Rhd, CollKind::AllReduce) => rhd_all_reduce(n, s, link, g),
         (Algorithm::Tree, CollKind::AllReduce) => tree_all_reduce(n, s, link, g),
-        (Algorithm::Ring, CollKind::Broadcast | CollKind::Reduce) => {
-            pipelined_rooted(n.saturating_sub(1), s, link, g)
-        }
+        (Algorithm::Ring, CollKind::Broadcast | CollKind::Reduce) => pipelined_rooted(n.saturating_sub(1), s, link, g),
         (Algorithm::Tree, CollKind::Broadcast | CollKind::Reduce) => {
             pipelined_rooted(log2_ceil(n) as usize, s, link, g)
         }

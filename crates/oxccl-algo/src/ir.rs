@@ -81,23 +81,14 @@ impl Slice {
     }
     /// The sub-slice `[from, from + len)` relative to this slice's start.
     pub fn sub(&self, from: usize, len: usize) -> Slice {
-        debug_assert!(
-            from + len <= self.len,
-            "sub-slice {from}+{len} outside {self}"
-        );
+        debug_assert!(from + len <= self.len, "sub-slice {from}+{len} outside {self}");
         Slice::new(self.buf, self.off + from, len)
     }
 }
 
 impl fmt::Display for Slice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}[{}..{}]",
-            self.buf.name(),
-            self.off,
-            self.off + self.len
-        )
+        write!(f, "{}[{}..{}]", self.buf.name(), self.off, self.off + self.len)
     }
 }
 
@@ -335,16 +326,8 @@ impl fmt::Display for Step {
             Step::RecvCopySend { recv, send, dst } => {
                 write!(f, "recv-copy-send {dst} from {recv} to {send}")
             }
-            Step::RecvReduceCopySend {
-                recv,
-                send,
-                src,
-                dst,
-            } => {
-                write!(
-                    f,
-                    "recv-reduce-copy-send {dst} = {src} + recv from {recv}, to {send}"
-                )
+            Step::RecvReduceCopySend { recv, send, src, dst } => {
+                write!(f, "recv-reduce-copy-send {dst} = {src} + recv from {recv}, to {send}")
             }
             Step::Copy { src, dst } => write!(f, "copy {src} to {dst}"),
             Step::Reduce { srcs, dst } => {
@@ -356,12 +339,7 @@ impl fmt::Display for Step {
             }
             Step::Put { peer, src, dst } => write!(f, "put {src} into rank {peer}'s {dst}"),
             Step::Get { peer, src, dst } => write!(f, "get rank {peer}'s {src} into {dst}"),
-            Step::GetReduce {
-                peer,
-                src,
-                acc,
-                dst,
-            } => {
+            Step::GetReduce { peer, src, acc, dst } => {
                 write!(f, "get-reduce {dst} = {acc} + rank {peer}'s {src}")
             }
             Step::Signal { peer } => write!(f, "signal {peer}"),
@@ -427,8 +405,7 @@ impl Program {
             r.scratch = 0;
             r.channels.iter_mut().for_each(Vec::clear);
         }
-        self.ranks
-            .resize_with(collective.nranks, RankProgram::default);
+        self.ranks.resize_with(collective.nranks, RankProgram::default);
     }
 
     /// Drops trailing channels without steps (left over by [`reset`]).
@@ -473,11 +450,7 @@ impl Program {
         use std::fmt::Write;
         let mut out = format!("{} ({})\n", self.name, self.collective);
         for (r, rp) in self.ranks.iter().enumerate() {
-            let scratch = if rp.scratch > 0 {
-                format!(", scratch {}", rp.scratch)
-            } else {
-                String::new()
-            };
+            let scratch = if rp.scratch > 0 { format!(", scratch {}", rp.scratch) } else { String::new() };
             let _ = writeln!(out, "rank {r}{scratch}:");
             for (c, steps) in rp.channels.iter().enumerate() {
                 if rp.channels.len() > 1 {
@@ -511,35 +484,17 @@ mod tests {
         let s = Slice::scratch(5, 7);
         assert_eq!(s.to_string(), "scratch[5..12]");
         assert_eq!("scratch[5..12]".parse::<Slice>().unwrap(), s);
-        assert_eq!(
-            " output[0..0] ".parse::<Slice>().unwrap(),
-            Slice::output(0, 0)
-        );
-        for bad in [
-            "inputs[0..1]",
-            "input[3..1]",
-            "input[0..]",
-            "input 0..1",
-            "input[a..b]",
-        ] {
+        assert_eq!(" output[0..0] ".parse::<Slice>().unwrap(), Slice::output(0, 0));
+        for bad in ["inputs[0..1]", "input[3..1]", "input[0..]", "input 0..1", "input[a..b]"] {
             assert!(bad.parse::<Slice>().is_err(), "{bad} parsed");
         }
     }
 
     #[test]
     fn step_json_is_hand_writable() {
-        let step: Step = serde_json::from_str(
-            r#"{"op": "recv_reduce_send", "recv": 1, "send": 2, "src": "input[0..4]"}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            step,
-            Step::RecvReduceSend {
-                recv: 1,
-                send: 2,
-                src: Slice::input(0, 4)
-            }
-        );
+        let step: Step =
+            serde_json::from_str(r#"{"op": "recv_reduce_send", "recv": 1, "send": 2, "src": "input[0..4]"}"#).unwrap();
+        assert_eq!(step, Step::RecvReduceSend { recv: 1, send: 2, src: Slice::input(0, 4) });
         assert_eq!(step.recv_peer(), Some(1));
         assert_eq!(step.send_peer(), Some(2));
         let back: Step = serde_json::from_str(&serde_json::to_string(&step).unwrap()).unwrap();

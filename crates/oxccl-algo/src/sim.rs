@@ -101,11 +101,7 @@ impl SimReport {
     /// nccl-tests' algorithm bandwidth in GB/s for a collective of
     /// `size_bytes` ([`Collective::size_bytes`](crate::Collective::size_bytes)).
     pub fn algbw_gbs(&self, size_bytes: usize) -> f64 {
-        if self.time > 0.0 {
-            size_bytes as f64 / self.time / 1e9
-        } else {
-            0.0
-        }
+        if self.time > 0.0 { size_bytes as f64 / self.time / 1e9 } else { 0.0 }
     }
 }
 
@@ -175,20 +171,12 @@ impl Simulator {
 }
 
 fn deadlock(program: &Program, c: &Compiled, sim: &State, blocked: &[usize]) -> Error {
-    let mut msg = format!(
-        "program {:?} deadlocks: {} of {} channels never finish;",
-        program.name,
-        blocked.len(),
-        c.nprocs()
-    );
+    let mut msg =
+        format!("program {:?} deadlocks: {} of {} channels never finish;", program.name, blocked.len(), c.nprocs());
     for &p in blocked.iter().take(8) {
         let (r, ch, i) = (c.rank[p] as usize, c.chan[p] as usize, sim.pc[p] as usize);
         let step: &Step = &program.ranks[r].channels[ch][i];
-        let _ = write!(
-            msg,
-            " rank {r} channel {ch} step {i} ({step}) waits at t={:.3e}s;",
-            sim.time[p]
-        );
+        let _ = write!(msg, " rank {r} channel {ch} step {i} ({step}) waits at t={:.3e}s;", sim.time[p]);
     }
     if blocked.len() > 8 {
         let _ = write!(msg, " and {} more", blocked.len() - 8);
@@ -297,10 +285,7 @@ impl State {
             ch.queue.clear();
             ch.waiter = NONE;
         }
-        self.chans.resize_with(c.conns.len(), || Channel {
-            queue: VecDeque::new(),
-            waiter: NONE,
-        });
+        self.chans.resize_with(c.conns.len(), || Channel { queue: VecDeque::new(), waiter: NONE });
         for v in [&mut self.tx_free, &mut self.rx_free] {
             v.clear();
             v.resize(nres, 0.0);
@@ -345,12 +330,7 @@ impl State {
     /// later time before claiming a resource, or finishes.
     fn advance(&mut self, c: &Compiled, p: usize, now: f64) {
         let (len, at) = (c.len[p] as usize, c.at(p, 0));
-        let (mut pc, mut t, mut pend, mut half) = (
-            self.pc[p],
-            now.max(self.time[p]),
-            self.pend[p],
-            self.half[p],
-        );
+        let (mut pc, mut t, mut pend, mut half) = (self.pc[p], now.max(self.time[p]), self.pend[p], self.half[p]);
         loop {
             if pc as usize == len {
                 t = t.max(pend);

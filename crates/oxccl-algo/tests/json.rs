@@ -45,18 +45,8 @@ fn hand_written_program_verifies_and_counts() {
     assert_eq!(r.sent_bytes, vec![16, 16]);
     assert_eq!(r.messages, 4);
     let bad = text.replace("\"src\": \"input[2..4]\"}", "\"src\": \"input[2..5]\"}");
-    assert!(
-        verify(&Program::from_json(&bad).unwrap())
-            .unwrap_err()
-            .to_string()
-            .contains("outside")
-    );
-    assert!(
-        Program::from_json("{\"name\": 1}")
-            .unwrap_err()
-            .to_string()
-            .contains("line 1")
-    );
+    assert!(verify(&Program::from_json(&bad).unwrap()).unwrap_err().to_string().contains("outside"));
+    assert!(Program::from_json("{\"name\": 1}").unwrap_err().to_string().contains("line 1"));
 }
 
 #[test]
@@ -73,11 +63,7 @@ fn building_into_a_used_program_equals_a_fresh_build() {
     ] {
         let c = Collective::new(kind, n, count).with_root(n - 1);
         build_into(algo, &c, &BuildOptions::default(), &mut reused).unwrap();
-        assert_eq!(
-            reused,
-            build(algo, &c, &BuildOptions::default()).unwrap(),
-            "{algo} {c}"
-        );
+        assert_eq!(reused, build(algo, &c, &BuildOptions::default()).unwrap(), "{algo} {c}");
     }
     // A failing build leaves the program alone.
     let before = reused.clone();

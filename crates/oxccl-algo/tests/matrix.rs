@@ -20,20 +20,15 @@ fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
     let s = c.count as u64 * e; // bytes of a rank's buffer (block for RS/AG/A2A)
     let nn = n as u64;
     let v = match (algo, c.kind) {
-        (Algorithm::Ring, CollKind::AllReduce) | (Algorithm::TwoShot, _)
-            if c.count.is_multiple_of(n) =>
-        {
+        (Algorithm::Ring, CollKind::AllReduce) | (Algorithm::TwoShot, _) if c.count.is_multiple_of(n) => {
             vec![2 * (nn - 1) * s / nn; n]
         }
-        (
-            Algorithm::Ring | Algorithm::Direct | Algorithm::Rhd,
-            CollKind::ReduceScatter | CollKind::AllGather,
-        ) if algo != Algorithm::Rhd || n.is_power_of_two() => {
+        (Algorithm::Ring | Algorithm::Direct | Algorithm::Rhd, CollKind::ReduceScatter | CollKind::AllGather)
+            if algo != Algorithm::Rhd || n.is_power_of_two() =>
+        {
             vec![(nn - 1) * s; n]
         }
-        (Algorithm::Rhd, CollKind::AllReduce)
-            if n.is_power_of_two() && c.count.is_multiple_of(n) =>
-        {
+        (Algorithm::Rhd, CollKind::AllReduce) if n.is_power_of_two() && c.count.is_multiple_of(n) => {
             vec![2 * (nn - 1) * s / nn; n]
         }
         (Algorithm::Pairwise | Algorithm::Direct, CollKind::AllToAll) => vec![(nn - 1) * s; n],
@@ -49,24 +44,12 @@ fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
                     .sum()
             })
             .collect(),
-        (Algorithm::Ring, CollKind::Broadcast) => (0..n)
-            .map(|r| {
-                if (r + 1) % n == c.root || n == 1 {
-                    0
-                } else {
-                    s
-                }
-            })
-            .collect(),
-        (Algorithm::Ring, CollKind::Reduce) => {
-            (0..n).map(|r| if r == c.root { 0 } else { s }).collect()
+        (Algorithm::Ring, CollKind::Broadcast) => {
+            (0..n).map(|r| if (r + 1) % n == c.root || n == 1 { 0 } else { s }).collect()
         }
-        (Algorithm::Linear, CollKind::Gather) => {
-            (0..n).map(|r| if r == c.root { 0 } else { s }).collect()
-        }
-        (Algorithm::Linear, CollKind::Scatter) => (0..n)
-            .map(|r| if r == c.root { (nn - 1) * s } else { 0 })
-            .collect(),
+        (Algorithm::Ring, CollKind::Reduce) => (0..n).map(|r| if r == c.root { 0 } else { s }).collect(),
+        (Algorithm::Linear, CollKind::Gather) => (0..n).map(|r| if r == c.root { 0 } else { s }).collect(),
+        (Algorithm::Linear, CollKind::Scatter) => (0..n).map(|r| if r == c.root { (nn - 1) * s } else { 0 }).collect(),
         (Algorithm::Direct, CollKind::SendRecv) => vec![if n > 1 { s } else { 0 }; n],
         _ => return None,
     };
@@ -95,9 +78,7 @@ fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
         (_, CollKind::AllReduce) if algo == Algorithm::OneShot => n * (n - 1) * s,
         (_, CollKind::AllReduce) => 2 * (n - 1) * s,
         (_, CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll) => n * (n - 1) * s,
-        (_, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter) => {
-            (n - 1) * s
-        }
+        (_, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter) => (n - 1) * s,
         (_, CollKind::SendRecv) => {
             if n > 1 {
                 n * s
@@ -113,36 +94,19 @@ fn check(algo: Algorithm, kind: CollKind) {
     let mut runs = 0;
     for n in ranks() {
         for count in COUNTS {
-            let roots: Vec<usize> = if kind.is_rooted() {
-                (0..n).collect()
-            } else {
-                vec![0]
-            };
+            let roots: Vec<usize> = if kind.is_rooted() { (0..n).collect() } else { vec![0] };
             for root in roots {
                 let c = Collective::new(kind, n, count).with_root(root);
                 let p = build(algo, &c, &opts).unwrap();
                 let report: Report = verify(&p).unwrap_or_else(|e| panic!("{algo} {c}: {e}"));
                 assert_eq!(report.total_sent(), report.recv_bytes.iter().sum::<u64>());
-                assert_eq!(
-                    report.total_sent(),
-                    expected_total(algo, &c),
-                    "{algo} {c}: total bytes sent"
-                );
+                assert_eq!(report.total_sent(), expected_total(algo, &c), "{algo} {c}: total bytes sent");
                 if let Some(want) = expected_sent(algo, &c) {
                     assert_eq!(report.sent_bytes, want, "{algo} {c}: bytes sent per rank");
                 }
                 if !p.in_place && n > 1 && count > 0 {
-                    let r = verify_with(
-                        &p,
-                        &VerifyOptions {
-                            in_place: true,
-                            ..Default::default()
-                        },
-                    );
-                    assert!(
-                        r.is_err(),
-                        "{algo} {c} says it is not in-place safe, but verifies in place"
-                    );
+                    let r = verify_with(&p, &VerifyOptions { in_place: true, ..Default::default() });
+                    assert!(r.is_err(), "{algo} {c} says it is not in-place safe, but verifies in place");
                 }
                 runs += 1;
             }

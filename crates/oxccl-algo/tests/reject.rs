@@ -6,18 +6,11 @@ use oxccl_algo::verify::{VerifyOptions, verify, verify_with};
 use oxccl_algo::{CollKind, Collective, Program, Slice, Step};
 
 fn ring(n: usize, count: usize) -> Program {
-    build(
-        Algorithm::Ring,
-        &Collective::new(CollKind::AllReduce, n, count),
-        &BuildOptions::default(),
-    )
-    .unwrap()
+    build(Algorithm::Ring, &Collective::new(CollKind::AllReduce, n, count), &BuildOptions::default()).unwrap()
 }
 
 fn err(p: &Program) -> String {
-    verify(p)
-        .expect_err("a broken program verified")
-        .to_string()
+    verify(p).expect_err("a broken program verified").to_string()
 }
 
 fn assert_has(msg: &str, parts: &[&str]) {
@@ -30,10 +23,7 @@ fn assert_has(msg: &str, parts: &[&str]) {
 fn wrong_slice_is_named() {
     let mut p = ring(4, 400);
     // Rank 2's first step sends the wrong block (block 3 instead of 2).
-    p.ranks[2].channels[0][0] = Step::Send {
-        peer: 3,
-        src: Slice::input(300, 100),
-    };
+    p.ranks[2].channels[0][0] = Step::Send { peer: 3, src: Slice::input(300, 100) };
     let msg = err(&p);
     assert_has(&msg, &["rank 3", "step 1", "input[", "different elements"]);
 }
@@ -44,10 +34,7 @@ fn missing_step_is_named() {
     // Rank 1 forgets the all-gather's last receive.
     p.ranks[1].channels[0].pop();
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &["rank 0", "sends a message that rank 1 never receives"],
-    );
+    assert_has(&msg, &["rank 0", "sends a message that rank 1 never receives"]);
     // Without the matching send, the receiver waits forever instead.
     let mut p = ring(4, 400);
     p.ranks[0].channels[0].pop();
@@ -63,10 +50,7 @@ fn output_left_unwritten_is_named() {
     // Rank 2's final recv writes scratch instead of its output.
     p.ranks[2].scratch = 10;
     let last = p.ranks[2].channels[0].last_mut().unwrap();
-    *last = Step::Recv {
-        peer: 1,
-        dst: Slice::scratch(0, 10),
-    };
+    *last = Step::Recv { peer: 1, dst: Slice::scratch(0, 10) };
     let msg = err(&p);
     assert_has(&msg, &["rank 2 output[", "never written"]);
 }
@@ -77,33 +61,11 @@ fn deadlock_is_named_with_every_blocked_rank() {
     let c = Collective::new(CollKind::SendRecv, 2, 8);
     let mut p = Program::new("recv-first", c);
     for r in 0..2 {
-        p.push(
-            r,
-            0,
-            Step::Recv {
-                peer: 1 - r,
-                dst: Slice::output(0, 8),
-            },
-        );
-        p.push(
-            r,
-            0,
-            Step::Send {
-                peer: 1 - r,
-                src: Slice::input(0, 8),
-            },
-        );
+        p.push(r, 0, Step::Recv { peer: 1 - r, dst: Slice::output(0, 8) });
+        p.push(r, 0, Step::Send { peer: 1 - r, src: Slice::input(0, 8) });
     }
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &[
-            "deadlock",
-            "rank 0 step 0",
-            "rank 1 step 0",
-            "waits for a message from rank",
-        ],
-    );
+    assert_has(&msg, &["deadlock", "rank 0 step 0", "rank 1 step 0", "waits for a message from rank"]);
 }
 
 #[test]
@@ -113,51 +75,14 @@ fn bounded_buffering_deadlock() {
     let c = Collective::new(CollKind::SendRecv, 2, 8);
     let mut p = Program::new("two-sends", c);
     for r in 0..2 {
-        p.push(
-            r,
-            0,
-            Step::Send {
-                peer: 1 - r,
-                src: Slice::input(0, 4),
-            },
-        );
-        p.push(
-            r,
-            0,
-            Step::Send {
-                peer: 1 - r,
-                src: Slice::input(4, 4),
-            },
-        );
-        p.push(
-            r,
-            0,
-            Step::Recv {
-                peer: 1 - r,
-                dst: Slice::output(0, 4),
-            },
-        );
-        p.push(
-            r,
-            0,
-            Step::Recv {
-                peer: 1 - r,
-                dst: Slice::output(4, 4),
-            },
-        );
+        p.push(r, 0, Step::Send { peer: 1 - r, src: Slice::input(0, 4) });
+        p.push(r, 0, Step::Send { peer: 1 - r, src: Slice::input(4, 4) });
+        p.push(r, 0, Step::Recv { peer: 1 - r, dst: Slice::output(0, 4) });
+        p.push(r, 0, Step::Recv { peer: 1 - r, dst: Slice::output(4, 4) });
     }
     p.in_place = false;
-    verify_with(
-        &p,
-        &VerifyOptions {
-            slots: 2,
-            in_place: false,
-        },
-    )
-    .unwrap();
-    let msg = verify_with(&p, &VerifyOptions::default())
-        .unwrap_err()
-        .to_string();
+    verify_with(&p, &VerifyOptions { slots: 2, in_place: false }).unwrap();
+    let msg = verify_with(&p, &VerifyOptions::default()).unwrap_err().to_string();
     assert_has(&msg, &["deadlock", "step 1", "cannot send to rank"]);
 }
 
@@ -166,93 +91,26 @@ fn double_count_is_named() {
     let c = Collective::new(CollKind::AllReduce, 2, 4);
     let mut p = Program::new("twice", c);
     for r in 0..2 {
-        p.push(
-            r,
-            0,
-            Step::Send {
-                peer: 1 - r,
-                src: Slice::input(0, 4),
-            },
-        );
-        p.push(
-            r,
-            0,
-            Step::RecvReduce {
-                peer: 1 - r,
-                src: Slice::input(0, 4),
-                dst: Slice::output(0, 4),
-            },
-        );
+        p.push(r, 0, Step::Send { peer: 1 - r, src: Slice::input(0, 4) });
+        p.push(r, 0, Step::RecvReduce { peer: 1 - r, src: Slice::input(0, 4), dst: Slice::output(0, 4) });
     }
     // Rank 1 adds its own input a second time.
-    p.push(
-        1,
-        0,
-        Step::Reduce {
-            srcs: vec![Slice::output(0, 4), Slice::input(0, 4)],
-            dst: Slice::output(0, 4),
-        },
-    );
+    p.push(1, 0, Step::Reduce { srcs: vec![Slice::output(0, 4), Slice::input(0, 4)], dst: Slice::output(0, 4) });
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &["rank 1 step 2", "counts rank 1's contribution twice"],
-    );
+    assert_has(&msg, &["rank 1 step 2", "counts rank 1's contribution twice"]);
 }
 
 #[test]
 fn order_and_length_mismatch_is_named() {
     let c = Collective::new(CollKind::SendRecv, 2, 8);
     let mut p = Program::new("mismatch", c);
-    p.push(
-        0,
-        0,
-        Step::Send {
-            peer: 1,
-            src: Slice::input(0, 8),
-        },
-    );
-    p.push(
-        0,
-        0,
-        Step::Recv {
-            peer: 1,
-            dst: Slice::output(0, 8),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Send {
-            peer: 0,
-            src: Slice::input(0, 8),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Recv {
-            peer: 0,
-            dst: Slice::output(0, 4),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Recv {
-            peer: 0,
-            dst: Slice::output(4, 4),
-        },
-    );
+    p.push(0, 0, Step::Send { peer: 1, src: Slice::input(0, 8) });
+    p.push(0, 0, Step::Recv { peer: 1, dst: Slice::output(0, 8) });
+    p.push(1, 0, Step::Send { peer: 0, src: Slice::input(0, 8) });
+    p.push(1, 0, Step::Recv { peer: 0, dst: Slice::output(0, 4) });
+    p.push(1, 0, Step::Recv { peer: 0, dst: Slice::output(4, 4) });
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &[
-            "rank 1 step 1",
-            "expects 4 elements from rank 0",
-            "8 elements from rank 0 step 0",
-        ],
-    );
+    assert_has(&msg, &["rank 1 step 1", "expects 4 elements from rank 0", "8 elements from rank 0 step 0"]);
 }
 
 #[test]
@@ -267,41 +125,17 @@ fn wrong_root_is_named() {
 #[test]
 fn bad_shapes_are_named() {
     let mut p = ring(4, 400);
-    p.ranks[3].channels[0][0] = Step::Send {
-        peer: 7,
-        src: Slice::input(0, 100),
-    };
-    assert_has(
-        &err(&p),
-        &["rank 3 step 0", "peer 7 is out of range for 4 ranks"],
-    );
+    p.ranks[3].channels[0][0] = Step::Send { peer: 7, src: Slice::input(0, 100) };
+    assert_has(&err(&p), &["rank 3 step 0", "peer 7 is out of range for 4 ranks"]);
     let mut p = ring(4, 400);
-    p.ranks[1].channels[0][0] = Step::Send {
-        peer: 1,
-        src: Slice::input(0, 100),
-    };
+    p.ranks[1].channels[0][0] = Step::Send { peer: 1, src: Slice::input(0, 100) };
     assert_has(&err(&p), &["rank 1 step 0", "itself"]);
     let mut p = ring(4, 400);
-    p.ranks[0].channels[0][0] = Step::Send {
-        peer: 1,
-        src: Slice::input(350, 100),
-    };
-    assert_has(
-        &err(&p),
-        &[
-            "rank 0 step 0",
-            "input[350..450] is outside the input buffer of 400",
-        ],
-    );
+    p.ranks[0].channels[0][0] = Step::Send { peer: 1, src: Slice::input(350, 100) };
+    assert_has(&err(&p), &["rank 0 step 0", "input[350..450] is outside the input buffer of 400"]);
     let mut p = ring(4, 400);
-    p.ranks[2].channels[0].push(Step::Copy {
-        src: Slice::output(0, 4),
-        dst: Slice::input(0, 4),
-    });
-    assert_has(
-        &err(&p),
-        &["rank 2 step", "writes input[0..4]", "read-only"],
-    );
+    p.ranks[2].channels[0].push(Step::Copy { src: Slice::output(0, 4), dst: Slice::input(0, 4) });
+    assert_has(&err(&p), &["rank 2 step", "writes input[0..4]", "read-only"]);
     let mut p = ring(4, 400);
     p.ranks.pop();
     assert_has(&err(&p), &["programs for 3 ranks", "4"]);
@@ -319,15 +153,7 @@ fn one_sided_race_is_named() {
         steps.drain(6..10);
     }
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &[
-            "step 6",
-            "get rank",
-            "has not been written",
-            "not ordered before this read",
-        ],
-    );
+    assert_has(&msg, &["step 6", "get rank", "has not been written", "not ordered before this read"]);
 }
 
 #[test]
@@ -336,40 +162,15 @@ fn write_after_signal_races_with_the_peer_read() {
     // may still be reading it.
     let c = Collective::new(CollKind::AllGather, 2, 5);
     let mut p = Program::new("overwrite", c);
-    p.push(
-        0,
-        0,
-        Step::Copy {
-            src: Slice::input(0, 5),
-            dst: Slice::output(0, 5),
-        },
-    );
+    p.push(0, 0, Step::Copy { src: Slice::input(0, 5), dst: Slice::output(0, 5) });
     p.push(0, 0, Step::Signal { peer: 1 });
-    p.push(
-        0,
-        0,
-        Step::Copy {
-            src: Slice::input(0, 5),
-            dst: Slice::output(0, 5),
-        },
-    );
+    p.push(0, 0, Step::Copy { src: Slice::input(0, 5), dst: Slice::output(0, 5) });
     p.push(0, 0, Step::Wait { peer: 1 });
     p.push(1, 0, Step::Wait { peer: 0 });
-    p.push(
-        1,
-        0,
-        Step::Get {
-            peer: 0,
-            src: Slice::output(0, 5),
-            dst: Slice::output(0, 5),
-        },
-    );
+    p.push(1, 0, Step::Get { peer: 0, src: Slice::output(0, 5), dst: Slice::output(0, 5) });
     p.push(1, 0, Step::Signal { peer: 0 });
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &["rank 1 step 1", "racing with the write by rank 0 step 2"],
-    );
+    assert_has(&msg, &["rank 1 step 1", "racing with the write by rank 0 step 2"]);
 }
 
 #[test]
@@ -380,14 +181,7 @@ fn touching_a_peer_before_it_entered_is_a_race() {
         rp.channels[0].retain(|s| !matches!(s, Step::Signal { .. } | Step::Wait { .. }));
     }
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &[
-            "rank 0 step 1",
-            "get rank 1's input",
-            "before the collective",
-        ],
-    );
+    assert_has(&msg, &["rank 0 step 1", "get rank 1's input", "before the collective"]);
 }
 
 #[test]
@@ -408,27 +202,10 @@ fn leaving_while_a_peer_still_reads_is_named() {
 fn channels_that_write_the_same_elements_race() {
     let c = Collective::new(CollKind::AllReduce, 1, 10);
     let mut p = Program::new("two-channels", c);
-    p.push(
-        0,
-        0,
-        Step::Copy {
-            src: Slice::input(0, 10),
-            dst: Slice::output(0, 10),
-        },
-    );
-    p.push(
-        0,
-        1,
-        Step::Copy {
-            src: Slice::input(0, 10),
-            dst: Slice::output(0, 10),
-        },
-    );
+    p.push(0, 0, Step::Copy { src: Slice::input(0, 10), dst: Slice::output(0, 10) });
+    p.push(0, 1, Step::Copy { src: Slice::input(0, 10), dst: Slice::output(0, 10) });
     let msg = err(&p);
-    assert_has(
-        &msg,
-        &["channel 1 step 0", "racing with", "channel 0 step 0"],
-    );
+    assert_has(&msg, &["channel 1 step 0", "racing with", "channel 0 step 0"]);
 }
 
 #[test]
@@ -436,18 +213,8 @@ fn reading_uninitialized_scratch_is_named() {
     let c = Collective::new(CollKind::AllReduce, 1, 10);
     let mut p = Program::new("garbage", c);
     p.ranks[0].scratch = 10;
-    p.push(
-        0,
-        0,
-        Step::Copy {
-            src: Slice::scratch(0, 10),
-            dst: Slice::output(0, 10),
-        },
-    );
-    assert_has(
-        &err(&p),
-        &["rank 0 step 0", "reads scratch[0..10]", "never written"],
-    );
+    p.push(0, 0, Step::Copy { src: Slice::scratch(0, 10), dst: Slice::output(0, 10) });
+    assert_has(&err(&p), &["rank 0 step 0", "reads scratch[0..10]", "never written"]);
 }
 
 #[test]
@@ -455,10 +222,7 @@ fn unwaited_signal_is_named() {
     let c = Collective::new(CollKind::AllReduce, 2, 1);
     let mut p = build(Algorithm::Ring, &c, &BuildOptions::default()).unwrap();
     p.push(0, 0, Step::Signal { peer: 1 });
-    assert_has(
-        &err(&p),
-        &["rank 0 step", "signals rank 1, which never waits"],
-    );
+    assert_has(&err(&p), &["rank 0 step", "signals rank 1, which never waits"]);
 }
 
 #[test]

@@ -28,10 +28,7 @@ struct Line([f32; 16]);
 
 fn buffer(bytes: usize, f: impl Fn(usize) -> f32) -> Vec<Line> {
     let mut v = vec![Line([0.0; 16]); bytes / 64];
-    for (i, x) in bytemuck::cast_slice_mut::<Line, f32>(&mut v)
-        .iter_mut()
-        .enumerate()
-    {
+    for (i, x) in bytemuck::cast_slice_mut::<Line, f32>(&mut v).iter_mut().enumerate() {
         *x = f(i);
     }
     v
@@ -58,16 +55,11 @@ fn ones(t: DataType, bytes: usize) -> Vec<Line> {
 }
 
 fn main() {
-    let t: Option<DataType> = std::env::args()
-        .nth(1)
-        .map(|s| s.parse().expect("a data type name"));
+    let t: Option<DataType> = std::env::args().nth(1).map(|s| s.parse().expect("a data type name"));
     let dtype = t.unwrap_or(DataType::Float32);
     for bytes in [4096usize, 256 << 10, 64 << 20] {
         let (mut a, b) = match t {
-            None => (
-                buffer(bytes, |i| (i % 1000) as f32),
-                buffer(bytes, |_| 1e-3),
-            ),
+            None => (buffer(bytes, |i| (i % 1000) as f32), buffer(bytes, |_| 1e-3)),
             Some(t) => (ones(t, bytes), ones(t, bytes)),
         };
         let iters = ((1usize << 30) / bytes).max(16);

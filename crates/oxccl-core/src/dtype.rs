@@ -99,11 +99,7 @@ impl DataType {
         DataType::ALL
             .get(usize::try_from(value).unwrap_or(usize::MAX))
             .copied()
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "data type {value} is not an ncclDataType_t (0..=11)"
-                ))
-            })
+            .ok_or_else(|| Error::invalid(format!("data type {value} is not an ncclDataType_t (0..=11)")))
     }
 
     /// Floating-point types (reductions run in floating point, `avg` divides).
@@ -127,11 +123,9 @@ impl DataType {
     /// Number of bytes `count` elements occupy, or an error naming the
     /// overflow.
     pub fn bytes(self, count: usize) -> Result<usize> {
-        count.checked_mul(self.size()).ok_or_else(|| {
-            Error::invalid(format!(
-                "{count} elements of {self} overflow the address space"
-            ))
-        })
+        count
+            .checked_mul(self.size())
+            .ok_or_else(|| Error::invalid(format!("{count} elements of {self} overflow the address space")))
     }
 }
 
@@ -185,20 +179,9 @@ mod tests {
             assert_eq!(name.parse::<DataType>().unwrap(), t);
             assert_eq!(t.size(), sizes[i]);
         }
-        assert!(
-            DataType::from_nccl(12)
-                .unwrap_err()
-                .to_string()
-                .contains("12")
-        );
+        assert!(DataType::from_nccl(12).unwrap_err().to_string().contains("12"));
         assert!(DataType::from_nccl(-1).is_err());
-        assert!(
-            "float128"
-                .parse::<DataType>()
-                .unwrap_err()
-                .to_string()
-                .contains("float128")
-        );
+        assert!("float128".parse::<DataType>().unwrap_err().to_string().contains("float128"));
         assert!(DataType::Float64.bytes(usize::MAX / 4).is_err());
     }
 }

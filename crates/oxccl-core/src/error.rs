@@ -74,10 +74,7 @@ mod tests {
     #[test]
     fn messages_and_codes() {
         let e = Error::invalid("rank 3: count 7 exceeds buffer of 6 elements");
-        assert_eq!(
-            e.to_string(),
-            "invalid argument: rank 3: count 7 exceeds buffer of 6 elements"
-        );
+        assert_eq!(e.to_string(), "invalid argument: rank 3: count 7 exceeds buffer of 6 elements");
         assert_eq!(e.nccl_code(), 4);
         assert_eq!(Error::Remote("peer 2 closed".into()).nccl_code(), 6);
     }

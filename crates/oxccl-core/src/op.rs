@@ -79,9 +79,7 @@ impl ReduceOp {
             3 => ReduceOp::Min,
             4 => ReduceOp::Avg,
             _ => {
-                return Err(Error::invalid(format!(
-                    "reduce op {value} is not a built-in ncclRedOp_t (0..=4)"
-                )));
+                return Err(Error::invalid(format!("reduce op {value} is not a built-in ncclRedOp_t (0..=4)")));
             }
         })
     }
@@ -93,9 +91,7 @@ impl ReduceOp {
         if let ReduceOp::PreMulSum { scalar } = self
             && !scalar.is_finite()
         {
-            return Err(Error::invalid(format!(
-                "premulsum scalar {scalar} for {dtype} is not finite"
-            )));
+            return Err(Error::invalid(format!("premulsum scalar {scalar} for {dtype} is not finite")));
         }
         Ok(())
     }
@@ -141,19 +137,9 @@ mod tests {
             assert_eq!(op.name().parse::<ReduceOp>().unwrap(), *op);
         }
         assert_eq!("mulsum".parse::<ReduceOp>().unwrap().name(), "mulsum");
-        assert!(
-            ReduceOp::from_nccl(5)
-                .unwrap_err()
-                .to_string()
-                .contains('5')
-        );
+        assert!(ReduceOp::from_nccl(5).unwrap_err().to_string().contains('5'));
         assert!("xor".parse::<ReduceOp>().is_err());
         let bad = ReduceOp::PreMulSum { scalar: f64::NAN };
-        assert!(
-            bad.check(DataType::Float32)
-                .unwrap_err()
-                .to_string()
-                .contains("float")
-        );
+        assert!(bad.check(DataType::Float32).unwrap_err().to_string().contains("float"));
     }
 }

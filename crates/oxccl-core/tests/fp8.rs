@@ -12,18 +12,8 @@ use oxccl_core::{F8E4M3, F8E5M2};
 type Conv = (&'static str, bool, fn(u8) -> f32, fn(f32) -> u8);
 
 const FORMATS: [Conv; 2] = [
-    (
-        "e4m3",
-        true,
-        |c| F8E4M3::from_bits(c).to_f32(),
-        |x| F8E4M3::from_f32(x).to_bits(),
-    ),
-    (
-        "e5m2",
-        false,
-        |c| F8E5M2::from_bits(c).to_f32(),
-        |x| F8E5M2::from_f32(x).to_bits(),
-    ),
+    ("e4m3", true, |c| F8E4M3::from_bits(c).to_f32(), |x| F8E4M3::from_f32(x).to_bits()),
+    ("e5m2", false, |c| F8E5M2::from_bits(c).to_f32(), |x| F8E5M2::from_f32(x).to_bits()),
 ];
 
 #[test]
@@ -39,11 +29,7 @@ fn every_code_decodes_to_its_spec_value_and_round_trips() {
                 continue;
             }
             assert_eq!(f64::from(got), want, "{name} {code:#04x}");
-            assert_eq!(
-                got.is_sign_negative(),
-                code & 0x80 != 0,
-                "{name} {code:#04x} sign"
-            );
+            assert_eq!(got.is_sign_negative(), code & 0x80 != 0, "{name} {code:#04x} sign");
             assert_eq!(from(got), code, "{name} {code:#04x} round trip");
         }
         assert_eq!(nans, if e4m3 { 2 } else { 6 }, "{name} NaN count");
@@ -57,16 +43,9 @@ fn midpoints_round_to_even_and_neighbours_round_to_nearest() {
             for c in 0..fp8_max(e4m3) {
                 let (lo, hi) = (c | sign, (c + 1) | sign);
                 let mid = (to(lo) + to(hi)) / 2.0;
-                assert_eq!(
-                    f64::from(mid),
-                    (fp8_value(lo, e4m3) + fp8_value(hi, e4m3)) / 2.0
-                );
+                assert_eq!(f64::from(mid), (fp8_value(lo, e4m3) + fp8_value(hi, e4m3)) / 2.0);
                 let even = if c % 2 == 0 { lo } else { hi };
-                assert_eq!(
-                    from(mid),
-                    even,
-                    "{name} midpoint {mid} of {lo:#04x},{hi:#04x}"
-                );
+                assert_eq!(from(mid), even, "{name} midpoint {mid} of {lo:#04x},{hi:#04x}");
                 // The f32 values one ulp toward each neighbour.
                 let toward_hi = f32::from_bits(mid.to_bits() + 1);
                 let toward_lo = f32::from_bits(mid.to_bits() - 1);
@@ -95,11 +74,7 @@ fn overflow_saturates_to_the_largest_finite_value() {
         let inf = if e4m3 { 0x7E } else { 0x7C };
         assert_eq!(from(f32::INFINITY), inf, "{name} inf");
         assert_eq!(from(f32::NEG_INFINITY), inf | 0x80, "{name} -inf");
-        assert_eq!(
-            (from(f32::NAN), from(-f32::NAN)),
-            (0x7F, 0x7F),
-            "{name} canonical NaN"
-        );
+        assert_eq!((from(f32::NAN), from(-f32::NAN)), (0x7F, 0x7F), "{name} canonical NaN");
     }
 }
 
@@ -107,10 +82,7 @@ fn overflow_saturates_to_the_largest_finite_value() {
 fn subnormals_and_underflow() {
     for (name, e4m3, to, from) in FORMATS {
         let tiny = to(1);
-        assert_eq!(
-            f64::from(tiny),
-            if e4m3 { 2f64.powi(-9) } else { 2f64.powi(-16) }
-        );
+        assert_eq!(f64::from(tiny), if e4m3 { 2f64.powi(-9) } else { 2f64.powi(-16) });
         assert_eq!(from(tiny / 2.0), 0, "{name} half the smallest ties to 0");
         assert_eq!(from(-tiny / 2.0), 0x80, "{name} keeps the sign of zero");
         assert_eq!(from(tiny * 0.75), 1, "{name}");
@@ -150,15 +122,7 @@ fn from_f64_rounds_once() {
     let mut rng = Rng::new(9);
     for _ in 0..200_000 {
         let x = f64::from_bits(rng.next() & 0x80FF_FFFF_FFFF_FFFF | (1012 + rng.next() % 30) << 52);
-        assert_eq!(
-            F8E4M3::from_f64(x).to_bits(),
-            fp8_round(x, true),
-            "e4m3 {x:e}"
-        );
-        assert_eq!(
-            F8E5M2::from_f64(x).to_bits(),
-            fp8_round(x, false),
-            "e5m2 {x:e}"
-        );
+        assert_eq!(F8E4M3::from_f64(x).to_bits(), fp8_round(x, true), "e4m3 {x:e}");
+        assert_eq!(F8E5M2::from_f64(x).to_bits(), fp8_round(x, false), "e5m2 {x:e}");
     }
 }

@@ -2,8 +2,8 @@
 
 use half::bf16;
 use oxccl_core::kernels::{
-    finish_avg, finish_avg_typed, premul, premul_in_place, premul_typed, reduce_into,
-    reduce_into_typed, reduce_n, reduce_n_typed, reduce2, reduce2_typed,
+    finish_avg, finish_avg_typed, premul, premul_in_place, premul_typed, reduce_into, reduce_into_typed, reduce_n,
+    reduce_n_typed, reduce2, reduce2_typed,
 };
 use oxccl_core::{DataType, Error, ReduceOp};
 
@@ -25,24 +25,12 @@ fn byte_lengths_that_differ_are_refused_and_dst_is_untouched() {
     let (t, op) = (DataType::Float32, ReduceOp::Max);
     let mut dst = [POISON; 12];
     let r = reduce2(t, op, &mut dst, &[0; 12], &[0; 8]);
-    assert_names(
-        r,
-        &[
-            "reduce2",
-            "max",
-            "float",
-            "dst has 12 bytes",
-            "b has 8 bytes",
-        ],
-    );
+    assert_names(r, &["reduce2", "max", "float", "dst has 12 bytes", "b has 8 bytes"]);
     assert_eq!(dst, [POISON; 12]);
     let r = reduce2(t, op, &mut dst, &[0; 16], &[0; 12]);
     assert_names(r, &["a has 16 bytes"]);
     let r = reduce_into(DataType::Int64, ReduceOp::Sum, &mut dst, &[0; 24]);
-    assert_names(
-        r,
-        &["reduce_into", "int64", "acc has 12 bytes", "b has 24 bytes"],
-    );
+    assert_names(r, &["reduce_into", "int64", "acc has 12 bytes", "b has 24 bytes"]);
     assert_eq!(dst, [POISON; 12]);
     let r = reduce_n(t, ReduceOp::Prod, &mut dst, &[&[0; 12], &[0; 12], &[0; 4]]);
     assert_names(r, &["reduce_n", "prod", "float", "source 2 has 4"]);
@@ -92,10 +80,7 @@ fn no_source_zero_ranks_and_non_finite_scalars_are_refused() {
 fn typed_forms_name_element_counts() {
     let mut d = [1.0f32; 3];
     let r = reduce2_typed(ReduceOp::Sum, &mut d, &[0.0; 3], &[0.0; 2]);
-    assert_names(
-        r,
-        &["reduce2", "float", "b has 2 elements", "dst has 3 elements"],
-    );
+    assert_names(r, &["reduce2", "float", "b has 2 elements", "dst has 3 elements"]);
     let r = reduce_into_typed(ReduceOp::Sum, &mut d, &[0.0; 4]);
     assert_names(r, &["acc has 3 elements", "b has 4 elements"]);
     let r = reduce_n_typed::<f32>(ReduceOp::Sum, &mut d, &[]);

@@ -14,28 +14,14 @@ use proptest::prelude::*;
 fn check<T: Ref>(len: usize, offs: [usize; 3], op: ReduceOp, n: usize, seed: u64) {
     let t = T::DTYPE;
     let mut rng = Rng::new(seed);
-    let srcs: Vec<Vec<T>> = (0..n.max(2))
-        .map(|_| random_vec(&mut rng, len, false))
-        .collect();
+    let srcs: Vec<Vec<T>> = (0..n.max(2)).map(|_| random_vec(&mut rng, len, false)).collect();
     let (a, b) = (Buf::new(&srcs[0], offs[1]), Buf::new(&srcs[1], offs[2]));
     let mut dst = Buf::filled(len * t.size(), offs[0], 0x5A);
     reduce2(t, op, dst.bytes_mut(), a.bytes(), b.bytes()).unwrap();
-    let want: Vec<T> = srcs[0]
-        .iter()
-        .zip(&srcs[1])
-        .map(|(x, y)| T::reference(op, *x, *y))
-        .collect();
-    assert_same(
-        &dst.values::<T>(),
-        &want,
-        &format!("{t} {op} len {len} offsets {offs:?}"),
-    );
+    let want: Vec<T> = srcs[0].iter().zip(&srcs[1]).map(|(x, y)| T::reference(op, *x, *y)).collect();
+    assert_same(&dst.values::<T>(), &want, &format!("{t} {op} len {len} offsets {offs:?}"));
 
-    let bufs: Vec<Buf> = srcs[..n]
-        .iter()
-        .enumerate()
-        .map(|(i, s)| Buf::new(s, offs[i % 3]))
-        .collect();
+    let bufs: Vec<Buf> = srcs[..n].iter().enumerate().map(|(i, s)| Buf::new(s, offs[i % 3])).collect();
     let refs: Vec<&[u8]> = bufs.iter().map(Buf::bytes).collect();
     let mut chain = Buf::new(&srcs[0], offs[0]);
     if n > 1 {

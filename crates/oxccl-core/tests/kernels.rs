@@ -8,21 +8,14 @@ mod common;
 use common::{Buf, Ref, Rng, assert_same, random_vec, values};
 use half::{bf16, f16};
 use oxccl_core::kernels::{
-    Element, finish_avg, finish_avg_typed, premul, premul_in_place, premul_in_place_typed,
-    premul_typed, reduce_into, reduce_into_typed, reduce_n, reduce_n_typed, reduce2, reduce2_typed,
+    Element, finish_avg, finish_avg_typed, premul, premul_in_place, premul_in_place_typed, premul_typed, reduce_into,
+    reduce_into_typed, reduce_n, reduce_n_typed, reduce2, reduce2_typed,
 };
 use oxccl_core::{DataType, F8E4M3, F8E5M2, ReduceOp};
 
 const LENS: [usize; 9] = [0, 1, 2, 7, 31, 33, 1000, 1027, 5000];
 /// Byte offsets of (dst, a, b): aligned, all misaligned, each alone.
-const OFFSETS: [(usize, usize, usize); 6] = [
-    (0, 0, 0),
-    (1, 1, 1),
-    (1, 0, 0),
-    (0, 1, 0),
-    (0, 0, 1),
-    (3, 5, 7),
-];
+const OFFSETS: [(usize, usize, usize); 6] = [(0, 0, 0), (1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (3, 5, 7)];
 
 fn every_op_against_reference<T: Ref>() {
     let mut rng = Rng::new(T::DTYPE.to_nccl() as u64 + 1);
@@ -33,16 +26,8 @@ fn every_op_against_reference<T: Ref>() {
         let c: Vec<T> = random_vec(&mut rng, len, false);
         for op in ReduceOp::ALL {
             let ctx = format!("{t} {op} len {len}");
-            let ab: Vec<T> = a
-                .iter()
-                .zip(&b)
-                .map(|(x, y)| T::reference(op, *x, *y))
-                .collect();
-            let abc: Vec<T> = ab
-                .iter()
-                .zip(&c)
-                .map(|(x, y)| T::reference(op, *x, *y))
-                .collect();
+            let ab: Vec<T> = a.iter().zip(&b).map(|(x, y)| T::reference(op, *x, *y)).collect();
+            let abc: Vec<T> = ab.iter().zip(&c).map(|(x, y)| T::reference(op, *x, *y)).collect();
 
             let mut d = vec![T::zeroed(); len];
             reduce2_typed(op, &mut d, &a, &b).unwrap();
@@ -142,10 +127,7 @@ fn integers_wrap() {
 
 /// `1 + h` where `h` is half an ulp of 1 is a tie: to even gives 1; `(1 + u)
 /// + h` is a tie between an odd and an even mantissa: to even goes up.
-fn ties_to_even<T: Element + PartialEq + std::fmt::Debug>(
-    from: impl Fn(f64) -> T,
-    ulp_of_one: f64,
-) {
+fn ties_to_even<T: Element + PartialEq + std::fmt::Debug>(from: impl Fn(f64) -> T, ulp_of_one: f64) {
     let (one, h) = (from(1.0), from(ulp_of_one / 2.0));
     let up = from(1.0 + ulp_of_one);
     let mut d = [one, up];
@@ -172,12 +154,7 @@ fn narrow_floats_round_to_nearest_even_after_each_operation() {
 #[test]
 fn fp8_sums_saturate() {
     let mut d = [F8E4M3::MAX, F8E4M3::from_f32(-300.0)];
-    reduce_into_typed(
-        ReduceOp::Sum,
-        &mut d,
-        &[F8E4M3::MAX, F8E4M3::from_f32(-300.0)],
-    )
-    .unwrap();
+    reduce_into_typed(ReduceOp::Sum, &mut d, &[F8E4M3::MAX, F8E4M3::from_f32(-300.0)]).unwrap();
     assert_eq!(d.map(F8E4M3::to_bits), [0x7E, 0xFE]);
     let mut e = [F8E5M2::MAX];
     reduce_into_typed(ReduceOp::Prod, &mut e, &[F8E5M2::from_f32(2.0)]).unwrap();
@@ -190,34 +167,13 @@ fn fp8_sums_saturate() {
 fn max_and_min_skip_nan_and_sum_propagates_it() {
     let nan = f32::NAN;
     let mut d = [0f32; 4];
-    reduce2_typed(
-        ReduceOp::Max,
-        &mut d,
-        &[nan, 1.0, nan, -0.0],
-        &[1.0, nan, nan, 0.0],
-    )
-    .unwrap();
+    reduce2_typed(ReduceOp::Max, &mut d, &[nan, 1.0, nan, -0.0], &[1.0, nan, nan, 0.0]).unwrap();
     assert_eq!(&d[..2], &[1.0, 1.0]);
     assert!(d[2].is_nan());
-    assert!(
-        d[3] == 0.0 && d[3].is_sign_positive(),
-        "equal operands give the second"
-    );
-    reduce2_typed(
-        ReduceOp::Min,
-        &mut d,
-        &[nan, 2.0, 5.0, 1.0],
-        &[2.0, nan, 3.0, 1.0],
-    )
-    .unwrap();
+    assert!(d[3] == 0.0 && d[3].is_sign_positive(), "equal operands give the second");
+    reduce2_typed(ReduceOp::Min, &mut d, &[nan, 2.0, 5.0, 1.0], &[2.0, nan, 3.0, 1.0]).unwrap();
     assert_eq!(d, [2.0, 2.0, 3.0, 1.0]);
-    reduce2_typed(
-        ReduceOp::Sum,
-        &mut d,
-        &[nan, 1.0, 1.0, 1.0],
-        &[1.0, 1.0, 1.0, 1.0],
-    )
-    .unwrap();
+    reduce2_typed(ReduceOp::Sum, &mut d, &[nan, 1.0, 1.0, 1.0], &[1.0, 1.0, 1.0, 1.0]).unwrap();
     assert!(d[0].is_nan() && d[1] == 2.0);
     let mut h = [f16::NAN, f16::ONE];
     reduce_into_typed(ReduceOp::Max, &mut h, &[f16::ONE, f16::NAN]).unwrap();
@@ -232,10 +188,7 @@ fn finish_avg_divides_floats_and_truncates_integers() {
     let mut i = [7i32, -7, 8, i32::MIN];
     finish_avg_typed(&mut i, 2).unwrap();
     assert_eq!(i, [3, -3, 4, i32::MIN / 2]);
-    let mut b: Vec<u8> = [-7i8, 127, -128]
-        .iter()
-        .flat_map(|x| x.to_ne_bytes())
-        .collect();
+    let mut b: Vec<u8> = [-7i8, 127, -128].iter().flat_map(|x| x.to_ne_bytes()).collect();
     finish_avg(DataType::Int8, &mut b, 200).unwrap();
     assert_eq!(values::<i8>(&b), [0, 0, 0]);
     let mut m = [i8::MIN, -1];
@@ -272,11 +225,7 @@ fn premul_converts_the_scalar_to_the_element_type_first() {
     assert_eq!(i, [20, -20, 6], "2.9 truncates to 2");
     let mut u = [0u8; 2];
     premul_typed(&mut u, &[1, 2], 300.0).unwrap();
-    assert_eq!(
-        u,
-        [255, 254],
-        "300 saturates to 255, then the product wraps"
-    );
+    assert_eq!(u, [255, 254], "300 saturates to 255, then the product wraps");
     let mut n = [5i8];
     premul_typed(&mut n, &[5], -1.5).unwrap();
     assert_eq!(n, [-5]);
@@ -284,10 +233,7 @@ fn premul_converts_the_scalar_to_the_element_type_first() {
     let s = 1.0 + 2f64.powi(-11) + 2f64.powi(-13);
     let mut h = [f16::ZERO];
     premul_typed(&mut h, &[f16::from_f32(3.0)], s).unwrap();
-    assert_eq!(
-        h[0].to_f64(),
-        common::round_f16(3.0 * (1.0 + 2f64.powi(-10))).to_f64()
-    );
+    assert_eq!(h[0].to_f64(), common::round_f16(3.0 * (1.0 + 2f64.powi(-10))).to_f64());
     assert_ne!(common::round_f16(3.0 * s), h[0]);
     // A scalar that `half`'s `from_f64` misrounds (1 + 2^-11 + 2^-40 is above
     // the midpoint 1 + 2^-11, but not once rounded to f32): f16 1 + 2^-10.

@@ -140,11 +140,10 @@ fn parse_size(s: &str) -> Result<u64, String> {
         Some('T') => (&body[..body.len() - 1], 1 << 40),
         _ => (body, 1),
     };
-    let n: u64 = num.parse().map_err(|_| {
-        format!("size {s:?} is not a number with an optional K, M, G suffix (e.g. 8, 128K, 8G)")
-    })?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?} is not a number with an optional K, M, G suffix (e.g. 8, 128K, 8G)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 fn main() -> ExitCode {
@@ -191,38 +190,20 @@ fn topology(args: &Args, nodes: usize, rpn: usize) -> Result<Topology, String> {
 }
 
 fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
-    let kind = args
-        .collective
-        .ok_or("name a collective (all_reduce, all_gather, …) or give --program FILE.json")?;
-    let topo = topology(
-        args,
-        args.nodes.unwrap_or(1),
-        args.ranks_per_node.unwrap_or(8),
-    )?;
+    let kind = args.collective.ok_or("name a collective (all_reduce, all_gather, …) or give --program FILE.json")?;
+    let topo = topology(args, args.nodes.unwrap_or(1), args.ranks_per_node.unwrap_or(8))?;
     let n = topo.nranks();
-    let algos = if args.algo.is_empty() {
-        Algorithm::for_kind(kind)
-    } else {
-        args.algo.clone()
-    };
+    let algos = if args.algo.is_empty() { Algorithm::for_kind(kind) } else { args.algo.clone() };
     for a in &algos {
         if !a.supports(kind) {
             let have: Vec<&str> = Algorithm::for_kind(kind).iter().map(|a| a.name()).collect();
-            return Err(format!(
-                "algorithm {a} does not implement {kind}; {kind} has: {}",
-                have.join(" ")
-            ));
+            return Err(format!("algorithm {a} does not implement {kind}; {kind} has: {}", have.join(" ")));
         }
     }
     if algos.is_empty() {
         return Err(format!("no algorithm implements {kind}"));
     }
-    let sizes = sweep::sizes(
-        args.minbytes,
-        args.maxbytes,
-        args.stepfactor,
-        args.stepbytes,
-    )?;
+    let sizes = sweep::sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)?;
     let root = if kind.is_rooted() { args.root } else { 0 };
     let colls: Vec<Collective> = sizes
         .iter()
@@ -240,26 +221,13 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
                 args.dtype.size()
             };
             let count = usize::try_from(size).unwrap_or(usize::MAX) / per;
-            let c = Collective {
-                kind,
-                nranks: n,
-                count,
-                root,
-                dtype: args.dtype,
-            };
+            let c = Collective { kind, nranks: n, count, root, dtype: args.dtype };
             c.validate().map(|()| c).map_err(|e| plain(&e))
         })
         .collect::<Result<_, _>>()?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get()))
-        .max(1);
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get())).max(1);
     let results = sweep::run(&colls, &algos, opts, &topo, threads, args.verbose)?;
-    let mut table = Table::new(
-        kind,
-        args.op,
-        algos.iter().map(|a| a.name().to_string()).collect(),
-    );
+    let mut table = Table::new(kind, args.op, algos.iter().map(|a| a.name().to_string()).collect());
     println!("# oxccl-sim: {kind}, {n} ranks on {topo}");
     println!(
         "# pipeline chunk {} bytes, at most {} chunks; times are predicted by oxccl_algo::sim",
@@ -275,17 +243,11 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
 }
 
 fn run_program(args: &Args, path: &PathBuf) -> Result<(), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let program =
-        Program::from_json(&text).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let program = Program::from_json(&text).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
     let coll = program.collective;
     if let Some(kind) = args.collective.filter(|&k| k != coll.kind) {
-        return Err(format!(
-            "{} is a {} program, not {kind}",
-            path.display(),
-            coll.kind
-        ));
+        return Err(format!("{} is a {} program, not {kind}", path.display(), coll.kind));
     }
     let n = program.ranks.len();
     if n == 0 {
@@ -306,14 +268,8 @@ fn run_program(args: &Args, path: &PathBuf) -> Result<(), String> {
         }
     };
     let topo = topology(args, nodes, rpn)?;
-    let report =
-        simulate(&program, &topo).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
-    println!(
-        "# oxccl-sim: program {:?} ({}), {} ranks on {topo}",
-        program.name,
-        path.display(),
-        n
-    );
+    let report = simulate(&program, &topo).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
+    println!("# oxccl-sim: program {:?} ({}), {} ranks on {topo}", program.name, path.display(), n);
     let fin = &report.rank_finish;
     let first = fin.iter().copied().fold(f64::INFINITY, f64::min);
     println!(
@@ -328,10 +284,7 @@ fn run_program(args: &Args, path: &PathBuf) -> Result<(), String> {
     println!("#");
     let mut table = Table::new(coll.kind, args.op, vec![program.name.clone()]);
     table.print_header();
-    table.print_row(&Row {
-        coll,
-        times: vec![report.time],
-    });
+    table.print_row(&Row { coll, times: vec![report.time] });
     table.print_footer();
     Ok(())
 }
@@ -348,10 +301,6 @@ mod tests {
         assert_eq!(parse_size("32MB").unwrap(), 32 << 20);
         assert_eq!(parse_size("1k").unwrap(), 1024);
         assert!(parse_size("eight").unwrap_err().contains("not a number"));
-        assert!(
-            parse_size("99999999999T")
-                .unwrap_err()
-                .contains("too large")
-        );
+        assert!(parse_size("99999999999T").unwrap_err().contains("too large"));
     }
 }

@@ -111,13 +111,11 @@ impl Pool {
 /// Memory the sweep may use: 4/5 of what the system has available (Linux
 /// `MemAvailable`), 8 GiB where that cannot be read.
 fn memory_budget() -> u64 {
-    let avail = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| {
-            let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-            Some(kib * 1024)
-        });
+    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    });
     avail.map_or(8 << 30, |b| b / 5 * 4)
 }
 
@@ -133,22 +131,12 @@ pub fn run(
 ) -> Result<Vec<Vec<f64>>, String> {
     let mut jobs: Vec<Job> = (0..colls.len())
         .flat_map(|i| (0..algos.len()).map(move |a| (i, a)))
-        .map(|(i, a)| {
-            (
-                i,
-                a,
-                estimate_steps(algos[a], &colls[i], opts).saturating_mul(BYTES_PER_STEP),
-            )
-        })
+        .map(|(i, a)| (i, a, estimate_steps(algos[a], &colls[i], opts).saturating_mul(BYTES_PER_STEP)))
         .collect();
     jobs.sort_by_key(|&(i, a, bytes)| (std::cmp::Reverse(bytes), i, a));
     let workers = threads.min(jobs.len());
     let pool = Pool {
-        state: Mutex::new(Pending {
-            jobs,
-            used: 0,
-            failed: false,
-        }),
+        state: Mutex::new(Pending { jobs, used: 0, failed: false }),
         freed: Condvar::new(),
         budget: memory_budget(),
     };
@@ -252,14 +240,7 @@ impl Table {
     /// A table for `kind` comparing `names`.
     pub fn new(kind: CollKind, op: ReduceOp, names: Vec<String>) -> Table {
         let k = names.len();
-        Table {
-            kind,
-            op,
-            names,
-            busbw_sum: vec![0.0; k],
-            best_sum: 0.0,
-            rows: 0,
-        }
+        Table { kind, op, names, busbw_sum: vec![0.0; k], best_sum: 0.0, rows: 0 }
     }
 
     /// Prints the three header lines.
@@ -283,30 +264,15 @@ impl Table {
         let c = &row.coll;
         let size = c.size_bytes();
         let factor = self.kind.busbw_factor(c.nranks);
-        let root = if self.kind.is_rooted() {
-            c.root as i64
-        } else {
-            -1
-        };
-        let op = if self.kind.reduces() {
-            self.op.name()
-        } else {
-            "none"
-        };
-        let mut line = format!(
-            "{size:>12}  {:>12}  {:>8}  {op:>6}  {root:>6}",
-            c.count,
-            c.dtype.name()
-        );
+        let root = if self.kind.is_rooted() { c.root as i64 } else { -1 };
+        let op = if self.kind.reduces() { self.op.name() } else { "none" };
+        let mut line = format!("{size:>12}  {:>12}  {:>8}  {op:>6}  {root:>6}", c.count, c.dtype.name());
         let mut best: Option<(usize, f64)> = None;
         for (a, &t) in row.times.iter().enumerate() {
             let algbw = if t > 0.0 { size as f64 / t / 1e9 } else { 0.0 };
             let busbw = algbw * factor;
             self.busbw_sum[a] += busbw;
-            line.push_str(&format!(
-                "  {}  {algbw:>6.2}  {busbw:>6.2}",
-                float_str(t * 1e6, 7)
-            ));
+            line.push_str(&format!("  {}  {algbw:>6.2}  {busbw:>6.2}", float_str(t * 1e6, 7)));
             if best.is_none_or(|(_, bt)| t < bt) {
                 best = Some((a, t));
             }
@@ -328,10 +294,7 @@ impl Table {
             println!("# Avg bus bandwidth    : {:.4} ({name})", sum / rows);
         }
         if self.names.len() > 1 {
-            println!(
-                "# Avg bus bandwidth    : {:.4} (best per size)",
-                self.best_sum / rows
-            );
+            println!("# Avg bus bandwidth    : {:.4} (best per size)", self.best_sum / rows);
         }
         println!("#");
     }

@@ -4,19 +4,12 @@
 use std::process::{Command, Output};
 
 fn sim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_oxccl-sim"))
-        .args(args)
-        .output()
-        .expect("oxccl-sim runs")
+    Command::new(env!("CARGO_BIN_EXE_oxccl-sim")).args(args).output().expect("oxccl-sim runs")
 }
 
 fn stdout(args: &[&str]) -> String {
     let out = sim(args);
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -35,8 +28,7 @@ fn data_rows(text: &str) -> Vec<Vec<String>> {
 }
 
 fn num(s: &str) -> f64 {
-    s.parse()
-        .unwrap_or_else(|_| panic!("{s:?} is not a number"))
+    s.parse().unwrap_or_else(|_| panic!("{s:?} is not a number"))
 }
 
 #[test]
@@ -56,10 +48,7 @@ fn sweep_prints_nccl_tests_columns_and_marks_the_best() {
         "--algo",
         "ring,tree,rhd",
     ]);
-    let header = text
-        .lines()
-        .find(|l| l.contains("size") && l.contains("count"))
-        .unwrap();
+    let header = text.lines().find(|l| l.contains("size") && l.contains("count")).unwrap();
     let names: Vec<&str> = header.split_whitespace().collect();
     assert_eq!(&names[..6], ["#", "size", "count", "type", "redop", "root"]);
     assert_eq!(names.iter().filter(|&&w| w == "busbw").count(), 3);
@@ -67,20 +56,12 @@ fn sweep_prints_nccl_tests_columns_and_marks_the_best() {
     let algos = ["ring", "tree", "rhd"];
     let rows = data_rows(&text);
     let sizes: Vec<f64> = rows.iter().map(|r| num(&r[0])).collect();
-    assert_eq!(
-        sizes,
-        [
-            8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0, 131072.0, 524288.0, 2097152.0
-        ]
-    );
+    assert_eq!(sizes, [8.0, 32.0, 128.0, 512.0, 2048.0, 8192.0, 32768.0, 131072.0, 524288.0, 2097152.0]);
     for r in &rows {
         assert_eq!(r.len(), 5 + 3 * algos.len() + 1, "{r:?}");
         let (size, count) = (num(&r[0]), num(&r[1]));
         assert_eq!(size, count * 4.0);
-        assert_eq!(
-            (r[2].as_str(), r[3].as_str(), r[4].as_str()),
-            ("float", "sum", "-1")
-        );
+        assert_eq!((r[2].as_str(), r[3].as_str(), r[4].as_str()), ("float", "sum", "-1"));
         let times: Vec<f64> = (0..3).map(|a| num(&r[5 + 3 * a])).collect();
         for a in 0..3 {
             let (t, algbw, busbw) = (times[a], num(&r[6 + 3 * a]), num(&r[7 + 3 * a]));
@@ -89,12 +70,7 @@ fn sweep_prints_nccl_tests_columns_and_marks_the_best() {
             assert!((algbw - size / t / 1e3).abs() <= 0.006, "{r:?}");
             assert!((busbw - algbw * 1.75).abs() <= 0.011, "{r:?}");
         }
-        let best = times
-            .iter()
-            .enumerate()
-            .min_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap()
-            .0;
+        let best = times.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
         assert_eq!(r.last().unwrap(), algos[best], "{r:?}");
     }
     // Latency-bound sizes go to a logarithmic algorithm, the biggest to
@@ -108,35 +84,14 @@ fn defaults_compare_every_algorithm_of_the_collective() {
     let text = stdout(&["alltoall", "--ranks-per-node", "4", "-b", "1K", "-e", "1K"]);
     let header = text.lines().find(|l| l.contains("size")).unwrap();
     let above = text.lines().take_while(|l| *l != header).last().unwrap();
-    assert!(
-        above.contains("direct") && above.contains("pairwise"),
-        "{above}"
-    );
+    assert!(above.contains("direct") && above.contains("pairwise"), "{above}");
     let rows = data_rows(&text);
     assert_eq!(rows.len(), 1);
     // nccl-tests' all-to-all size is the whole buffer: count per peer × n.
-    assert_eq!(
-        (num(&rows[0][0]), num(&rows[0][1]), rows[0][3].as_str()),
-        (1024.0, 64.0, "none")
-    );
-    let text = stdout(&[
-        "broadcast",
-        "--ranks-per-node",
-        "4",
-        "-b",
-        "64",
-        "-e",
-        "64",
-        "-r",
-        "2",
-        "-d",
-        "double",
-    ]);
+    assert_eq!((num(&rows[0][0]), num(&rows[0][1]), rows[0][3].as_str()), (1024.0, 64.0, "none"));
+    let text = stdout(&["broadcast", "--ranks-per-node", "4", "-b", "64", "-e", "64", "-r", "2", "-d", "double"]);
     let row = &data_rows(&text)[0];
-    assert_eq!(
-        (row[1].as_str(), row[2].as_str(), row[4].as_str()),
-        ("8", "double", "2")
-    );
+    assert_eq!((row[1].as_str(), row[2].as_str(), row[4].as_str()), ("8", "double", "2"));
 }
 
 #[test]
@@ -162,19 +117,13 @@ fn a_hand_written_program_is_priced() {
     let rows = data_rows(&text);
     assert_eq!(rows.len(), 1, "{text}");
     let r = &rows[0];
-    assert_eq!(
-        (num(&r[0]), r.last().unwrap().as_str()),
-        (1e6, "one-message")
-    );
+    assert_eq!((num(&r[0]), r.last().unwrap().as_str()), (1e6, "one-message"));
     assert!((num(&r[5]) - 20.0).abs() < 1e-9, "{r:?}");
     assert!((num(&r[6]) - 50.0).abs() < 1e-9, "{r:?}");
     assert!(text.contains("1000000 bytes within nodes"), "{text}");
     // Two nodes: the same message crosses the inter-node link.
     let text = stdout(&["--program", file, "--nodes", "2", "--inter", "10GB/s,1us"]);
-    assert!(
-        (num(&data_rows(&text)[0][5]) - 101.0).abs() < 1e-9,
-        "{text}"
-    );
+    assert!((num(&data_rows(&text)[0][5]) - 101.0).abs() < 1e-9, "{text}");
     let e = stderr_of_failure(&["all_gather", "--program", file]);
     assert!(e.contains("is a sendrecv program, not all_gather"), "{e}");
     let e = stderr_of_failure(&["--program", file, "--nodes", "3"]);
@@ -194,10 +143,7 @@ fn bad_flags_get_clear_errors() {
     let e = stderr_of_failure(&["all_reduce", "--algo", "ring,bogus"]);
     assert!(e.contains("unknown algorithm") && e.contains("rhd"), "{e}");
     let e = stderr_of_failure(&["all_gather", "--algo", "tree"]);
-    assert!(
-        e.contains("does not implement all_gather") && e.contains("ring"),
-        "{e}"
-    );
+    assert!(e.contains("does not implement all_gather") && e.contains("ring"), "{e}");
     let e = stderr_of_failure(&["allscatter"]);
     assert!(e.contains("unknown collective"), "{e}");
     let e = stderr_of_failure(&["all_reduce", "-b", "1G", "-e", "1K"]);

@@ -8,6 +8,7 @@
 //! into each rank in one round (latency-bound sizes); two-shot moves
 //! `2(n-1)/n · S` like the ring, in two rounds.
 
+use super::copy_nonempty;
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
 
@@ -29,31 +30,13 @@ fn barrier(p: &mut Program, r: usize, n: usize) {
 fn reduce_from_peers(p: &mut Program, r: usize, n: usize, local: Slice, remote: Slice, dst: Slice) {
     let mut acc = local;
     for q in peers(r, n) {
-        p.push(
-            r,
-            0,
-            Step::GetReduce {
-                peer: q,
-                src: remote,
-                acc,
-                dst,
-            },
-        );
+        p.push(r, 0, Step::GetReduce { peer: q, src: remote, acc, dst });
         acc = dst;
     }
 }
 
 fn copy_alone(p: &mut Program, r: usize, len: usize) {
-    if len > 0 {
-        p.push(
-            r,
-            0,
-            Step::Copy {
-                src: Slice::input(0, len),
-                dst: Slice::output(0, len),
-            },
-        );
-    }
+    copy_nonempty(p, r, Slice::input(0, len), Slice::output(0, len));
 }
 
 /// One-shot all-reduce: each rank reduces all inputs itself (into
@@ -68,23 +51,9 @@ pub(crate) fn one_shot(p: &mut Program, c: Collective) {
         }
         p.need_scratch(r, count);
         barrier(p, r, n);
-        reduce_from_peers(
-            p,
-            r,
-            n,
-            Slice::input(0, count),
-            Slice::input(0, count),
-            Slice::scratch(0, count),
-        );
+        reduce_from_peers(p, r, n, Slice::input(0, count), Slice::input(0, count), Slice::scratch(0, count));
         barrier(p, r, n);
-        p.push(
-            r,
-            0,
-            Step::Copy {
-                src: Slice::scratch(0, count),
-                dst: Slice::output(0, count),
-            },
-        );
+        p.push(r, 0, Step::Copy { src: Slice::scratch(0, count), dst: Slice::output(0, count) });
     }
 }
 
@@ -112,15 +81,7 @@ pub(crate) fn two_shot(p: &mut Program, c: Collective) {
         for q in peers(r, n) {
             let theirs = block(q);
             if theirs.len > 0 {
-                p.push(
-                    r,
-                    0,
-                    Step::Get {
-                        peer: q,
-                        src: theirs,
-                        dst: theirs,
-                    },
-                );
+                p.push(r, 0, Step::Get { peer: q, src: theirs, dst: theirs });
             }
         }
         barrier(p, r, n);
@@ -152,28 +113,13 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective) {
         if cnt == 0 {
             continue;
         }
-        p.push(
-            r,
-            0,
-            Step::Copy {
-                src: Slice::input(0, cnt),
-                dst: mine,
-            },
-        );
+        p.push(r, 0, Step::Copy { src: Slice::input(0, cnt), dst: mine });
         if n == 1 {
             continue;
         }
         barrier(p, r, n);
         for q in peers(r, n) {
-            p.push(
-                r,
-                0,
-                Step::Put {
-                    peer: q,
-                    src: Slice::input(0, cnt),
-                    dst: mine,
-                },
-            );
+            p.push(r, 0, Step::Put { peer: q, src: Slice::input(0, cnt), dst: mine });
         }
         barrier(p, r, n);
     }
@@ -189,28 +135,13 @@ pub(crate) fn all_to_all(p: &mut Program, c: Collective) {
         if cnt == 0 {
             continue;
         }
-        p.push(
-            r,
-            0,
-            Step::Copy {
-                src: Slice::input(r * cnt, cnt),
-                dst: Slice::output(r * cnt, cnt),
-            },
-        );
+        p.push(r, 0, Step::Copy { src: Slice::input(r * cnt, cnt), dst: Slice::output(r * cnt, cnt) });
         if n == 1 {
             continue;
         }
         barrier(p, r, n);
         for q in peers(r, n) {
-            p.push(
-                r,
-                0,
-                Step::Get {
-                    peer: q,
-                    src: Slice::input(r * cnt, cnt),
-                    dst: Slice::output(q * cnt, cnt),
-                },
-            );
+            p.push(r, 0, Step::Get { peer: q, src: Slice::input(r * cnt, cnt), dst: Slice::output(q * cnt, cnt) });
         }
         barrier(p, r, n);
     }

@@ -100,10 +100,7 @@ impl Algorithm {
 
     /// The algorithms that implement `kind`.
     pub fn for_kind(kind: CollKind) -> Vec<Algorithm> {
-        Algorithm::ALL
-            .into_iter()
-            .filter(|a| a.supports(kind))
-            .collect()
+        Algorithm::ALL.into_iter().filter(|a| a.supports(kind)).collect()
     }
 }
 
@@ -148,20 +145,22 @@ pub struct BuildOptions {
 
 impl Default for BuildOptions {
     fn default() -> BuildOptions {
-        BuildOptions {
-            chunk_bytes: 2 << 20,
-            max_chunks: 64,
-        }
+        BuildOptions { chunk_bytes: 2 << 20, max_chunks: 64 }
     }
 }
 
 impl BuildOptions {
     /// Into how many pipeline chunks a `len`-element slice is cut.
     pub fn chunking(&self, len: usize, elem_size: usize) -> usize {
-        let by_size = len
-            .saturating_mul(elem_size)
-            .div_ceil(self.chunk_bytes.max(1));
+        let by_size = len.saturating_mul(elem_size).div_ceil(self.chunk_bytes.max(1));
         by_size.clamp(1, self.max_chunks.max(1))
+    }
+}
+
+/// Appends `copy src → dst` to rank `r`'s channel 0, unless it is empty.
+fn copy_nonempty(p: &mut Program, r: usize, src: crate::ir::Slice, dst: crate::ir::Slice) {
+    if src.len > 0 {
+        p.push(r, 0, crate::ir::Step::Copy { src, dst });
     }
 }
 
@@ -177,18 +176,10 @@ pub fn build(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> Result<
 /// [`build`] into an existing program, reusing its allocations (a sweep
 /// over sizes builds programs of millions of steps one after another).
 /// On error the program is left as it was.
-pub fn build_into(
-    algo: Algorithm,
-    coll: &Collective,
-    opts: &BuildOptions,
-    program: &mut Program,
-) -> Result<()> {
+pub fn build_into(algo: Algorithm, coll: &Collective, opts: &BuildOptions, program: &mut Program) -> Result<()> {
     coll.validate()?;
     if !algo.supports(coll.kind) {
-        let have: Vec<&str> = Algorithm::for_kind(coll.kind)
-            .iter()
-            .map(|a| a.name())
-            .collect();
+        let have: Vec<&str> = Algorithm::for_kind(coll.kind).iter().map(|a| a.name()).collect();
         return Err(Error::invalid(format!(
             "algorithm {algo} does not implement {}; {} has: {}",
             coll.kind,

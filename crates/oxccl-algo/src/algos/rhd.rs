@@ -11,40 +11,57 @@
 //! what the ring sends (`2(n-1)/n · S` for all-reduce) in `2·log2 n`
 //! messages instead of `2(n-1)`.
 
+use super::copy_nonempty;
 use crate::collective::{Collective, part};
-use crate::ir::{Program, Slice, Step};
+use crate::ir::{Buf, Program, Slice, Step};
 
-/// `(p, rem)` for `n` ranks.
-fn split(n: usize) -> (usize, usize) {
-    let p = 1 << (usize::BITS - 1 - n.leading_zeros());
-    (p, n - p)
+/// A range `[lo, hi)` of virtual ranks' blocks.
+type Blocks = (usize, usize);
+
+/// The virtual ranks of `n` real ones.
+struct Virtual {
+    /// Largest power of two not above `n`.
+    p: usize,
+    /// Ranks folded into a neighbour.
+    rem: usize,
 }
 
-/// The virtual rank of `r`, `None` for a rank folded into its neighbour.
-fn virt(r: usize, rem: usize) -> Option<usize> {
-    match r {
-        r if r >= 2 * rem => Some(r - rem),
-        r if r % 2 == 1 => Some(r / 2),
-        _ => None,
+impl Virtual {
+    fn new(n: usize) -> Virtual {
+        let p = 1 << (usize::BITS - 1 - n.leading_zeros());
+        Virtual { p, rem: n - p }
+    }
+
+    /// The virtual rank of real rank `r`, `None` for a rank folded into
+    /// its odd neighbour.
+    fn of(&self, r: usize) -> Option<usize> {
+        match r {
+            r if r >= 2 * self.rem => Some(r - self.rem),
+            r if r % 2 == 1 => Some(r / 2),
+            _ => None,
+        }
+    }
+
+    /// The real rank that runs virtual rank `v`.
+    fn real(&self, v: usize) -> usize {
+        if v < self.rem { 2 * v + 1 } else { v + self.rem }
+    }
+
+    /// Whether real rank `r` stands for a folded neighbour too.
+    fn doubled(&self, r: usize) -> bool {
+        r < 2 * self.rem
     }
 }
 
-/// Block ranges `[lo, hi)` of virtual ranks.
-type Blocks = (usize, usize);
-
 /// The halving schedule of virtual rank `v` among `p`: per round, the
-/// partner, the block range kept and the block range sent.
+/// partner, the blocks kept and the blocks given away.
 fn halving(v: usize, p: usize) -> Vec<(usize, Blocks, Blocks)> {
     let (mut lo, mut hi) = (0, p);
     let mut rounds = Vec::new();
     let mut d = p / 2;
     while d > 0 {
         let mid = lo + (hi - lo) / 2;
-        let (keep, give) = if v & d == 0 {
-            ((lo, mid), (mid, hi))
-        } else {
-            ((mid, hi), (lo, mid))
-        };
+        let (keep, give) = if v & d == 0 { ((lo, mid), (mid, hi)) } else { ((mid, hi), (lo, mid)) };
         rounds.push((v ^ d, keep, give));
         (lo, hi) = keep;
         d /= 2;
@@ -58,143 +75,84 @@ fn push_nonempty(p: &mut Program, r: usize, len: usize, step: Step) {
     }
 }
 
+/// Recursive halving for real rank `r` (virtual `v`): partial sums start in
+/// `acc` and land in buffer `dst` at the same offsets; `span` turns blocks
+/// into an element range `(offset, len)`. Returns where the sums are.
+fn halve(
+    p: &mut Program,
+    r: usize,
+    v: usize,
+    vr: &Virtual,
+    span: &dyn Fn(Blocks) -> (usize, usize),
+    mut acc: Slice,
+    dst: Buf,
+) -> Slice {
+    for (partner, keep, give) in halving(v, vr.p) {
+        let ((go, gl), (ko, kl)) = (span(give), span(keep));
+        let peer = vr.real(partner);
+        push_nonempty(p, r, gl, Step::Send { peer, src: acc.sub(go, gl) });
+        push_nonempty(
+            p,
+            r,
+            kl,
+            Step::RecvReduce { peer, src: acc.sub(ko, kl), dst: Slice::new(dst, acc.off + ko, kl) },
+        );
+        acc = Slice::new(dst, acc.off, acc.len);
+    }
+    acc
+}
+
+/// Recursive doubling for real rank `r` (virtual `v`): exchanges ever
+/// larger finished ranges of the output with partners at distance 1, 2, ….
+fn double(p: &mut Program, r: usize, v: usize, vr: &Virtual, span: &dyn Fn(Blocks) -> (usize, usize)) {
+    let mut d = 1;
+    while d < vr.p {
+        let partner = v ^ d;
+        let own = |w: usize| ((w / d) * d, (w / d) * d + d);
+        let ((mo, ml), (po, pl)) = (span(own(v)), span(own(partner)));
+        let peer = vr.real(partner);
+        push_nonempty(p, r, ml, Step::Send { peer, src: Slice::output(mo, ml) });
+        push_nonempty(p, r, pl, Step::Recv { peer, dst: Slice::output(po, pl) });
+        d *= 2;
+    }
+}
+
 /// Rabenseifner all-reduce: the `p` virtual ranks split the count into
 /// `p` balanced blocks.
 pub(crate) fn all_reduce(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
-    let (p2, rem) = split(n);
+    let vr = Virtual::new(n);
     p.reset("rhd", c);
-    let at = |b: usize| part(count, p2, b).0;
-    let span = |(lo, hi): (usize, usize)| (at(lo), at(hi) - at(lo));
+    let at = |b: usize| part(count, vr.p, b).0;
+    let span = |(lo, hi): Blocks| (at(lo), at(hi) - at(lo));
+    let (input, output) = (Slice::input(0, count), Slice::output(0, count));
     for r in 0..n {
         if n == 1 {
-            push_nonempty(
-                p,
-                r,
-                count,
-                Step::Copy {
-                    src: Slice::input(0, count),
-                    dst: Slice::output(0, count),
-                },
-            );
+            copy_nonempty(p, r, input, output);
             continue;
         }
-        let Some(v) = virt(r, rem) else {
-            push_nonempty(
-                p,
-                r,
-                count,
-                Step::Send {
-                    peer: r + 1,
-                    src: Slice::input(0, count),
-                },
-            );
-            push_nonempty(
-                p,
-                r,
-                count,
-                Step::Recv {
-                    peer: r + 1,
-                    dst: Slice::output(0, count),
-                },
-            );
+        let Some(v) = vr.of(r) else {
+            push_nonempty(p, r, count, Step::Send { peer: r + 1, src: input });
+            push_nonempty(p, r, count, Step::Recv { peer: r + 1, dst: output });
             continue;
         };
-        let real = |w: usize| if w < rem { 2 * w + 1 } else { w + rem };
-        let mut acc = Slice::input(0, count);
-        if r < 2 * rem {
-            push_nonempty(
-                p,
-                r,
-                count,
-                Step::RecvReduce {
-                    peer: r - 1,
-                    src: acc,
-                    dst: Slice::output(0, count),
-                },
-            );
-            acc = Slice::output(0, count);
+        let mut acc = input;
+        if vr.doubled(r) {
+            push_nonempty(p, r, count, Step::RecvReduce { peer: r - 1, src: acc, dst: output });
+            acc = output;
         }
-        for (partner, keep, give) in halving(v, p2) {
-            let (go, gl) = span(give);
-            let (ko, kl) = span(keep);
-            let peer = real(partner);
-            push_nonempty(
-                p,
-                r,
-                gl,
-                Step::Send {
-                    peer,
-                    src: acc.sub(go, gl),
-                },
-            );
-            push_nonempty(
-                p,
-                r,
-                kl,
-                Step::RecvReduce {
-                    peer,
-                    src: acc.sub(ko, kl),
-                    dst: Slice::output(ko, kl),
-                },
-            );
-            acc = Slice::output(0, count);
-        }
-        if acc.buf != crate::ir::Buf::Output {
-            // p == 1 cannot happen for n > 1, but keep the output defined.
-            push_nonempty(
-                p,
-                r,
-                count,
-                Step::Copy {
-                    src: acc,
-                    dst: Slice::output(0, count),
-                },
-            );
-        }
-        let mut d = 1;
-        while d < p2 {
-            let partner = v ^ d;
-            let (mo, ml) = span(((v / d) * d, (v / d) * d + d));
-            let (po, pl) = span(((partner / d) * d, (partner / d) * d + d));
-            push_nonempty(
-                p,
-                r,
-                ml,
-                Step::Send {
-                    peer: real(partner),
-                    src: Slice::output(mo, ml),
-                },
-            );
-            push_nonempty(
-                p,
-                r,
-                pl,
-                Step::Recv {
-                    peer: real(partner),
-                    dst: Slice::output(po, pl),
-                },
-            );
-            d *= 2;
-        }
-        if r < 2 * rem {
-            push_nonempty(
-                p,
-                r,
-                count,
-                Step::Send {
-                    peer: r - 1,
-                    src: Slice::output(0, count),
-                },
-            );
+        halve(p, r, v, &vr, &span, acc, Buf::Output);
+        double(p, r, v, &vr, &span);
+        if vr.doubled(r) {
+            push_nonempty(p, r, count, Step::Send { peer: r - 1, src: output });
         }
     }
 }
 
 /// Element offset of virtual rank `v`'s blocks when rank `r` owns block
 /// `r` of `c` elements (a virtual rank with two real ranks owns two).
-fn vstart(v: usize, rem: usize, c: usize) -> usize {
-    if v < rem { 2 * v * c } else { (v + rem) * c }
+fn vstart(v: usize, vr: &Virtual, c: usize) -> usize {
+    if v < vr.rem { 2 * v * c } else { (v + vr.rem) * c }
 }
 
 /// Recursive-halving reduce-scatter; partial sums live in scratch (the
@@ -202,110 +160,31 @@ fn vstart(v: usize, rem: usize, c: usize) -> usize {
 pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
     let total = n * cnt;
-    let (p2, rem) = split(n);
+    let vr = Virtual::new(n);
     p.reset("rhd", c);
-    let span = |(lo, hi): (usize, usize)| {
-        (
-            vstart(lo, rem, cnt),
-            vstart(hi, rem, cnt) - vstart(lo, rem, cnt),
-        )
-    };
+    let span = |(lo, hi): Blocks| (vstart(lo, &vr, cnt), vstart(hi, &vr, cnt) - vstart(lo, &vr, cnt));
+    let own = Slice::output(0, cnt);
     for r in 0..n {
-        let own = Slice::output(0, cnt);
         if n == 1 {
-            push_nonempty(
-                p,
-                r,
-                cnt,
-                Step::Copy {
-                    src: Slice::input(0, cnt),
-                    dst: own,
-                },
-            );
+            copy_nonempty(p, r, Slice::input(0, cnt), own);
             continue;
         }
-        let Some(v) = virt(r, rem) else {
-            push_nonempty(
-                p,
-                r,
-                total,
-                Step::Send {
-                    peer: r + 1,
-                    src: Slice::input(0, total),
-                },
-            );
-            push_nonempty(
-                p,
-                r,
-                cnt,
-                Step::Recv {
-                    peer: r + 1,
-                    dst: own,
-                },
-            );
+        let Some(v) = vr.of(r) else {
+            push_nonempty(p, r, total, Step::Send { peer: r + 1, src: Slice::input(0, total) });
+            push_nonempty(p, r, cnt, Step::Recv { peer: r + 1, dst: own });
             continue;
         };
         p.need_scratch(r, total);
-        let real = |w: usize| if w < rem { 2 * w + 1 } else { w + rem };
         let mut acc = Slice::input(0, total);
-        if r < 2 * rem {
-            push_nonempty(
-                p,
-                r,
-                total,
-                Step::RecvReduce {
-                    peer: r - 1,
-                    src: acc,
-                    dst: Slice::scratch(0, total),
-                },
-            );
+        if vr.doubled(r) {
+            push_nonempty(p, r, total, Step::RecvReduce { peer: r - 1, src: acc, dst: Slice::scratch(0, total) });
             acc = Slice::scratch(0, total);
         }
-        for (partner, keep, give) in halving(v, p2) {
-            let (go, gl) = span(give);
-            let (ko, kl) = span(keep);
-            let peer = real(partner);
-            push_nonempty(
-                p,
-                r,
-                gl,
-                Step::Send {
-                    peer,
-                    src: acc.sub(go, gl),
-                },
-            );
-            push_nonempty(
-                p,
-                r,
-                kl,
-                Step::RecvReduce {
-                    peer,
-                    src: acc.sub(ko, kl),
-                    dst: Slice::scratch(ko, kl),
-                },
-            );
-            acc = Slice::scratch(0, total);
+        let acc = halve(p, r, v, &vr, &span, acc, Buf::Scratch);
+        if vr.doubled(r) {
+            push_nonempty(p, r, cnt, Step::Send { peer: r - 1, src: acc.sub((r - 1) * cnt, cnt) });
         }
-        if r < 2 * rem {
-            push_nonempty(
-                p,
-                r,
-                cnt,
-                Step::Send {
-                    peer: r - 1,
-                    src: acc.sub((r - 1) * cnt, cnt),
-                },
-            );
-        }
-        push_nonempty(
-            p,
-            r,
-            cnt,
-            Step::Copy {
-                src: acc.sub(r * cnt, cnt),
-                dst: own,
-            },
-        );
+        copy_nonempty(p, r, acc.sub(r * cnt, cnt), own);
     }
 }
 
@@ -313,116 +192,29 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
 pub(crate) fn all_gather(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
     let total = n * cnt;
-    let (p2, rem) = split(n);
+    let vr = Virtual::new(n);
     p.reset("rhd", c);
-    let span = |lo: usize, hi: usize| {
-        (
-            vstart(lo, rem, cnt),
-            vstart(hi, rem, cnt) - vstart(lo, rem, cnt),
-        )
-    };
+    let span = |(lo, hi): Blocks| (vstart(lo, &vr, cnt), vstart(hi, &vr, cnt) - vstart(lo, &vr, cnt));
     for r in 0..n {
-        let mine = Slice::output(r * cnt, cnt);
-        push_nonempty(
-            p,
-            r,
-            cnt,
-            Step::Copy {
-                src: Slice::input(0, cnt),
-                dst: mine,
-            },
-        );
-        let Some(v) = virt(r, rem) else {
+        copy_nonempty(p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));
+        let Some(v) = vr.of(r) else {
             if n > 1 {
-                push_nonempty(
-                    p,
-                    r,
-                    cnt,
-                    Step::Send {
-                        peer: r + 1,
-                        src: Slice::input(0, cnt),
-                    },
-                );
-                push_nonempty(
-                    p,
-                    r,
-                    r * cnt,
-                    Step::Recv {
-                        peer: r + 1,
-                        dst: Slice::output(0, r * cnt),
-                    },
-                );
+                push_nonempty(p, r, cnt, Step::Send { peer: r + 1, src: Slice::input(0, cnt) });
+                push_nonempty(p, r, r * cnt, Step::Recv { peer: r + 1, dst: Slice::output(0, r * cnt) });
                 let after = total - (r + 1) * cnt;
-                push_nonempty(
-                    p,
-                    r,
-                    after,
-                    Step::Recv {
-                        peer: r + 1,
-                        dst: Slice::output((r + 1) * cnt, after),
-                    },
-                );
+                push_nonempty(p, r, after, Step::Recv { peer: r + 1, dst: Slice::output((r + 1) * cnt, after) });
             }
             continue;
         };
-        let real = |w: usize| if w < rem { 2 * w + 1 } else { w + rem };
-        if r < 2 * rem {
-            push_nonempty(
-                p,
-                r,
-                cnt,
-                Step::Recv {
-                    peer: r - 1,
-                    dst: Slice::output((r - 1) * cnt, cnt),
-                },
-            );
+        if vr.doubled(r) {
+            push_nonempty(p, r, cnt, Step::Recv { peer: r - 1, dst: Slice::output((r - 1) * cnt, cnt) });
         }
-        let mut d = 1;
-        while d < p2 {
-            let partner = v ^ d;
-            let (mo, ml) = span((v / d) * d, (v / d) * d + d);
-            let (po, pl) = span((partner / d) * d, (partner / d) * d + d);
-            push_nonempty(
-                p,
-                r,
-                ml,
-                Step::Send {
-                    peer: real(partner),
-                    src: Slice::output(mo, ml),
-                },
-            );
-            push_nonempty(
-                p,
-                r,
-                pl,
-                Step::Recv {
-                    peer: real(partner),
-                    dst: Slice::output(po, pl),
-                },
-            );
-            d *= 2;
-        }
-        if r < 2 * rem {
+        double(p, r, v, &vr, &span);
+        if vr.doubled(r) {
             let before = (r - 1) * cnt;
-            push_nonempty(
-                p,
-                r,
-                before,
-                Step::Send {
-                    peer: r - 1,
-                    src: Slice::output(0, before),
-                },
-            );
+            push_nonempty(p, r, before, Step::Send { peer: r - 1, src: Slice::output(0, before) });
             let after = total - r * cnt;
-            push_nonempty(
-                p,
-                r,
-                after,
-                Step::Send {
-                    peer: r - 1,
-                    src: Slice::output(r * cnt, after),
-                },
-            );
+            push_nonempty(p, r, after, Step::Send { peer: r - 1, src: Slice::output(r * cnt, after) });
         }
     }
 }

@@ -8,7 +8,7 @@
 //! `2(n-1)/n · S` when `n` divides the count; reduce-scatter and
 //! all-gather send `(n-1)` blocks.
 
-use super::BuildOptions;
+use super::{BuildOptions, copy_nonempty};
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
 
@@ -32,16 +32,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     for r in 0..n {
         let (next, prev) = ring_next(r, n);
         if n == 1 {
-            if c.count > 0 {
-                p.push(
-                    r,
-                    0,
-                    Step::Copy {
-                        src: Slice::input(0, c.count),
-                        dst: Slice::output(0, c.count),
-                    },
-                );
-            }
+            copy_nonempty(p, r, Slice::input(0, c.count), Slice::output(0, c.count));
             continue;
         }
         for ch in 0..k {
@@ -58,10 +49,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
                 }
             };
             // Reduce-scatter: after step s, rank r has added its part to block r-s.
-            emit(r, &|off, len| Step::Send {
-                peer: next,
-                src: Slice::input(off, len),
-            });
+            emit(r, &|off, len| Step::Send { peer: next, src: Slice::input(off, len) });
             for s in 1..n - 1 {
                 emit(r + n - s, &|off, len| Step::RecvReduceSend {
                     recv: prev,
@@ -83,10 +71,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
                     dst: Slice::output(off, len),
                 });
             }
-            emit(r + 2, &|off, len| Step::Recv {
-                peer: prev,
-                dst: Slice::output(off, len),
-            });
+            emit(r + 2, &|off, len| Step::Recv { peer: prev, dst: Slice::output(off, len) });
         }
     }
 }
@@ -102,44 +87,14 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
         for (off, len) in chunks(cnt, k) {
             let at = |j: usize| Slice::input((j % n) * cnt + off, len);
             if n == 1 {
-                p.push(
-                    r,
-                    0,
-                    Step::Copy {
-                        src: at(0),
-                        dst: Slice::output(off, len),
-                    },
-                );
+                p.push(r, 0, Step::Copy { src: at(0), dst: Slice::output(off, len) });
                 continue;
             }
-            p.push(
-                r,
-                0,
-                Step::Send {
-                    peer: next,
-                    src: at(r + n - 1),
-                },
-            );
+            p.push(r, 0, Step::Send { peer: next, src: at(r + n - 1) });
             for s in 1..n - 1 {
-                p.push(
-                    r,
-                    0,
-                    Step::RecvReduceSend {
-                        recv: prev,
-                        send: next,
-                        src: at(r + 2 * n - 1 - s),
-                    },
-                );
+                p.push(r, 0, Step::RecvReduceSend { recv: prev, send: next, src: at(r + 2 * n - 1 - s) });
             }
-            p.push(
-                r,
-                0,
-                Step::RecvReduce {
-                    peer: prev,
-                    src: at(r),
-                    dst: Slice::output(off, len),
-                },
-            );
+            p.push(r, 0, Step::RecvReduce { peer: prev, src: at(r), dst: Slice::output(off, len) });
         }
     }
 }
@@ -153,44 +108,15 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions) {
         let (next, prev) = ring_next(r, n);
         for (off, len) in chunks(cnt, k) {
             let at = |j: usize| Slice::output((j % n) * cnt + off, len);
-            p.push(
-                r,
-                0,
-                Step::Copy {
-                    src: Slice::input(off, len),
-                    dst: at(r),
-                },
-            );
+            p.push(r, 0, Step::Copy { src: Slice::input(off, len), dst: at(r) });
             if n == 1 {
                 continue;
             }
-            p.push(
-                r,
-                0,
-                Step::Send {
-                    peer: next,
-                    src: Slice::input(off, len),
-                },
-            );
+            p.push(r, 0, Step::Send { peer: next, src: Slice::input(off, len) });
             for s in 1..n - 1 {
-                p.push(
-                    r,
-                    0,
-                    Step::RecvCopySend {
-                        recv: prev,
-                        send: next,
-                        dst: at(r + n - s),
-                    },
-                );
+                p.push(r, 0, Step::RecvCopySend { recv: prev, send: next, dst: at(r + n - s) });
             }
-            p.push(
-                r,
-                0,
-                Step::Recv {
-                    peer: prev,
-                    dst: at(r + 1),
-                },
-            );
+            p.push(r, 0, Step::Recv { peer: prev, dst: at(r + 1) });
         }
     }
 }

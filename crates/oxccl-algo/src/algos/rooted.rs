@@ -1,17 +1,11 @@
 //! Rooted collectives (broadcast, reduce as a pipelined chain or a binary
 //! tree; gather and scatter), pairwise all-to-all and send/recv.
 
-use super::BuildOptions;
 use super::ring::chunks;
 use super::tree::{TreeLinks, broadcast_down, btree, reduce_up};
+use super::{BuildOptions, copy_nonempty};
 use crate::collective::Collective;
 use crate::ir::{Program, Slice, Step};
-
-fn copy(p: &mut Program, r: usize, src: Slice, dst: Slice) {
-    if src.len > 0 {
-        p.push(r, 0, Step::Copy { src, dst });
-    }
-}
 
 /// Pipelined chain broadcast: root → root+1 → … → root-1, chunk by chunk.
 pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
@@ -23,36 +17,14 @@ pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) 
             let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
             let out = Slice::output(off, len);
             if i == 0 {
-                copy(p, r, Slice::input(off, len), out);
+                copy_nonempty(p, r, Slice::input(off, len), out);
                 if n > 1 {
-                    p.push(
-                        r,
-                        0,
-                        Step::Send {
-                            peer: next,
-                            src: Slice::input(off, len),
-                        },
-                    );
+                    p.push(r, 0, Step::Send { peer: next, src: Slice::input(off, len) });
                 }
             } else if i + 1 < n {
-                p.push(
-                    r,
-                    0,
-                    Step::RecvCopySend {
-                        recv: prev,
-                        send: next,
-                        dst: out,
-                    },
-                );
+                p.push(r, 0, Step::RecvCopySend { recv: prev, send: next, dst: out });
             } else {
-                p.push(
-                    r,
-                    0,
-                    Step::Recv {
-                        peer: prev,
-                        dst: out,
-                    },
-                );
+                p.push(r, 0, Step::Recv { peer: prev, dst: out });
             }
         }
     }
@@ -68,24 +40,10 @@ pub(crate) fn chain_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
             let r = (root + 1 + i) % n;
             let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
             let step = match (i, i + 1 == n) {
-                (_, true) if n == 1 => Step::Copy {
-                    src: input,
-                    dst: Slice::output(off, len),
-                },
-                (_, true) => Step::RecvReduce {
-                    peer: prev,
-                    src: input,
-                    dst: Slice::output(off, len),
-                },
-                (0, false) => Step::Send {
-                    peer: next,
-                    src: input,
-                },
-                _ => Step::RecvReduceSend {
-                    recv: prev,
-                    send: next,
-                    src: input,
-                },
+                (_, true) if n == 1 => Step::Copy { src: input, dst: Slice::output(off, len) },
+                (_, true) => Step::RecvReduce { peer: prev, src: input, dst: Slice::output(off, len) },
+                (0, false) => Step::Send { peer: next, src: input },
+                _ => Step::RecvReduceSend { recv: prev, send: next, src: input },
             };
             p.push(r, 0, step);
         }
@@ -97,10 +55,7 @@ pub(crate) fn chain_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
 fn rooted_tree(n: usize, root: usize, r: usize) -> TreeLinks {
     let l = btree(n, (r + n - root) % n);
     let real = |v: usize| (v + root) % n;
-    TreeLinks {
-        parent: l.parent.map(real),
-        children: l.children.into_iter().map(real).collect(),
-    }
+    TreeLinks { parent: l.parent.map(real), children: l.children.into_iter().map(real).collect() }
 }
 
 /// Binary-tree broadcast, pipelined chunk by chunk.
@@ -111,16 +66,9 @@ pub(crate) fn tree_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
         let links = rooted_tree(n, root, r);
         for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
             if r == root {
-                copy(p, r, Slice::input(off, len), Slice::output(off, len));
+                copy_nonempty(p, r, Slice::input(off, len), Slice::output(off, len));
                 for &child in &links.children {
-                    p.push(
-                        r,
-                        0,
-                        Step::Send {
-                            peer: child,
-                            src: Slice::input(off, len),
-                        },
-                    );
+                    p.push(r, 0, Step::Send { peer: child, src: Slice::input(off, len) });
                 }
             } else {
                 broadcast_down(p, r, 0, &links, Slice::output(off, len));
@@ -136,18 +84,14 @@ pub(crate) fn tree_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     for r in 0..n {
         let links = rooted_tree(n, root, r);
         if n == 1 {
-            copy(p, r, Slice::input(0, count), Slice::output(0, count));
+            copy_nonempty(p, r, Slice::input(0, count), Slice::output(0, count));
             continue;
         }
         if r != root && links.children.len() > 1 {
             p.need_scratch(r, count);
         }
         for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
-            let acc = if r == root {
-                Slice::output(off, len)
-            } else {
-                Slice::scratch(off, len)
-            };
+            let acc = if r == root { Slice::output(off, len) } else { Slice::scratch(off, len) };
             reduce_up(p, r, 0, &links, Slice::input(off, len), acc);
         }
     }
@@ -159,24 +103,10 @@ pub(crate) fn send_recv(p: &mut Program, c: Collective) {
     p.reset("direct", c);
     for r in 0..n {
         if n == 1 {
-            copy(p, r, Slice::input(0, count), Slice::output(0, count));
+            copy_nonempty(p, r, Slice::input(0, count), Slice::output(0, count));
         } else if count > 0 {
-            p.push(
-                r,
-                0,
-                Step::Send {
-                    peer: (r + 1) % n,
-                    src: Slice::input(0, count),
-                },
-            );
-            p.push(
-                r,
-                0,
-                Step::Recv {
-                    peer: (r + n - 1) % n,
-                    dst: Slice::output(0, count),
-                },
-            );
+            p.push(r, 0, Step::Send { peer: (r + 1) % n, src: Slice::input(0, count) });
+            p.push(r, 0, Step::Recv { peer: (r + n - 1) % n, dst: Slice::output(0, count) });
         }
     }
 }
@@ -192,30 +122,11 @@ pub(crate) fn pairwise_all_to_all(p: &mut Program, c: Collective) {
         if cnt == 0 {
             continue;
         }
-        copy(
-            p,
-            r,
-            Slice::input(r * cnt, cnt),
-            Slice::output(r * cnt, cnt),
-        );
+        copy_nonempty(p, r, Slice::input(r * cnt, cnt), Slice::output(r * cnt, cnt));
         for k in 1..n {
             let (to, from) = ((r + k) % n, (r + n - k) % n);
-            p.push(
-                r,
-                0,
-                Step::Send {
-                    peer: to,
-                    src: Slice::input(to * cnt, cnt),
-                },
-            );
-            p.push(
-                r,
-                0,
-                Step::Recv {
-                    peer: from,
-                    dst: Slice::output(from * cnt, cnt),
-                },
-            );
+            p.push(r, 0, Step::Send { peer: to, src: Slice::input(to * cnt, cnt) });
+            p.push(r, 0, Step::Recv { peer: from, dst: Slice::output(from * cnt, cnt) });
         }
     }
 }
@@ -229,26 +140,12 @@ pub(crate) fn gather(p: &mut Program, c: Collective) {
     }
     for r in 0..n {
         if r == root {
-            copy(p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));
+            copy_nonempty(p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));
             for q in (1..n).map(|k| (root + k) % n) {
-                p.push(
-                    r,
-                    0,
-                    Step::Recv {
-                        peer: q,
-                        dst: Slice::output(q * cnt, cnt),
-                    },
-                );
+                p.push(r, 0, Step::Recv { peer: q, dst: Slice::output(q * cnt, cnt) });
             }
         } else {
-            p.push(
-                r,
-                0,
-                Step::Send {
-                    peer: root,
-                    src: Slice::input(0, cnt),
-                },
-            );
+            p.push(r, 0, Step::Send { peer: root, src: Slice::input(0, cnt) });
         }
     }
 }
@@ -263,25 +160,11 @@ pub(crate) fn scatter(p: &mut Program, c: Collective) {
     for r in 0..n {
         if r == root {
             for q in (1..n).map(|k| (root + k) % n) {
-                p.push(
-                    r,
-                    0,
-                    Step::Send {
-                        peer: q,
-                        src: Slice::input(q * cnt, cnt),
-                    },
-                );
+                p.push(r, 0, Step::Send { peer: q, src: Slice::input(q * cnt, cnt) });
             }
-            copy(p, r, Slice::input(r * cnt, cnt), Slice::output(0, cnt));
+            copy_nonempty(p, r, Slice::input(r * cnt, cnt), Slice::output(0, cnt));
         } else {
-            p.push(
-                r,
-                0,
-                Step::Recv {
-                    peer: root,
-                    dst: Slice::output(0, cnt),
-                },
-            );
+            p.push(r, 0, Step::Recv { peer: root, dst: Slice::output(0, cnt) });
         }
     }
 }

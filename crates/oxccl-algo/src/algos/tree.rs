@@ -18,8 +18,8 @@
 //! in total, like the ring, but a rank with two children in one tree and a
 //! parent in both sends up to `1.5·S`.
 
-use super::BuildOptions;
 use super::ring::chunks;
+use super::{BuildOptions, copy_nonempty};
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
 
@@ -36,15 +36,8 @@ pub struct TreeLinks {
 pub fn btree(n: usize, r: usize) -> TreeLinks {
     assert!(r < n, "rank {r} out of range for {n} ranks");
     if r == 0 {
-        let children = if n > 1 {
-            vec![1 << (usize::BITS - 1 - (n - 1).leading_zeros())]
-        } else {
-            vec![]
-        };
-        return TreeLinks {
-            parent: None,
-            children,
-        };
+        let children = if n > 1 { vec![1 << (usize::BITS - 1 - (n - 1).leading_zeros())] } else { vec![] };
+        return TreeLinks { parent: None, children };
     }
     let b = 1 << r.trailing_zeros();
     let up = (r ^ b) | (b << 1);
@@ -60,10 +53,7 @@ pub fn btree(n: usize, r: usize) -> TreeLinks {
             children.push(r + low);
         }
     }
-    TreeLinks {
-        parent: Some(parent),
-        children,
-    }
+    TreeLinks { parent: Some(parent), children }
 }
 
 /// Rank `r`'s links in tree `t` (0 or 1) of NCCL's double binary tree.
@@ -77,10 +67,7 @@ pub fn dtree(n: usize, r: usize, t: usize) -> TreeLinks {
     let to = |x: usize| if even { n - 1 - x } else { (x + n - 1) % n };
     let from = |x: usize| if even { n - 1 - x } else { (x + 1) % n };
     let l = btree(n, to(r));
-    TreeLinks {
-        parent: l.parent.map(&from),
-        children: l.children.into_iter().map(&from).collect(),
-    }
+    TreeLinks { parent: l.parent.map(&from), children: l.children.into_iter().map(&from).collect() }
 }
 
 /// Double binary tree all-reduce.
@@ -89,34 +76,16 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     p.reset("tree", c);
     for r in 0..n {
         if n == 1 {
-            if c.count > 0 {
-                p.push(
-                    r,
-                    0,
-                    Step::Copy {
-                        src: Slice::input(0, c.count),
-                        dst: Slice::output(0, c.count),
-                    },
-                );
-            }
+            copy_nonempty(p, r, Slice::input(0, c.count), Slice::output(0, c.count));
             continue;
         }
         for t in 0..2 {
             let (hoff, hlen) = part(c.count, 2, t);
             let links = dtree(n, r, t);
             let k = o.chunking(hlen, c.dtype.size());
-            let pieces: Vec<(usize, usize)> = chunks(hlen, k)
-                .map(|(off, len)| (hoff + off, len))
-                .collect();
+            let pieces: Vec<(usize, usize)> = chunks(hlen, k).map(|(off, len)| (hoff + off, len)).collect();
             for &(off, len) in &pieces {
-                reduce_up(
-                    p,
-                    r,
-                    t,
-                    &links,
-                    Slice::input(off, len),
-                    Slice::output(off, len),
-                );
+                reduce_up(p, r, t, &links, Slice::input(off, len), Slice::output(off, len));
             }
             for &(off, len) in &pieces {
                 broadcast_down(p, r, t, &links, Slice::output(off, len));
@@ -127,50 +96,20 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
 
 /// One chunk's reduction towards the root: `acc` is where a rank with two
 /// children keeps its partial sum (and the root its result).
-pub(super) fn reduce_up(
-    p: &mut Program,
-    r: usize,
-    ch: usize,
-    l: &TreeLinks,
-    input: Slice,
-    acc: Slice,
-) {
+pub(super) fn reduce_up(p: &mut Program, r: usize, ch: usize, l: &TreeLinks, input: Slice, acc: Slice) {
     let mut src = input;
     for (i, &child) in l.children.iter().enumerate() {
         let last = i + 1 == l.children.len();
         match (last, l.parent) {
-            (true, Some(parent)) => p.push(
-                r,
-                ch,
-                Step::RecvReduceSend {
-                    recv: child,
-                    send: parent,
-                    src,
-                },
-            ),
+            (true, Some(parent)) => p.push(r, ch, Step::RecvReduceSend { recv: child, send: parent, src }),
             _ => {
-                p.push(
-                    r,
-                    ch,
-                    Step::RecvReduce {
-                        peer: child,
-                        src,
-                        dst: acc,
-                    },
-                );
+                p.push(r, ch, Step::RecvReduce { peer: child, src, dst: acc });
                 src = acc;
             }
         }
     }
     if let (true, Some(parent)) = (l.children.is_empty(), l.parent) {
-        p.push(
-            r,
-            ch,
-            Step::Send {
-                peer: parent,
-                src: input,
-            },
-        );
+        p.push(r, ch, Step::Send { peer: parent, src: input });
     }
 }
 
@@ -180,29 +119,14 @@ pub(super) fn broadcast_down(p: &mut Program, r: usize, ch: usize, l: &TreeLinks
     if let Some(parent) = l.parent {
         match rest.split_first() {
             Some((&first, tail)) => {
-                p.push(
-                    r,
-                    ch,
-                    Step::RecvCopySend {
-                        recv: parent,
-                        send: first,
-                        dst,
-                    },
-                );
+                p.push(r, ch, Step::RecvCopySend { recv: parent, send: first, dst });
                 rest = tail;
             }
             None => p.push(r, ch, Step::Recv { peer: parent, dst }),
         }
     }
     for &child in rest {
-        p.push(
-            r,
-            ch,
-            Step::Send {
-                peer: child,
-                src: dst,
-            },
-        );
+        p.push(r, ch, Step::Send { peer: child, src: dst });
     }
 }
 
@@ -216,11 +140,7 @@ mod tests {
             let l = dtree(n, r, t);
             assert!(l.children.len() <= 2);
             for &c in &l.children {
-                assert_eq!(
-                    dtree(n, c, t).parent,
-                    Some(r),
-                    "n={n} t={t}: {c}'s parent should be {r}"
-                );
+                assert_eq!(dtree(n, c, t).parent, Some(r), "n={n} t={t}: {c}'s parent should be {r}");
             }
             // Walk to the root: no cycles.
             let (mut x, mut depth) = (r, 0);
@@ -244,22 +164,14 @@ mod tests {
                 assert!(d <= log as usize, "n={n} t={t}: depth {d} > {log}");
             }
         }
-        assert_eq!(
-            btree(6, 4),
-            TreeLinks {
-                parent: Some(0),
-                children: vec![2, 5]
-            }
-        );
+        assert_eq!(btree(6, 4), TreeLinks { parent: Some(0), children: vec![2, 5] });
         assert_eq!(btree(8, 0).children, vec![4]);
     }
 
     #[test]
     fn the_two_trees_have_few_shared_inner_ranks() {
         for n in [8, 16, 17, 64, 255] {
-            let both = (0..n).filter(|&r| {
-                !btree(n, r).children.is_empty() && !dtree(n, r, 1).children.is_empty()
-            });
+            let both = (0..n).filter(|&r| !btree(n, r).children.is_empty() && !dtree(n, r, 1).children.is_empty());
             assert!(both.count() <= 2, "n={n}: inner in both trees");
         }
     }

@@ -41,16 +41,7 @@ pub(super) enum Op {
     Get = 5,
 }
 
-const OPS: [Op; 8] = [
-    Op::Local,
-    Op::Recv,
-    Op::RecvSend,
-    Op::Send,
-    Op::Put,
-    Op::Get,
-    Op::Local,
-    Op::Local,
-];
+const OPS: [Op; 8] = [Op::Local, Op::Recv, Op::RecvSend, Op::Send, Op::Put, Op::Get, Op::Local, Op::Local];
 
 /// Connection kinds in the per-process lookup tables.
 const MSG: usize = 0;
@@ -152,13 +143,9 @@ pub(super) fn decode(step: &Step) -> Decoded {
         Step::Send { peer, src } => (None, (MSG, peer, src.len), 0, 0),
         Step::Recv { peer, .. } => (Some((peer, 0)), NO, 0, 0),
         Step::RecvReduce { peer, dst, .. } => (Some((peer, 0)), NO, dst.len, 0),
-        Step::RecvReduceSend { recv, send, src } => {
-            (Some((recv, 0)), (MSG, send, src.len), src.len, 0)
-        }
+        Step::RecvReduceSend { recv, send, src } => (Some((recv, 0)), (MSG, send, src.len), src.len, 0),
         Step::RecvCopySend { recv, send, dst } => (Some((recv, 0)), (MSG, send, dst.len), 0, 0),
-        Step::RecvReduceCopySend {
-            recv, send, dst, ..
-        } => (Some((recv, 0)), (MSG, send, dst.len), dst.len, 0),
+        Step::RecvReduceCopySend { recv, send, dst, .. } => (Some((recv, 0)), (MSG, send, dst.len), dst.len, 0),
         Step::Copy { src, .. } => (None, NO, 0, src.len),
         Step::Reduce { ref srcs, dst } => (None, NO, dst.len * srcs.len().saturating_sub(1), 0),
         Step::Put { peer, src, .. } => (None, (PUT, peer, src.len), 0, 0),
@@ -183,8 +170,7 @@ impl Compiled {
     /// Compiles `program` for `topo` into `self`, reusing its buffers.
     pub fn load(&mut self, program: &Program, topo: &Topology) -> Result<()> {
         let n = program.ranks.len();
-        let too_big =
-            || Error::invalid(format!("program {:?} is too big to simulate", program.name));
+        let too_big = || Error::invalid(format!("program {:?} is too big to simulate", program.name));
         self.rank.clear();
         self.chan.clear();
         self.len.clear();
@@ -194,8 +180,7 @@ impl Compiled {
             for (ch, steps) in rp.channels.iter().enumerate() {
                 self.rank.push(r as u32);
                 self.chan.push(ch as u32);
-                self.len
-                    .push(u32::try_from(steps.len()).map_err(|_| too_big())?);
+                self.len.push(u32::try_from(steps.len()).map_err(|_| too_big())?);
             }
         }
         self.rank_proc.push(self.rank.len());
@@ -204,8 +189,7 @@ impl Compiled {
         self.tile_base.push(0);
         for tile in self.len.chunks(TILE) {
             let longest = tile.iter().copied().max().unwrap_or(0) as usize;
-            self.tile_base
-                .push(self.tile_base.last().copied().unwrap_or(0) + longest * TILE);
+            self.tile_base.push(self.tile_base.last().copied().unwrap_or(0) + longest * TILE);
         }
         let total = self.tile_base.last().copied().unwrap_or(0);
         if total >= ID_MASK as usize || np >= ID_MASK as usize {
@@ -267,13 +251,7 @@ impl Compiled {
                             self.in_table[at] = self.ins.len() as u32;
                             self.touched[k].push(n * KINDS + key);
                             let p = (first + k) as u32;
-                            let slot = InSlot {
-                                proc: p,
-                                peer: q as u32,
-                                kind: qk as u32,
-                                first: i as u32,
-                                count: 0,
-                            };
+                            let slot = InSlot { proc: p, peer: q as u32, kind: qk as u32, first: i as u32, count: 0 };
                             self.ins.push(slot);
                         }
                         recv = self.in_table[at];
@@ -293,11 +271,7 @@ impl Compiled {
                         } else {
                             self.intra_bytes += bytes;
                         }
-                        dur = if bytes == 0 {
-                            0.0
-                        } else {
-                            bytes as f64 / conn.bw
-                        };
+                        dur = if bytes == 0 { 0.0 } else { bytes as f64 / conn.bw };
                         op = match kind {
                             PUT => Op::Put,
                             GET => Op::Get,
@@ -314,11 +288,7 @@ impl Compiled {
                     if (d, w) != (last.0, last.1) {
                         last = (d, w, self.intern(dur, work));
                     }
-                    self.steps.push(CStep {
-                        a: (op as u32) << OP_SHIFT | recv,
-                        send,
-                        cost: last.2,
-                    });
+                    self.steps.push(CStep { a: (op as u32) << OP_SHIFT | recv, send, cost: last.2 });
                 }
                 if self.ins.len() >= ID_MASK as usize || self.conns.len() >= NONE as usize {
                     return Err(too_big());
@@ -344,13 +314,7 @@ impl Compiled {
             let (f, t) = (topo.node_of(from), topo.node_of(to));
             let (tx, rx) = if f != t { (n + f, n + t) } else { (from, to) };
             let link = topo.link(from, to);
-            let info = ConnInfo {
-                lat: link.lat,
-                bw: link.bw,
-                tx: tx as u32,
-                rx: rx as u32,
-                inter: f != t,
-            };
+            let info = ConnInfo { lat: link.lat, bw: link.bw, tx: tx as u32, rx: rx as u32, inter: f != t };
             self.conns.push(info);
             self.sent.push(0);
         }
@@ -369,8 +333,7 @@ impl Compiled {
             }
             let at = k * n * KINDS + key;
             if key % KINDS <= SIG {
-                self.out_keys
-                    .push(((key / KINDS * 2 + key % KINDS) as u32, self.out_table[at]));
+                self.out_keys.push(((key / KINDS * 2 + key % KINDS) as u32, self.out_table[at]));
             }
             self.out_table[at] = NONE;
         }
@@ -400,27 +363,17 @@ impl Compiled {
         self.in_conn.clear();
         for s in &self.ins {
             let p = s.proc as usize;
-            let (r, ch, q) = (
-                self.rank[p] as usize,
-                self.chan[p] as usize,
-                s.peer as usize,
-            );
+            let (r, ch, q) = (self.rank[p] as usize, self.chan[p] as usize, s.peer as usize);
             let qp = self.rank_proc[q] + ch;
             let key = (r * 2) as u32 + s.kind;
             let found = if qp < self.rank_proc[q + 1] {
                 let keys = &self.out_keys[self.out_start[qp]..self.out_start[qp + 1]];
-                keys.binary_search_by_key(&key, |&(k, _)| k)
-                    .ok()
-                    .map(|j| keys[j].1)
+                keys.binary_search_by_key(&key, |&(k, _)| k).ok().map(|j| keys[j].1)
             } else {
                 None
             };
             let Some(id) = found else {
-                let what = if s.kind == 0 {
-                    "sends nothing"
-                } else {
-                    "never signals"
-                };
+                let what = if s.kind == 0 { "sends nothing" } else { "never signals" };
                 return Err(Error::program(format!(
                     "rank {r} channel {ch} step {} ({}) can never complete: rank {q} {what} to rank {r} on channel {ch}",
                     s.first, program.ranks[r].channels[ch][s.first as usize]
@@ -431,22 +384,11 @@ impl Compiled {
         }
         for (id, (&s, &r)) in self.sent.iter().zip(&recvd).enumerate() {
             if s != r {
-                let j = self
-                    .out_keys
-                    .iter()
-                    .position(|&(_, c)| c as usize == id)
-                    .unwrap_or(0);
-                let p = self
-                    .out_start
-                    .partition_point(|&x| x <= j)
-                    .saturating_sub(1);
+                let j = self.out_keys.iter().position(|&(_, c)| c as usize == id).unwrap_or(0);
+                let p = self.out_start.partition_point(|&x| x <= j).saturating_sub(1);
                 let key = self.out_keys.get(j).map_or(0, |k| k.0 as usize);
                 let (from, to, ch) = (self.rank[p], key / 2, self.chan[p]);
-                let (verb, noun) = if key % 2 == 0 {
-                    ("sends", "messages")
-                } else {
-                    ("signals", "signals")
-                };
+                let (verb, noun) = if key % 2 == 0 { ("sends", "messages") } else { ("signals", "signals") };
                 return Err(Error::program(format!(
                     "rank {from} {verb} {s} {noun} to rank {to} on channel {ch}, but rank {to} receives {r} of them"
                 )));

@@ -16,22 +16,8 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 fn send(p: &mut Program, from: usize, to: usize, ch: usize, elems: usize) {
-    p.push(
-        from,
-        ch,
-        Step::Send {
-            peer: to,
-            src: Slice::input(0, elems),
-        },
-    );
-    p.push(
-        to,
-        ch,
-        Step::Recv {
-            peer: from,
-            dst: Slice::output(0, elems),
-        },
-    );
+    p.push(from, ch, Step::Send { peer: to, src: Slice::input(0, elems) });
+    p.push(to, ch, Step::Recv { peer: from, dst: Slice::output(0, elems) });
 }
 
 #[test]
@@ -41,10 +27,7 @@ fn one_message_costs_alpha_plus_beta() {
     let r = simulate(&p, &Topology::single_node(2, L)).unwrap();
     assert!(close(r.time, 1e-6 + 4000e-9), "{}", r.time);
     assert!(close(r.rank_finish[0], 4000e-9) && close(r.rank_finish[1], r.time));
-    assert_eq!(
-        (r.intra_bytes, r.inter_bytes, r.messages, r.steps),
-        (4000, 0, 1, 2)
-    );
+    assert_eq!((r.intra_bytes, r.inter_bytes, r.messages, r.steps), (4000, 0, 1, 2));
 }
 
 #[test]
@@ -84,42 +67,11 @@ fn channels_of_a_rank_share_its_ports() {
 #[test]
 fn reductions_and_copies_cost_gamma() {
     let mut p = prog(2);
-    p.push(
-        0,
-        0,
-        Step::Send {
-            peer: 1,
-            src: Slice::input(0, 1000),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::RecvReduce {
-            peer: 0,
-            src: Slice::input(0, 1000),
-            dst: Slice::output(0, 1000),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Reduce {
-            srcs: vec![Slice::output(0, 1000); 3],
-            dst: Slice::output(0, 1000),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Copy {
-            src: Slice::output(0, 1000),
-            dst: Slice::scratch(0, 1000),
-        },
-    );
-    let topo = Topology::single_node(2, L)
-        .with_reduce_bw(2e9)
-        .with_copy_bw(4e9);
+    p.push(0, 0, Step::Send { peer: 1, src: Slice::input(0, 1000) });
+    p.push(1, 0, Step::RecvReduce { peer: 0, src: Slice::input(0, 1000), dst: Slice::output(0, 1000) });
+    p.push(1, 0, Step::Reduce { srcs: vec![Slice::output(0, 1000); 3], dst: Slice::output(0, 1000) });
+    p.push(1, 0, Step::Copy { src: Slice::output(0, 1000), dst: Slice::scratch(0, 1000) });
+    let topo = Topology::single_node(2, L).with_reduce_bw(2e9).with_copy_bw(4e9);
     let r = simulate(&p, &topo).unwrap();
     let want = 1e-6 + 4000e-9 + 4000.0 / 2e9 + 2.0 * 4000.0 / 2e9 + 4000.0 / 4e9;
     assert!(close(r.time, want), "{} vs {want}", r.time);
@@ -146,38 +98,14 @@ fn one_sided_reads_overlap_and_signals_follow_them() {
     p.push(0, 0, Step::Signal { peer: 1 });
     p.push(1, 0, Step::Wait { peer: 0 });
     let r = simulate(&p, &Topology::single_node(4, L)).unwrap();
-    assert!(
-        close(r.rank_finish[0], 1e-6 + 3.0 * 4000e-9),
-        "{}",
-        r.rank_finish[0]
-    );
-    assert!(
-        close(r.rank_finish[1], 2e-6 + 3.0 * 4000e-9),
-        "{}",
-        r.rank_finish[1]
-    );
+    assert!(close(r.rank_finish[0], 1e-6 + 3.0 * 4000e-9), "{}", r.rank_finish[0]);
+    assert!(close(r.rank_finish[1], 2e-6 + 3.0 * 4000e-9), "{}", r.rank_finish[1]);
     assert_eq!((r.intra_bytes, r.messages), (12000, 1));
     // A put holds the writer's send port; the writer moves on when the
     // bytes have left, and finishes when they have arrived.
     let mut p = prog(2);
-    p.push(
-        0,
-        0,
-        Step::Put {
-            peer: 1,
-            src: Slice::input(0, 1000),
-            dst: Slice::output(0, 1000),
-        },
-    );
-    p.push(
-        0,
-        0,
-        Step::Put {
-            peer: 1,
-            src: Slice::input(0, 1000),
-            dst: Slice::output(0, 1000),
-        },
-    );
+    p.push(0, 0, Step::Put { peer: 1, src: Slice::input(0, 1000), dst: Slice::output(0, 1000) });
+    p.push(0, 0, Step::Put { peer: 1, src: Slice::input(0, 1000), dst: Slice::output(0, 1000) });
     let r = simulate(&p, &Topology::single_node(2, L)).unwrap();
     assert!(close(r.time, 1e-6 + 8000e-9), "{}", r.time);
 }
@@ -185,120 +113,36 @@ fn one_sided_reads_overlap_and_signals_follow_them() {
 #[test]
 fn deadlocks_name_the_blocked_steps() {
     let mut p = prog(2);
-    p.push(
-        0,
-        0,
-        Step::Recv {
-            peer: 1,
-            dst: Slice::output(0, 10),
-        },
-    );
-    p.push(
-        0,
-        0,
-        Step::Send {
-            peer: 1,
-            src: Slice::input(0, 10),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Recv {
-            peer: 0,
-            dst: Slice::output(0, 10),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Send {
-            peer: 0,
-            src: Slice::input(0, 10),
-        },
-    );
-    let e = simulate(&p, &Topology::single_node(2, L))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("deadlocks") && e.contains("rank 0 channel 0 step 0") && e.contains("rank 1"),
-        "{e}"
-    );
+    p.push(0, 0, Step::Recv { peer: 1, dst: Slice::output(0, 10) });
+    p.push(0, 0, Step::Send { peer: 1, src: Slice::input(0, 10) });
+    p.push(1, 0, Step::Recv { peer: 0, dst: Slice::output(0, 10) });
+    p.push(1, 0, Step::Send { peer: 0, src: Slice::input(0, 10) });
+    let e = simulate(&p, &Topology::single_node(2, L)).unwrap_err().to_string();
+    assert!(e.contains("deadlocks") && e.contains("rank 0 channel 0 step 0") && e.contains("rank 1"), "{e}");
     assert!(e.contains("recv output[0..10] from 1"), "{e}");
 }
 
 #[test]
 fn unpaired_messages_are_errors() {
     let mut p = prog(3);
-    p.push(
-        0,
-        0,
-        Step::Send {
-            peer: 1,
-            src: Slice::input(0, 10),
-        },
-    );
-    p.push(
-        0,
-        0,
-        Step::Send {
-            peer: 1,
-            src: Slice::input(0, 10),
-        },
-    );
-    p.push(
-        1,
-        0,
-        Step::Recv {
-            peer: 0,
-            dst: Slice::output(0, 10),
-        },
-    );
-    let e = simulate(&p, &Topology::single_node(3, L))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("rank 0 sends 2 messages to rank 1 on channel 0, but rank 1 receives 1"),
-        "{e}"
-    );
+    p.push(0, 0, Step::Send { peer: 1, src: Slice::input(0, 10) });
+    p.push(0, 0, Step::Send { peer: 1, src: Slice::input(0, 10) });
+    p.push(1, 0, Step::Recv { peer: 0, dst: Slice::output(0, 10) });
+    let e = simulate(&p, &Topology::single_node(3, L)).unwrap_err().to_string();
+    assert!(e.contains("rank 0 sends 2 messages to rank 1 on channel 0, but rank 1 receives 1"), "{e}");
     let mut p = prog(3);
-    p.push(
-        2,
-        0,
-        Step::Recv {
-            peer: 0,
-            dst: Slice::output(0, 10),
-        },
-    );
-    let e = simulate(&p, &Topology::single_node(3, L))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("rank 2 channel 0 step 0") && e.contains("rank 0 sends nothing"),
-        "{e}"
-    );
+    p.push(2, 0, Step::Recv { peer: 0, dst: Slice::output(0, 10) });
+    let e = simulate(&p, &Topology::single_node(3, L)).unwrap_err().to_string();
+    assert!(e.contains("rank 2 channel 0 step 0") && e.contains("rank 0 sends nothing"), "{e}");
     let mut p = prog(3);
     p.push(2, 1, Step::Wait { peer: 0 });
-    let e = simulate(&p, &Topology::single_node(3, L))
-        .unwrap_err()
-        .to_string();
+    let e = simulate(&p, &Topology::single_node(3, L)).unwrap_err().to_string();
     assert!(e.contains("never signals"), "{e}");
     let mut p = prog(3);
-    p.push(
-        1,
-        0,
-        Step::Send {
-            peer: 7,
-            src: Slice::input(0, 10),
-        },
-    );
-    let e = simulate(&p, &Topology::single_node(3, L))
-        .unwrap_err()
-        .to_string();
+    p.push(1, 0, Step::Send { peer: 7, src: Slice::input(0, 10) });
+    let e = simulate(&p, &Topology::single_node(3, L)).unwrap_err().to_string();
     assert!(e.contains("peer 7 is out of range"), "{e}");
-    let e = simulate(&prog(3), &Topology::single_node(4, L))
-        .unwrap_err()
-        .to_string();
+    let e = simulate(&prog(3), &Topology::single_node(4, L)).unwrap_err().to_string();
     assert!(e.contains("3 ranks but the topology has 4"), "{e}");
 }
 
@@ -320,10 +164,7 @@ fn hand_written_json_is_priced() {
     let r = simulate(&p, &Topology::one_rank_per_node(2, L)).unwrap();
     // Rank 1 sends only after its receive: two messages back to back.
     let m = 2048e-9 + 1e-6;
-    assert!(
-        close(r.rank_finish[0], 2.0 * m) && close(r.rank_finish[1], m + 2048e-9),
-        "{r:?}"
-    );
+    assert!(close(r.rank_finish[0], 2.0 * m) && close(r.rank_finish[1], m + 2048e-9), "{r:?}");
     assert_eq!((r.inter_bytes, r.intra_bytes), (4096, 0));
     assert_eq!(simulate(&p, &Topology::one_rank_per_node(2, L)).unwrap(), r);
 }
@@ -335,65 +176,23 @@ fn decoding_agrees_with_the_ir() {
     let steps = [
         Step::Send { peer: 1, src: s },
         Step::Recv { peer: 1, dst: d },
-        Step::RecvReduce {
-            peer: 1,
-            src: s,
-            dst: d,
-        },
-        Step::RecvReduceSend {
-            recv: 1,
-            send: 2,
-            src: s,
-        },
-        Step::RecvCopySend {
-            recv: 1,
-            send: 2,
-            dst: d,
-        },
-        Step::RecvReduceCopySend {
-            recv: 1,
-            send: 2,
-            src: s,
-            dst: d,
-        },
+        Step::RecvReduce { peer: 1, src: s, dst: d },
+        Step::RecvReduceSend { recv: 1, send: 2, src: s },
+        Step::RecvCopySend { recv: 1, send: 2, dst: d },
+        Step::RecvReduceCopySend { recv: 1, send: 2, src: s, dst: d },
         Step::Copy { src: s, dst: d },
-        Step::Reduce {
-            srcs: vec![s, d, d],
-            dst: d,
-        },
-        Step::Put {
-            peer: 1,
-            src: s,
-            dst: d,
-        },
-        Step::Get {
-            peer: 1,
-            src: s,
-            dst: d,
-        },
-        Step::GetReduce {
-            peer: 1,
-            src: s,
-            acc: d,
-            dst: d,
-        },
+        Step::Reduce { srcs: vec![s, d, d], dst: d },
+        Step::Put { peer: 1, src: s, dst: d },
+        Step::Get { peer: 1, src: s, dst: d },
+        Step::GetReduce { peer: 1, src: s, acc: d, dst: d },
         Step::Signal { peer: 1 },
         Step::Wait { peer: 1 },
     ];
     for step in &steps {
         let (recv, (_, peer, elems), reduce, _) = compile::decode(step);
-        assert_eq!(
-            recv.map(|(q, _)| q),
-            step.recv_peer()
-                .or(matches!(step, Step::Wait { .. }).then_some(1))
-        );
-        if step.send_peer().is_some() || (step.is_one_sided() && !matches!(step, Step::Wait { .. }))
-        {
-            assert_eq!(
-                peer,
-                step.send_peer().or(step.one_sided_peer()).unwrap(),
-                "{step}"
-            );
+        assert_eq!(recv.map(|(q, _)| q), step.recv_peer().or(matches!(step, Step::Wait { .. }).then_some(1)));
+        if step.send_peer().is_some() || (step.is_one_sided() && !matches!(step, Step::Wait { .. })) {
+            assert_eq!(peer, step.send_peer().or(step.one_sided_peer()).unwrap(), "{step}");
             assert_eq!(elems, step.wire_elems(), "{step}");
         }
         assert_eq!(reduce, step.reduce_elems(), "{step}");
@@ -405,35 +204,14 @@ fn a_reused_simulator_gives_the_same_reports() {
     use crate::algos::{Algorithm, BuildOptions, build};
     let topo = Topology::new(3, 4, L, Link::new(2e8, 5e-6));
     let mut sim = Simulator::new();
-    for algo in [
-        Algorithm::Tree,
-        Algorithm::Ring,
-        Algorithm::Rhd,
-        Algorithm::OneShot,
-        Algorithm::Tree,
-    ] {
+    for algo in [Algorithm::Tree, Algorithm::Ring, Algorithm::Rhd, Algorithm::OneShot, Algorithm::Tree] {
         let c = Collective::new(CollKind::AllReduce, 12, 10_000);
-        let p = build(
-            algo,
-            &c,
-            &BuildOptions {
-                chunk_bytes: 300 * 4,
-                max_chunks: 16,
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            sim.simulate(&p, &topo).unwrap(),
-            simulate(&p, &topo).unwrap(),
-            "{algo}"
-        );
+        let p = build(algo, &c, &BuildOptions { chunk_bytes: 300 * 4, max_chunks: 16 }).unwrap();
+        assert_eq!(sim.simulate(&p, &topo).unwrap(), simulate(&p, &topo).unwrap(), "{algo}");
     }
     // An error leaves the simulator usable.
     assert!(sim.simulate(&prog(5), &topo).is_err());
     let mut p = prog(12);
     send(&mut p, 0, 11, 0, 1000);
-    assert!(close(
-        sim.simulate(&p, &topo).unwrap().time,
-        5e-6 + 4000.0 / 2e8
-    ));
+    assert!(close(sim.simulate(&p, &topo).unwrap().time, 5e-6 + 4000.0 / 2e8));
 }

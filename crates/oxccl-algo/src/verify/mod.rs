@@ -43,10 +43,7 @@ pub struct VerifyOptions {
 
 impl Default for VerifyOptions {
     fn default() -> VerifyOptions {
-        VerifyOptions {
-            slots: 1,
-            in_place: false,
-        }
+        VerifyOptions { slots: 1, in_place: false }
     }
 }
 
@@ -81,18 +78,8 @@ impl Report {
 pub fn verify(program: &Program) -> Result<Report> {
     let report = verify_with(program, &VerifyOptions::default())?;
     if program.in_place {
-        verify_with(
-            program,
-            &VerifyOptions {
-                in_place: true,
-                ..VerifyOptions::default()
-            },
-        )
-        .map_err(|e| {
-            oxccl_core::Error::program(format!(
-                "{e} (in place; the program claims in-place safety)"
-            ))
-        })?;
+        verify_with(program, &VerifyOptions { in_place: true, ..VerifyOptions::default() })
+            .map_err(|e| oxccl_core::Error::program(format!("{e} (in place; the program claims in-place safety)")))?;
     }
     Ok(report)
 }

@@ -68,33 +68,16 @@ impl Clocks {
             .enumerate()
             .map(|(r, l)| {
                 l.map(|len| {
-                    let entry = Rec {
-                        write: true,
-                        proc: real + r,
-                        epoch: 1,
-                        pc: usize::MAX,
-                    };
+                    let entry = Rec { write: true, proc: real + r, epoch: 1, pc: usize::MAX };
                     let mut m = BTreeMap::new();
                     if len > 0 {
-                        m.insert(
-                            0,
-                            Shadow {
-                                len,
-                                write: entry,
-                                reads: Vec::new(),
-                            },
-                        );
+                        m.insert(0, Shadow { len, write: entry, reads: Vec::new() });
                     }
                     m
                 })
             })
             .collect();
-        Clocks {
-            snap: vec![None; vc.len()],
-            vc,
-            first_proc,
-            shadow,
-        }
+        Clocks { snap: vec![None; vc.len()], vc, first_proc, shadow }
     }
 
     /// The rank entry pseudo-process `proc` stands for, if it is one.
@@ -151,9 +134,7 @@ impl Clocks {
         let ordered = |r: &Rec| r.proc == p || clock[r.proc] >= r.epoch;
         for (&s, sh) in map.range(start..end) {
             let clash = if write {
-                std::iter::once(&sh.write)
-                    .chain(&sh.reads)
-                    .find(|r| !ordered(r))
+                std::iter::once(&sh.write).chain(&sh.reads).find(|r| !ordered(r))
             } else {
                 Some(&sh.write).filter(|r| !ordered(r))
             };
@@ -161,12 +142,7 @@ impl Clocks {
                 return Err((*r, s, s + sh.len));
             }
         }
-        let me = Rec {
-            write,
-            proc: p,
-            epoch: clock[p],
-            pc,
-        };
+        let me = Rec { write, proc: p, epoch: clock[p], pc };
         self.snap[p] = None;
         for sh in map.range_mut(start..end).map(|(_, sh)| sh) {
             if write {
@@ -194,14 +170,10 @@ impl Clocks {
                 *a = (*a).max(*b);
             }
         }
-        let foreign =
-            |r: &Rec| r.pc != usize::MAX && !(lo..hi).contains(&r.proc) && end[r.proc] < r.epoch;
+        let foreign = |r: &Rec| r.pc != usize::MAX && !(lo..hi).contains(&r.proc) && end[r.proc] < r.epoch;
         self.shadow[rank].iter().enumerate().find_map(|(buf, map)| {
             map.iter().find_map(|(&s, sh)| {
-                std::iter::once(&sh.write)
-                    .chain(&sh.reads)
-                    .find(|r| foreign(r))
-                    .map(|r| (buf, *r, s, s + sh.len))
+                std::iter::once(&sh.write).chain(&sh.reads).find(|r| foreign(r)).map(|r| (buf, *r, s, s + sh.len))
             })
         })
     }

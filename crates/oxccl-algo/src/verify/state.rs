@@ -87,8 +87,7 @@ pub(crate) struct Machine<'a> {
 impl<'a> Machine<'a> {
     pub(crate) fn new(p: &'a Program, opts: &VerifyOptions) -> Result<Machine<'a>> {
         let coll = p.collective;
-        coll.validate()
-            .map_err(|e| Error::program(format!("{}: {e}", p.name)))?;
+        coll.validate().map_err(|e| Error::program(format!("{}: {e}", p.name)))?;
         let n = coll.nranks;
         if p.ranks.len() != n {
             return Err(Error::program(format!(
@@ -107,28 +106,13 @@ impl<'a> Machine<'a> {
             let (i, o) = (coll.input_len(r), coll.output_len(r));
             let l = if opts.in_place {
                 let ip = coll.in_place_layout(r);
-                Layout {
-                    lens: [ip.len, 0, rp.scratch],
-                    aliased: Some((ip.input_at, ip.output_at)),
-                }
+                Layout { lens: [ip.len, 0, rp.scratch], aliased: Some((ip.input_at, ip.output_at)) }
             } else {
-                Layout {
-                    lens: [i, o, rp.scratch],
-                    aliased: None,
-                }
+                Layout { lens: [i, o, rp.scratch], aliased: None }
             };
             let mut b = l.lens.map(SymBuf::undef);
             let (pb, off) = l.phys(&Slice::input(0, i));
-            b[pb].write(
-                off,
-                &[Piece {
-                    len: i,
-                    val: Val::Sym {
-                        ranks: Rc::new(Ranks::single(r)),
-                        base: 0,
-                    },
-                }],
-            );
+            b[pb].write(off, &[Piece { len: i, val: Val::Sym { ranks: Rc::new(Ranks::single(r)), base: 0 } }]);
             layout.push(l);
             bufs.push(b);
             procs.extend((0..rp.channels.len()).map(|c| (r, c)));
@@ -167,10 +151,7 @@ impl<'a> Machine<'a> {
                             Step::Signal { peer } => Some(*peer),
                             _ => step.send_peer(),
                         };
-                        [
-                            inbound.map_or(usize::MAX, |q| id((q, r, c))),
-                            outbound.map_or(usize::MAX, |q| id((r, q, c))),
-                        ]
+                        [inbound.map_or(usize::MAX, |q| id((q, r, c))), outbound.map_or(usize::MAX, |q| id((r, q, c)))]
                     })
                     .collect()
             })
@@ -221,12 +202,7 @@ impl<'a> Machine<'a> {
     }
 
     fn fail(&self, pi: usize, what: impl AsRef<str>) -> Error {
-        Error::program(format!(
-            "{}: {}: {}",
-            self.p.name,
-            self.here(pi),
-            what.as_ref()
-        ))
+        Error::program(format!("{}: {}: {}", self.p.name, self.here(pi), what.as_ref()))
     }
 
     /// Peers, bounds and operand lengths, before anything runs.
@@ -235,34 +211,26 @@ impl<'a> Machine<'a> {
         for (r, rp) in self.p.ranks.iter().enumerate() {
             for (c, chan) in rp.channels.iter().enumerate() {
                 for (s, step) in chan.iter().enumerate() {
-                    let bad = |what: String| {
-                        Error::program(format!("{}: {}: {what}", self.p.name, self.at(r, c, s)))
-                    };
+                    let bad = |what: String| Error::program(format!("{}: {}: {what}", self.p.name, self.at(r, c, s)));
                     let peers = [step.recv_peer(), step.send_peer(), step.one_sided_peer()];
                     for peer in peers.into_iter().flatten() {
                         if peer >= n {
                             return Err(bad(format!("peer {peer} is out of range for {n} ranks")));
                         }
                         if peer == r {
-                            return Err(bad(
-                                "names the rank itself as its peer (use copy for local data)"
-                                    .into(),
-                            ));
+                            return Err(bad("names the rank itself as its peer (use copy for local data)".into()));
                         }
                     }
                     let remote = step.one_sided_peer();
                     if let Some(dst) = destination(step).filter(|d| d.buf == Buf::Input) {
-                        return Err(bad(format!(
-                            "writes {dst}: the input buffer is the caller's and read-only"
-                        )));
+                        return Err(bad(format!("writes {dst}: the input buffer is the caller's and read-only")));
                     }
                     let (local, far, lens) = operands(step);
                     for sl in local {
                         self.check_bounds(r, sl).map_err(&bad)?;
                     }
                     if let (Some(peer), Some(sl)) = (remote, far) {
-                        self.check_bounds(peer, sl)
-                            .map_err(|e| bad(format!("rank {peer}'s {e}")))?;
+                        self.check_bounds(peer, sl).map_err(|e| bad(format!("rank {peer}'s {e}")))?;
                     }
                     if let Some(first) = lens.first()
                         && lens.iter().any(|l| l != first)
@@ -283,10 +251,7 @@ impl<'a> Machine<'a> {
     fn check_bounds(&self, rank: usize, s: &Slice) -> std::result::Result<(), String> {
         let len = self.layout[rank].logical_len(&self.coll, rank, s.buf);
         if s.end() > len {
-            return Err(format!(
-                "{s} is outside the {} buffer of {len} elements",
-                s.buf.name()
-            ));
+            return Err(format!("{s} is outside the {} buffer of {len} elements", s.buf.name()));
         }
         Ok(())
     }
@@ -308,12 +273,7 @@ impl<'a> Machine<'a> {
         }
         self.check_leftovers()?;
         self.check_results()?;
-        Ok(Report {
-            sent_bytes: self.sent,
-            recv_bytes: self.recv,
-            messages: self.messages,
-            steps: self.steps,
-        })
+        Ok(Report { sent_bytes: self.sent, recv_bytes: self.recv, messages: self.messages, steps: self.steps })
     }
 
     fn finished(&self, pi: usize) -> bool {
@@ -323,18 +283,13 @@ impl<'a> Machine<'a> {
 
     fn deadlock(&self) -> Error {
         let mut lines = Vec::new();
-        let stuck: Vec<usize> = (0..self.procs.len())
-            .filter(|&pi| !self.finished(pi))
-            .collect();
+        let stuck: Vec<usize> = (0..self.procs.len()).filter(|&pi| !self.finished(pi)).collect();
         for &pi in stuck.iter().take(6) {
             let why = match self.blocked[pi] {
                 Some(Block::Recv(p)) => format!("waits for a message from rank {p}"),
                 Some(Block::Signal(p)) => format!("waits for a signal from rank {p}"),
                 Some(Block::Full(p)) => {
-                    format!(
-                        "cannot send to rank {p}: its connection holds {} unreceived message(s)",
-                        self.slots
-                    )
+                    format!("cannot send to rank {p}: its connection holds {} unreceived message(s)", self.slots)
                 }
                 None => "is blocked".into(),
             };
@@ -358,9 +313,7 @@ impl<'a> Machine<'a> {
     }
 
     fn check_leftovers(&self) -> Result<()> {
-        let mut left: Vec<usize> = (0..self.conns.len())
-            .filter(|&i| !self.conns[i].msgs.is_empty())
-            .collect();
+        let mut left: Vec<usize> = (0..self.conns.len()).filter(|&i| !self.conns[i].msgs.is_empty()).collect();
         left.sort_by_key(|&i| self.ends[i]);
         if let Some(&i) = left.first() {
             let (s, d, c) = self.ends[i];
@@ -370,9 +323,7 @@ impl<'a> Machine<'a> {
                 self.at(s, c, self.conns[i].msgs[0].pc)
             )));
         }
-        let mut left: Vec<usize> = (0..self.conns.len())
-            .filter(|&i| !self.conns[i].sigs.is_empty())
-            .collect();
+        let mut left: Vec<usize> = (0..self.conns.len()).filter(|&i| !self.conns[i].sigs.is_empty()).collect();
         left.sort_by_key(|&i| self.ends[i]);
         if let Some(&i) = left.first() {
             let (s, d, c) = self.ends[i];
@@ -412,15 +363,9 @@ impl<'a> Machine<'a> {
                             let missing = want.minus(ranks);
                             let extra = ranks.minus(&want);
                             if *base != want_base {
-                                Some(format!(
-                                    "holds {} but should hold input[{want_base}]",
-                                    piece.val
-                                ))
+                                Some(format!("holds {} but should hold input[{want_base}]", piece.val))
                             } else if !missing.is_empty() {
-                                Some(format!(
-                                    "is missing the contribution of ranks {}",
-                                    Ranks::from_iter(missing)
-                                ))
+                                Some(format!("is missing the contribution of ranks {}", Ranks::from_iter(missing)))
                             } else if !extra.is_empty() {
                                 Some(format!(
                                     "holds contributions of ranks {} that do not belong there",
@@ -460,10 +405,7 @@ fn destination(step: &Step) -> Option<&Slice> {
         | Step::Put { dst, .. }
         | Step::Get { dst, .. }
         | Step::GetReduce { dst, .. } => Some(dst),
-        Step::Send { .. }
-        | Step::RecvReduceSend { .. }
-        | Step::Signal { .. }
-        | Step::Wait { .. } => None,
+        Step::Send { .. } | Step::RecvReduceSend { .. } | Step::Signal { .. } | Step::Wait { .. } => None,
     }
 }
 
@@ -472,9 +414,9 @@ fn operands(step: &Step) -> (Vec<&Slice>, Option<&Slice>, Vec<usize>) {
     match step {
         Step::Send { src, .. } | Step::RecvReduceSend { src, .. } => (vec![src], None, vec![]),
         Step::Recv { dst, .. } | Step::RecvCopySend { dst, .. } => (vec![dst], None, vec![]),
-        Step::RecvReduce { src, dst, .. }
-        | Step::RecvReduceCopySend { src, dst, .. }
-        | Step::Copy { src, dst } => (vec![src, dst], None, vec![src.len, dst.len]),
+        Step::RecvReduce { src, dst, .. } | Step::RecvReduceCopySend { src, dst, .. } | Step::Copy { src, dst } => {
+            (vec![src, dst], None, vec![src.len, dst.len])
+        }
         Step::Reduce { srcs, dst } => {
             let mut v: Vec<&Slice> = srcs.iter().collect();
             v.push(dst);
@@ -483,9 +425,7 @@ fn operands(step: &Step) -> (Vec<&Slice>, Option<&Slice>, Vec<usize>) {
         }
         Step::Put { src, dst, .. } => (vec![src], Some(dst), vec![src.len, dst.len]),
         Step::Get { src, dst, .. } => (vec![dst], Some(src), vec![src.len, dst.len]),
-        Step::GetReduce { src, acc, dst, .. } => {
-            (vec![acc, dst], Some(src), vec![src.len, acc.len, dst.len])
-        }
+        Step::GetReduce { src, acc, dst, .. } => (vec![acc, dst], Some(src), vec![src.len, acc.len, dst.len]),
         Step::Signal { .. } | Step::Wait { .. } => (vec![], None, vec![]),
     }
 }

@@ -34,22 +34,14 @@ impl Ranks {
 
     /// The lowest rank in both sets.
     pub(crate) fn first_common(&self, other: &Ranks) -> Option<usize> {
-        self.0
-            .iter()
-            .zip(&other.0)
-            .enumerate()
-            .find_map(|(i, (a, b))| {
-                let both = a & b;
-                (both != 0).then(|| i * 64 + both.trailing_zeros() as usize)
-            })
+        self.0.iter().zip(&other.0).enumerate().find_map(|(i, (a, b))| {
+            let both = a & b;
+            (both != 0).then(|| i * 64 + both.trailing_zeros() as usize)
+        })
     }
 
     pub(crate) fn union(&self, other: &Ranks) -> Ranks {
-        let (long, short) = if self.0.len() >= other.0.len() {
-            (self, other)
-        } else {
-            (other, self)
-        };
+        let (long, short) = if self.0.len() >= other.0.len() { (self, other) } else { (other, self) };
         let mut w = long.0.clone();
         for (a, b) in w.iter_mut().zip(&short.0) {
             *a |= b;
@@ -67,11 +59,7 @@ impl Ranks {
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        self.0.iter().enumerate().flat_map(|(i, w)| {
-            (0..64)
-                .filter(move |b| w & (1 << b) != 0)
-                .map(move |b| i * 64 + b)
-        })
+        self.0.iter().enumerate().flat_map(|(i, w)| (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| i * 64 + b))
     }
 }
 
@@ -113,10 +101,7 @@ impl Val {
     fn at(&self, k: usize) -> Val {
         match self {
             Val::Undef => Val::Undef,
-            Val::Sym { ranks, base } => Val::Sym {
-                ranks: ranks.clone(),
-                base: base + k,
-            },
+            Val::Sym { ranks, base } => Val::Sym { ranks: ranks.clone(), base: base + k },
         }
     }
 
@@ -169,19 +154,12 @@ pub(crate) fn combine(a: &[Piece], b: &[Piece]) -> Result<Vec<Piece>, Clash> {
                 (_, Val::Undef) => return Err(Clash::Undef { at, operand: 1 }),
                 (Val::Sym { ranks: ra, base: x }, Val::Sym { ranks: rb, base: y }) => {
                     if x != y {
-                        return Err(Clash::Index {
-                            at,
-                            a: va.clone(),
-                            b: vb.clone(),
-                        });
+                        return Err(Clash::Index { at, a: va.clone(), b: vb.clone() });
                     }
                     if let Some(rank) = ra.first_common(rb) {
                         return Err(Clash::Twice { at, rank });
                     }
-                    Val::Sym {
-                        ranks: Rc::new(ra.union(rb)),
-                        base: *x,
-                    }
+                    Val::Sym { ranks: Rc::new(ra.union(rb)), base: *x }
                 }
             };
             push(&mut out, Piece { len: n, val });
@@ -237,13 +215,7 @@ impl SymBuf {
     pub(crate) fn undef(len: usize) -> SymBuf {
         let mut runs = BTreeMap::new();
         if len > 0 {
-            runs.insert(
-                0,
-                Piece {
-                    len,
-                    val: Val::Undef,
-                },
-            );
+            runs.insert(0, Piece { len, val: Val::Undef });
         }
         SymBuf { runs, len }
     }
@@ -256,22 +228,11 @@ impl SymBuf {
             return out;
         }
         let end = off + len;
-        let first = self
-            .runs
-            .range(..=off)
-            .next_back()
-            .map(|(s, _)| *s)
-            .unwrap_or(0);
+        let first = self.runs.range(..=off).next_back().map(|(s, _)| *s).unwrap_or(0);
         for (&s, p) in self.runs.range(first..end) {
             let from = off.max(s);
             let to = end.min(s + p.len);
-            push(
-                &mut out,
-                Piece {
-                    len: to - from,
-                    val: p.val.at(from - s),
-                },
-            );
+            push(&mut out, Piece { len: to - from, val: p.val.at(from - s) });
         }
         out
     }
@@ -281,16 +242,9 @@ impl SymBuf {
         if at >= self.len {
             return;
         }
-        let (&s, p) = self
-            .runs
-            .range_mut(..=at)
-            .next_back()
-            .expect("runs cover the buffer");
+        let (&s, p) = self.runs.range_mut(..=at).next_back().expect("runs cover the buffer");
         if s < at {
-            let tail = Piece {
-                len: s + p.len - at,
-                val: p.val.at(at - s),
-            };
+            let tail = Piece { len: s + p.len - at, val: p.val.at(at - s) };
             p.len = at - s;
             self.runs.insert(at, tail);
         }
@@ -306,12 +260,7 @@ impl SymBuf {
         if prev.val.continues(prev.len, &p.val) {
             let add = p.len;
             self.runs.remove(&at);
-            self.runs
-                .range_mut(..at)
-                .next_back()
-                .expect("checked above")
-                .1
-                .len += add;
+            self.runs.range_mut(..at).next_back().expect("checked above").1.len += add;
         }
     }
 
@@ -344,13 +293,7 @@ mod tests {
     use super::*;
 
     fn sym(ranks: &[usize], base: usize, len: usize) -> Piece {
-        Piece {
-            len,
-            val: Val::Sym {
-                ranks: Rc::new(Ranks::from_iter(ranks.iter().copied())),
-                base,
-            },
-        }
+        Piece { len, val: Val::Sym { ranks: Rc::new(Ranks::from_iter(ranks.iter().copied())), base } }
     }
 
     #[test]
@@ -362,18 +305,9 @@ mod tests {
         assert!(b.read(10, 30) == vec![sym(&[1], 10, 30)]);
         b.write(15, &[sym(&[2], 0, 5)]);
         let r = b.read(0, 100);
-        assert_eq!(
-            r.iter().map(|p| p.len).collect::<Vec<_>>(),
-            vec![10, 5, 5, 20, 60]
-        );
+        assert_eq!(r.iter().map(|p| p.len).collect::<Vec<_>>(), vec![10, 5, 5, 20, 60]);
         assert!(r[3] == sym(&[1], 20, 20));
-        b.write(
-            0,
-            &[Piece {
-                len: 100,
-                val: Val::Undef,
-            }],
-        );
+        b.write(0, &[Piece { len: 100, val: Val::Undef }]);
         assert_eq!(b.runs.len(), 1);
     }
 
@@ -383,28 +317,10 @@ mod tests {
         let b = [sym(&[1, 2], 0, 8)];
         let c = combine(&a, &b).ok().unwrap();
         assert!(c == vec![sym(&[0, 1, 2], 0, 8)]);
-        assert!(matches!(
-            combine(&c, &b),
-            Err(Clash::Twice { at: 0, rank: 1 })
-        ));
-        assert!(matches!(
-            combine(&[sym(&[3], 1, 8)], &b),
-            Err(Clash::Index { at: 0, .. })
-        ));
-        let u = [
-            sym(&[3], 0, 2),
-            Piece {
-                len: 6,
-                val: Val::Undef,
-            },
-        ];
-        assert!(matches!(
-            combine(&u, &b),
-            Err(Clash::Undef { at: 2, operand: 0 })
-        ));
-        assert_eq!(
-            Ranks::from_iter([0, 1, 2, 3, 5, 9, 10]).to_string(),
-            "{0-3,5,9-10}"
-        );
+        assert!(matches!(combine(&c, &b), Err(Clash::Twice { at: 0, rank: 1 })));
+        assert!(matches!(combine(&[sym(&[3], 1, 8)], &b), Err(Clash::Index { at: 0, .. })));
+        let u = [sym(&[3], 0, 2), Piece { len: 6, val: Val::Undef }];
+        assert!(matches!(combine(&u, &b), Err(Clash::Undef { at: 2, operand: 0 })));
+        assert_eq!(Ranks::from_iter([0, 1, 2, 3, 5, 9, 10]).to_string(), "{0-3,5,9-10}");
     }
 }

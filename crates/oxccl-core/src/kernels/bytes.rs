@@ -60,9 +60,7 @@ pub(crate) fn reduce_n<T: Element>(kind: Kind, dst: &mut [u8], srcs: &[&[u8]]) {
     {
         // Offsets are whole elements of aligned buffers: the casts succeed.
         let size = size_of::<T>();
-        let src = |k: usize, r: std::ops::Range<usize>| {
-            cast_slice::<u8, T>(&srcs[k][r.start * size..r.end * size])
-        };
+        let src = |k: usize, r: std::ops::Range<usize>| cast_slice::<u8, T>(&srcs[k][r.start * size..r.end * size]);
         by_kind!(kind, fused::<T>(d, srcs.len(), src));
         return;
     }
@@ -99,11 +97,7 @@ fn misaligned<T: Element, O: Op<T>>(dst: &mut [u8], in_place: bool, srcs: &[&[u8
         let range = i * step..i * step + d.len();
         let n = d.len() / size_of::<T>();
         let (acc, tmp) = (&mut acc[..n], &mut tmp[..n]);
-        let (first, rest) = if in_place {
-            (&*d, srcs)
-        } else {
-            (&srcs[0][range.clone()], &srcs[1..])
-        };
+        let (first, rest) = if in_place { (&*d, srcs) } else { (&srcs[0][range.clone()], &srcs[1..]) };
         load(acc, first);
         for s in rest {
             load(tmp, &s[range.clone()]);

@@ -165,11 +165,7 @@ pub(crate) fn f32_to_bf16(f: f32) -> bf16 {
     let x = f.to_bits();
     let rounded = x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16;
     let nan = (x >> 16) | 0x40;
-    let bits = if x & 0x7FFF_FFFF > 0x7F80_0000 {
-        nan
-    } else {
-        rounded
-    };
+    let bits = if x & 0x7FFF_FFFF > 0x7F80_0000 { nan } else { rounded };
     bf16::from_bits(bits as u16)
 }
 
@@ -228,32 +224,16 @@ mod tests {
             x ^= x >> 17;
             x ^= x << 5;
             // Every other pattern near the rounding boundary, NaN and inf.
-            let bits = if i % 2 == 0 {
-                x
-            } else {
-                x & 0xFFFF_8001 | 0x7FFF
-            };
+            let bits = if i % 2 == 0 { x } else { x & 0xFFFF_8001 | 0x7FFF };
             let f = f32::from_bits(bits);
-            assert_eq!(
-                f32_to_bf16(f).to_bits(),
-                bf16::from_f32(f).to_bits(),
-                "{bits:#010x}"
-            );
+            assert_eq!(f32_to_bf16(f).to_bits(), bf16::from_f32(f).to_bits(), "{bits:#010x}");
             // Widening is exact (`half` also sets the quiet bit of NaNs).
             let h = bf16::from_bits(bits as u16);
             if !h.is_nan() {
                 assert_eq!(bf16_to_f32(h).to_bits(), h.to_f32().to_bits());
             }
         }
-        for f in [
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -f32::NAN,
-            f32::MAX,
-            0.0,
-            -0.0,
-        ] {
+        for f in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN, f32::MAX, 0.0, -0.0] {
             assert_eq!(f32_to_bf16(f).to_bits(), bf16::from_f32(f).to_bits(), "{f}");
         }
     }

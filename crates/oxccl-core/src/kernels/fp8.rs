@@ -27,19 +27,9 @@ struct Format {
     inf: Option<u8>,
 }
 
-const E4M3: Format = Format {
-    mant: 3,
-    bias: 7,
-    max: 0x7E,
-    inf: None,
-};
+const E4M3: Format = Format { mant: 3, bias: 7, max: 0x7E, inf: None };
 
-const E5M2: Format = Format {
-    mant: 2,
-    bias: 15,
-    max: 0x7B,
-    inf: Some(0x7C),
-};
+const E5M2: Format = Format { mant: 2, bias: 15, max: 0x7B, inf: Some(0x7C) };
 
 /// The canonical NaN magnitude of both formats.
 const NAN: u8 = 0x7F;
@@ -94,9 +84,7 @@ impl Format {
         // the f32 adder; the sum's low bits count the quanta (2^mant of them
         // is the smallest normal's code, as it should be).
         let magic = f32::from_bits((127 + 23 + 1 - self.bias - self.mant) << 23);
-        let sub = (f32::from_bits(a) + magic)
-            .to_bits()
-            .wrapping_sub(magic.to_bits());
+        let sub = (f32::from_bits(a) + magic).to_bits().wrapping_sub(magic.to_bits());
         let min_normal = (127 + 1 - self.bias) << 23;
         let mut code = if a >= min_normal { normal } else { sub }.min(u32::from(self.max));
         if a == 0x7F80_0000 {

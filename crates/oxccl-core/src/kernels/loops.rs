@@ -111,25 +111,13 @@ macro_rules! route {
 /// `dst[i] = op(a[i], b[i])`; `a` and `b` have at least `dst.len()` elements.
 #[inline]
 pub(crate) fn map2<T: Element, O: Op<T>>(dst: &mut [T], a: &[T], b: &[T]) {
-    route!(
-        T,
-        O,
-        plain_map2,
-        map2,
-        (cast_slice_mut(dst), cast_slice(a), cast_slice(b))
-    );
+    route!(T, O, plain_map2, map2, (cast_slice_mut(dst), cast_slice(a), cast_slice(b)));
 }
 
 /// `acc[i] = op(acc[i], b[i])`; `b` has at least `acc.len()` elements.
 #[inline]
 pub(crate) fn map_into<T: Element, O: Op<T>>(acc: &mut [T], b: &[T]) {
-    route!(
-        T,
-        O,
-        plain_map_into,
-        map_into,
-        (cast_slice_mut(acc), cast_slice(b))
-    );
+    route!(T, O, plain_map_into, map_into, (cast_slice_mut(acc), cast_slice(b)));
 }
 
 /// The loop of [`map2`], to inline into a function built for some target.
@@ -183,11 +171,7 @@ pub(crate) fn map1<T: Copy>(dst: &mut [T], src: Option<&[T]>, f: impl Fn(T) -> T
 /// source `k`'s elements `range`; `n >= 1`, and every source has at least
 /// `dst.len()` elements. Block by block, so that all sources' blocks stay in
 /// L1: one pass over memory.
-pub(crate) fn fused<'a, T: Element, O: Op<T>>(
-    dst: &mut [T],
-    n: usize,
-    src: impl Fn(usize, Range<usize>) -> &'a [T],
-) {
+pub(crate) fn fused<'a, T: Element, O: Op<T>>(dst: &mut [T], n: usize, src: impl Fn(usize, Range<usize>) -> &'a [T]) {
     macro_rules! narrow {
         ($N:ty) => {
             wide::fused::<$N, O>(cast_slice_mut(dst), n, |k, r| cast_slice(src(k, r)))
@@ -203,11 +187,7 @@ pub(crate) fn fused<'a, T: Element, O: Op<T>>(
 }
 
 /// [`fused`] for the types that compute in their own width.
-fn plain_fused<'a, T: Element, O: Op<T>>(
-    dst: &mut [T],
-    n: usize,
-    src: impl Fn(usize, Range<usize>) -> &'a [T],
-) {
+fn plain_fused<'a, T: Element, O: Op<T>>(dst: &mut [T], n: usize, src: impl Fn(usize, Range<usize>) -> &'a [T]) {
     let block = BLOCK_BYTES / size_of::<T>();
     for (i, d) in dst.chunks_mut(block).enumerate() {
         let range = i * block..i * block + d.len();

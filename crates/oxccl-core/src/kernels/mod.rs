@@ -71,8 +71,7 @@ mod wide;
 pub use element::Element;
 pub use fp8::{F8E4M3, F8E5M2};
 pub use typed::{
-    finish_avg_typed, premul_in_place_typed, premul_typed, reduce_into_typed, reduce_n_typed,
-    reduce2_typed,
+    finish_avg_typed, premul_in_place_typed, premul_typed, reduce_into_typed, reduce_n_typed, reduce2_typed,
 };
 
 use crate::dtype::DataType;
@@ -149,12 +148,7 @@ pub fn reduce2(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &[u8]
 /// `acc = acc op b`, element by element: the accumulating form executors
 /// use. Same rules as [`reduce2`].
 pub fn reduce_into(dtype: DataType, op: ReduceOp, acc: &mut [u8], b: &[u8]) -> Result<()> {
-    check_bytes(
-        "reduce_into",
-        op,
-        dtype,
-        &[("acc", acc.len()), ("b", b.len())],
-    )?;
+    check_bytes("reduce_into", op, dtype, &[("acc", acc.len()), ("b", b.len())])?;
     dispatch!(dtype, T => bytes::reduce_into::<T>(Kind::of(op), acc, b));
     Ok(())
 }
@@ -190,12 +184,7 @@ pub fn finish_avg(dtype: DataType, buf: &mut [u8], nranks: usize) -> Result<()> 
 pub fn premul(dtype: DataType, dst: &mut [u8], src: &[u8], scalar: f64) -> Result<()> {
     check_scalar(dtype, scalar)?;
     let op = ReduceOp::PreMulSum { scalar };
-    check_bytes(
-        "premul",
-        op,
-        dtype,
-        &[("dst", dst.len()), ("src", src.len())],
-    )?;
+    check_bytes("premul", op, dtype, &[("dst", dst.len()), ("src", src.len())])?;
     dispatch!(dtype, T => {
         let s = T::from_scalar(scalar);
         bytes::unary::<T>(dst, Some(src), |x: T| x.prod(s))

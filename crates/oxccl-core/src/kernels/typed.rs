@@ -8,17 +8,8 @@ use crate::error::{Error, Result};
 use crate::op::ReduceOp;
 
 /// The error for slices of unequal lengths.
-pub(crate) fn mismatch(
-    what: &str,
-    op: ReduceOp,
-    dtype: DataType,
-    unit: &str,
-    lens: &[(&str, usize)],
-) -> Error {
-    let lens: Vec<String> = lens
-        .iter()
-        .map(|(n, l)| format!("{n} has {l} {unit}"))
-        .collect();
+pub(crate) fn mismatch(what: &str, op: ReduceOp, dtype: DataType, unit: &str, lens: &[(&str, usize)]) -> Error {
+    let lens: Vec<String> = lens.iter().map(|(n, l)| format!("{n} has {l} {unit}")).collect();
     Error::invalid(format!(
         "{what} {op} on {dtype}: operands differ in length ({}); they must be equal",
         lens.join(", ")
@@ -52,13 +43,7 @@ pub fn reduce_into_typed<T: Element>(op: ReduceOp, acc: &mut [T], b: &[T]) -> Re
 /// chain of [`reduce2_typed`] calls. Errors (changing nothing) without a source or
 /// unless every slice has `dst`'s length.
 pub fn reduce_n_typed<T: Element>(op: ReduceOp, dst: &mut [T], srcs: &[&[T]]) -> Result<()> {
-    check_n(
-        op,
-        T::DTYPE,
-        "elements",
-        dst.len(),
-        srcs.iter().map(|s| s.len()),
-    )?;
+    check_n(op, T::DTYPE, "elements", dst.len(), srcs.iter().map(|s| s.len()))?;
     let src = |k: usize, r: std::ops::Range<usize>| &srcs[k][r];
     by_kind!(Kind::of(op), fused::<T>(dst, srcs.len(), src));
     Ok(())
@@ -73,9 +58,7 @@ pub(crate) fn check_n(
     lens: impl ExactSizeIterator<Item = usize> + Clone,
 ) -> Result<()> {
     if lens.len() == 0 {
-        return Err(Error::invalid(format!(
-            "reduce_n {op} on {dtype}: no source; at least one is needed"
-        )));
+        return Err(Error::invalid(format!("reduce_n {op} on {dtype}: no source; at least one is needed")));
     }
     if let Some((i, l)) = lens.clone().enumerate().find(|&(_, l)| l != dst_len) {
         return Err(Error::invalid(format!(

@@ -55,8 +55,7 @@ pub fn fp8_max(e4m3: bool) -> u8 {
 /// Every non-negative code's value, from [`fp8_value`].
 fn magnitudes(e4m3: bool) -> &'static [f64; 128] {
     static TABLES: OnceLock<[[f64; 128]; 2]> = OnceLock::new();
-    let t = TABLES
-        .get_or_init(|| [true, false].map(|e| std::array::from_fn(|c| fp8_value(c as u8, e))));
+    let t = TABLES.get_or_init(|| [true, false].map(|e| std::array::from_fn(|c| fp8_value(c as u8, e))));
     &t[usize::from(!e4m3)]
 }
 
@@ -247,8 +246,7 @@ impl Buf {
         &bytemuck::cast_slice::<u64, u8>(&self.store)[self.offset..self.offset + self.len]
     }
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.store)
-            [self.offset..self.offset + self.len]
+        &mut bytemuck::cast_slice_mut::<u64, u8>(&mut self.store)[self.offset..self.offset + self.len]
     }
     pub fn values<T: Element>(&self) -> Vec<T> {
         values(self.bytes())
@@ -257,10 +255,7 @@ impl Buf {
 
 /// Elements read from bytes at any alignment.
 pub fn values<T: Element>(bytes: &[u8]) -> Vec<T> {
-    bytes
-        .chunks_exact(size_of::<T>())
-        .map(bytemuck::pod_read_unaligned)
-        .collect()
+    bytes.chunks_exact(size_of::<T>()).map(bytemuck::pod_read_unaligned).collect()
 }
 
 /// `n` random values.

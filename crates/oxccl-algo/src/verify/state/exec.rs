@@ -18,11 +18,7 @@ impl Machine<'_> {
             }
             let len: usize = data.iter().map(|p| p.len).sum();
             let clock = self.race.as_mut().map(|r| r.release(pi));
-            self.conns[outbound].msgs.push_back(Msg {
-                data,
-                pc: self.pc[pi],
-                clock,
-            });
+            self.conns[outbound].msgs.push_back(Msg { data, pc: self.pc[pi], clock });
             self.wake(peer, chan);
             self.sent[rank] += len as u64 * self.esize;
             self.messages += 1;
@@ -98,12 +94,7 @@ impl Machine<'_> {
                 self.store(pi, dst, &v)?;
                 self.count_one_sided(*peer, rank, src.len);
             }
-            Step::GetReduce {
-                peer,
-                src,
-                acc,
-                dst,
-            } => {
+            Step::GetReduce { peer, src, acc, dst } => {
                 let a = self.load(pi, rank, acc)?;
                 let b = self.load(pi, *peer, src)?;
                 let v = self.reduce(pi, &a, &b, acc, &format!("rank {peer}'s {src}"))?;
@@ -172,15 +163,7 @@ impl Machine<'_> {
         Ok(())
     }
 
-    fn track(
-        &mut self,
-        pi: usize,
-        owner: usize,
-        pb: usize,
-        off: usize,
-        len: usize,
-        write: bool,
-    ) -> Result<()> {
+    fn track(&mut self, pi: usize, owner: usize, pb: usize, off: usize, len: usize, write: bool) -> Result<()> {
         let pc = self.pc[pi];
         let Some(race) = self.race.as_mut() else {
             return Ok(());
@@ -235,14 +218,7 @@ impl Machine<'_> {
         Ok(())
     }
 
-    fn reduce(
-        &self,
-        pi: usize,
-        a: &[Piece],
-        b: &[Piece],
-        a_name: &Slice,
-        b_name: &str,
-    ) -> Result<Vec<Piece>> {
+    fn reduce(&self, pi: usize, a: &[Piece], b: &[Piece], a_name: &Slice, b_name: &str) -> Result<Vec<Piece>> {
         combine(a, b).map_err(|clash| {
             let msg = match clash {
                 Clash::Undef { at, operand } => {
