@@ -75,9 +75,10 @@ impl Slice {
     pub const fn scratch(off: usize, len: usize) -> Slice {
         Slice::new(Buf::Scratch, off, len)
     }
-    /// One past the last element.
+    /// One past the last element (saturating: a slice past the address
+    /// space is out of every buffer's bounds).
     pub const fn end(&self) -> usize {
-        self.off + self.len
+        self.off.saturating_add(self.len)
     }
     /// The sub-slice `[from, from + len)` relative to this slice's start.
     pub fn sub(&self, from: usize, len: usize) -> Slice {
@@ -88,7 +89,7 @@ impl Slice {
 
 impl fmt::Display for Slice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}[{}..{}]", self.buf.name(), self.off, self.off + self.len)
+        write!(f, "{}[{}..{}]", self.buf.name(), self.off, self.end())
     }
 }
 
@@ -133,7 +134,10 @@ impl From<Slice> for String {
 /// collective's reduction. A step that receives and sends does the receive
 /// first, then the send (an executor may pipeline both at chunk
 /// granularity). One-sided steps address a peer's buffers directly (shared
-/// memory, CUDA IPC, RDMA) and are ordered only by `signal`/`wait`.
+/// memory, CUDA IPC, RDMA). Every step completes before the next step of
+/// its channel starts (a put's data is visible at the peer once the put
+/// completes), so across ranks one-sided accesses are ordered by what
+/// follows them: `signal`/`wait`, or a message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Step {
@@ -376,6 +380,7 @@ pub struct Program {
     /// Whether the program is correct when the input and output buffers
     /// alias as NCCL's in-place convention has them (see
     /// [`Collective::in_place_layout`]); the verifier checks the claim.
+    /// Absent in JSON and in [`Program::new`]: no claim.
     #[serde(default)]
     pub in_place: bool,
     /// One entry per rank.
@@ -388,7 +393,7 @@ impl Program {
         Program {
             name: name.into(),
             collective,
-            in_place: true,
+            in_place: false,
             ranks: vec![RankProgram::default(); collective.nranks],
         }
     }
@@ -399,7 +404,7 @@ impl Program {
         self.name.clear();
         self.name.push_str(name);
         self.collective = collective;
-        self.in_place = true;
+        self.in_place = false;
         self.ranks.truncate(collective.nranks);
         for r in &mut self.ranks {
             r.scratch = 0;

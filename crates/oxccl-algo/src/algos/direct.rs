@@ -44,6 +44,7 @@ fn copy_alone(p: &mut Program, r: usize, len: usize) {
 pub(crate) fn one_shot(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
     p.reset("oneshot", c);
+    p.in_place = true;
     for r in 0..n {
         if n == 1 || count == 0 {
             copy_alone(p, r, if n == 1 { count } else { 0 });
@@ -62,6 +63,7 @@ pub(crate) fn one_shot(p: &mut Program, c: Collective) {
 pub(crate) fn two_shot(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
     p.reset("twoshot", c);
+    p.in_place = true;
     let block = |j: usize| {
         let (off, len) = part(count, n, j);
         Slice::output(off, len)
@@ -92,6 +94,7 @@ pub(crate) fn two_shot(p: &mut Program, c: Collective) {
 pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
     p.reset("direct", c);
+    p.in_place = true;
     for r in 0..n {
         if n == 1 || cnt == 0 {
             copy_alone(p, r, if n == 1 { cnt } else { 0 });
@@ -108,6 +111,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
 pub(crate) fn all_gather(p: &mut Program, c: Collective) {
     let (n, cnt) = (c.nranks, c.count);
     p.reset("direct", c);
+    p.in_place = true;
     for r in 0..n {
         let mine = Slice::output(r * cnt, cnt);
         if cnt == 0 {

@@ -123,6 +123,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
     let vr = Virtual::new(n);
     p.reset("rhd", c);
+    p.in_place = true;
     let at = |b: usize| part(count, vr.p, b).0;
     let span = |(lo, hi): Blocks| (at(lo), at(hi) - at(lo));
     let (input, output) = (Slice::input(0, count), Slice::output(0, count));
@@ -162,6 +163,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
     let total = n * cnt;
     let vr = Virtual::new(n);
     p.reset("rhd", c);
+    p.in_place = true;
     let span = |(lo, hi): Blocks| (vstart(lo, &vr, cnt), vstart(hi, &vr, cnt) - vstart(lo, &vr, cnt));
     let own = Slice::output(0, cnt);
     for r in 0..n {
@@ -194,6 +196,7 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective) {
     let total = n * cnt;
     let vr = Virtual::new(n);
     p.reset("rhd", c);
+    p.in_place = true;
     let span = |(lo, hi): Blocks| (vstart(lo, &vr, cnt), vstart(hi, &vr, cnt) - vstart(lo, &vr, cnt));
     for r in 0..n {
         copy_nonempty(p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));

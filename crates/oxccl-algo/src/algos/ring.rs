@@ -27,6 +27,7 @@ fn ring_next(r: usize, n: usize) -> (usize, usize) {
 pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let n = c.nranks;
     p.reset("ring", c);
+    p.in_place = true;
     let block = |j: usize| part(c.count, n, j % n);
     let k = o.chunking(block(0).1, c.dtype.size());
     for r in 0..n {
@@ -81,6 +82,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
 pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, cnt) = (c.nranks, c.count);
     p.reset("ring", c);
+    p.in_place = true;
     let k = o.chunking(cnt, c.dtype.size());
     for r in 0..n {
         let (next, prev) = ring_next(r, n);
@@ -103,6 +105,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
 pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, cnt) = (c.nranks, c.count);
     p.reset("ring", c);
+    p.in_place = true;
     let k = o.chunking(cnt, c.dtype.size());
     for r in 0..n {
         let (next, prev) = ring_next(r, n);

@@ -11,6 +11,7 @@ use crate::ir::{Program, Slice, Step};
 pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
     p.reset("ring", c);
+    p.in_place = true;
     for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
         for i in 0..n {
             let r = (root + i) % n;
@@ -34,6 +35,7 @@ pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) 
 pub(crate) fn chain_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
     p.reset("ring", c);
+    p.in_place = true;
     for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
         let input = Slice::input(off, len);
         for i in 0..n {
@@ -62,6 +64,7 @@ fn rooted_tree(n: usize, root: usize, r: usize) -> TreeLinks {
 pub(crate) fn tree_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
     p.reset("tree", c);
+    p.in_place = true;
     for r in 0..n {
         let links = rooted_tree(n, root, r);
         for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
@@ -81,6 +84,7 @@ pub(crate) fn tree_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
 pub(crate) fn tree_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
     p.reset("tree", c);
+    p.in_place = true;
     for r in 0..n {
         let links = rooted_tree(n, root, r);
         if n == 1 {
@@ -101,6 +105,7 @@ pub(crate) fn tree_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
 pub(crate) fn send_recv(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
     p.reset("direct", c);
+    p.in_place = true;
     for r in 0..n {
         if n == 1 {
             copy_nonempty(p, r, Slice::input(0, count), Slice::output(0, count));
@@ -135,6 +140,7 @@ pub(crate) fn pairwise_all_to_all(p: &mut Program, c: Collective) {
 pub(crate) fn gather(p: &mut Program, c: Collective) {
     let (n, cnt, root) = (c.nranks, c.count, c.root);
     p.reset("linear", c);
+    p.in_place = true;
     if cnt == 0 {
         return;
     }
@@ -154,6 +160,7 @@ pub(crate) fn gather(p: &mut Program, c: Collective) {
 pub(crate) fn scatter(p: &mut Program, c: Collective) {
     let (n, cnt, root) = (c.nranks, c.count, c.root);
     p.reset("linear", c);
+    p.in_place = true;
     if cnt == 0 {
         return;
     }

@@ -74,6 +74,7 @@ pub fn dtree(n: usize, r: usize, t: usize) -> TreeLinks {
 pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let n = c.nranks;
     p.reset("tree", c);
+    p.in_place = true;
     for r in 0..n {
         if n == 1 {
             copy_nonempty(p, r, Slice::input(0, c.count), Slice::output(0, c.count));

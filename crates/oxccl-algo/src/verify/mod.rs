@@ -12,16 +12,19 @@
 //! - **matching**: every message is received, in order, by a step that
 //!   expects its length; every signal is waited for;
 //! - **no deadlock** when each connection (sender, receiver, channel)
-//!   buffers at most [`VerifyOptions::slots`] messages (deadlock freedom at
-//!   one slot implies it for any larger buffer);
+//!   buffers at most [`VerifyOptions::slots`] messages and a step that
+//!   receives and forwards needs its incoming message and room for the
+//!   outgoing one at the same time, as NCCL's primitives do (deadlock
+//!   freedom with `k` slots implies it for any more);
 //! - **no race** on one-sided accesses or between channels of one rank:
 //!   conflicting accesses must be ordered by signal/wait or messages
 //!   (vector clocks), nobody touches a rank's buffers before that rank has
 //!   entered the collective, and nothing is left touching them after it
 //!   returns;
 //! - **well-formedness**: peers in range and not the rank itself, slices
-//!   inside their buffers, operand lengths that agree, no read of data
-//!   never written.
+//!   inside their buffers, operand lengths that agree, no operand that
+//!   partially overlaps the slice the step writes (also through in-place
+//!   aliasing), no read of data never written, no write to the input.
 //!
 //! On success it returns the bytes each rank sent and received.
 
@@ -36,6 +39,7 @@ use oxccl_core::Result;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VerifyOptions {
     /// Messages a connection buffers before a send blocks (at least 1).
+    /// The default, 2, is what the ring needs; NCCL's connections have 8.
     pub slots: usize,
     /// Run with input and output aliased as NCCL's in-place calls have them.
     pub in_place: bool,
@@ -43,7 +47,7 @@ pub struct VerifyOptions {
 
 impl Default for VerifyOptions {
     fn default() -> VerifyOptions {
-        VerifyOptions { slots: 1, in_place: false }
+        VerifyOptions { slots: 2, in_place: false }
     }
 }
 
@@ -78,8 +82,12 @@ impl Report {
 pub fn verify(program: &Program) -> Result<Report> {
     let report = verify_with(program, &VerifyOptions::default())?;
     if program.in_place {
-        verify_with(program, &VerifyOptions { in_place: true, ..VerifyOptions::default() })
-            .map_err(|e| oxccl_core::Error::program(format!("{e} (in place; the program claims in-place safety)")))?;
+        verify_with(program, &VerifyOptions { in_place: true, ..VerifyOptions::default() }).map_err(|e| match e {
+            oxccl_core::Error::InvalidProgram(m) => {
+                oxccl_core::Error::program(format!("{m} (in place; the program claims in-place safety)"))
+            }
+            other => other,
+        })?;
     }
     Ok(report)
 }

@@ -242,6 +242,21 @@ impl<'a> Machine<'a> {
                     {
                         return Err(bad("reduce has no sources".into()));
                     }
+                    for (a, b) in read_write_pairs(step) {
+                        let l = &self.layout[r];
+                        let ((pa, oa), (pb, ob)) = (l.phys(a), l.phys(b));
+                        let overlap = pa == pb && oa < ob + b.len && ob < oa + a.len;
+                        if overlap && !(oa == ob && a.len == b.len) {
+                            let how = if self.layout[r].aliased.is_some() {
+                                " (input and output alias in place)"
+                            } else {
+                                ""
+                            };
+                            return Err(bad(format!(
+                                "{a} and {b} partially overlap{how}: a kernel working on all elements at once would read elements it already overwrote"
+                            )));
+                        }
+                    }
                 }
             }
         }
@@ -250,7 +265,7 @@ impl<'a> Machine<'a> {
 
     fn check_bounds(&self, rank: usize, s: &Slice) -> std::result::Result<(), String> {
         let len = self.layout[rank].logical_len(&self.coll, rank, s.buf);
-        if s.end() > len {
+        if s.off.checked_add(s.len).is_none_or(|end| end > len) {
             return Err(format!("{s} is outside the {} buffer of {len} elements", s.buf.name()));
         }
         Ok(())
@@ -390,6 +405,19 @@ impl<'a> Machine<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// The local operands a step reads paired with the local slice it writes:
+/// these must be the same elements or disjoint.
+fn read_write_pairs(step: &Step) -> Vec<(&Slice, &Slice)> {
+    match step {
+        Step::Copy { src, dst } | Step::RecvReduce { src, dst, .. } | Step::RecvReduceCopySend { src, dst, .. } => {
+            vec![(src, dst)]
+        }
+        Step::Reduce { srcs, dst } => srcs.iter().map(|s| (s, dst)).collect(),
+        Step::GetReduce { acc, dst, .. } => vec![(acc, dst)],
+        _ => vec![],
     }
 }
 
