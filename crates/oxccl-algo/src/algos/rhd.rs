@@ -156,6 +156,12 @@ fn vstart(v: usize, vr: &Virtual, c: usize) -> usize {
     if v < vr.rem { 2 * v * c } else { (v + vr.rem) * c }
 }
 
+/// The elements `(offset, len)` of virtual blocks `[lo, hi)` when every
+/// real rank owns `c` elements.
+fn vspan((lo, hi): Blocks, vr: &Virtual, c: usize) -> (usize, usize) {
+    (vstart(lo, vr, c), vstart(hi, vr, c) - vstart(lo, vr, c))
+}
+
 /// Recursive-halving reduce-scatter; partial sums live in scratch (the
 /// input is the caller's and stays untouched).
 pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
@@ -164,7 +170,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
     let vr = Virtual::new(n);
     p.reset("rhd", c);
     p.in_place = true;
-    let span = |(lo, hi): Blocks| (vstart(lo, &vr, cnt), vstart(hi, &vr, cnt) - vstart(lo, &vr, cnt));
+    let span = |b: Blocks| vspan(b, &vr, cnt);
     let own = Slice::output(0, cnt);
     for r in 0..n {
         if n == 1 {
@@ -197,7 +203,7 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective) {
     let vr = Virtual::new(n);
     p.reset("rhd", c);
     p.in_place = true;
-    let span = |(lo, hi): Blocks| (vstart(lo, &vr, cnt), vstart(hi, &vr, cnt) - vstart(lo, &vr, cnt));
+    let span = |b: Blocks| vspan(b, &vr, cnt);
     for r in 0..n {
         copy_nonempty(p, r, Slice::input(0, cnt), Slice::output(r * cnt, cnt));
         let Some(v) = vr.of(r) else {
