@@ -17,6 +17,8 @@
 //!   bytes sent and received per rank.
 //! - [`cost`] and [`sim`]: an alpha-beta-gamma model over a topology and a
 //!   simulator that prices a program with link contention.
+//! - [`interp`]: runs a program on real data in one thread, with the host
+//!   kernels: the bits it produces.
 //!
 //! ```
 //! use oxccl_algo::{algos::{build, Algorithm}, verify::verify, CollKind, Collective};
@@ -32,6 +34,7 @@
 pub mod algos;
 pub mod collective;
 pub mod cost;
+pub mod interp;
 pub mod ir;
 pub mod sim;
 pub mod verify;

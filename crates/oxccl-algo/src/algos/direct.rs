@@ -39,12 +39,15 @@ fn copy_alone(p: &mut Program, r: usize, len: usize) {
     copy_nonempty(p, r, Slice::input(0, len), Slice::output(0, len));
 }
 
-/// One-shot all-reduce: each rank reduces all inputs itself (into
-/// scratch, so an in-place call's input stays intact while peers read it).
+/// One-shot all-reduce: each rank reduces all inputs itself, in rank order
+/// `0, 1, …, n-1` on every rank so that all of them end with the same bits
+/// (into scratch, so an in-place call's input stays intact while peers
+/// read it).
 pub(crate) fn one_shot(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
     p.reset("oneshot", c);
     p.in_place = true;
+    let (input, acc) = (Slice::input(0, count), Slice::scratch(0, count));
     for r in 0..n {
         if n == 1 || count == 0 {
             copy_alone(p, r, if n == 1 { count } else { 0 });
@@ -52,9 +55,17 @@ pub(crate) fn one_shot(p: &mut Program, c: Collective) {
         }
         p.need_scratch(r, count);
         barrier(p, r, n);
-        reduce_from_peers(p, r, n, Slice::input(0, count), Slice::input(0, count), Slice::scratch(0, count));
+        for j in 0..n {
+            let step = match (j, j == r) {
+                (0, true) => Step::Copy { src: input, dst: acc },
+                (0, false) => Step::Get { peer: 0, src: input, dst: acc },
+                (_, true) => Step::Reduce { srcs: vec![acc, input], dst: acc },
+                (_, false) => Step::GetReduce { peer: j, src: input, acc, dst: acc },
+            };
+            p.push(r, 0, step);
+        }
         barrier(p, r, n);
-        p.push(r, 0, Step::Copy { src: Slice::scratch(0, count), dst: Slice::output(0, count) });
+        p.push(r, 0, Step::Copy { src: acc, dst: Slice::output(0, count) });
     }
 }
 
