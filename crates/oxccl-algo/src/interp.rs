@@ -9,10 +9,14 @@
 //! without bounds, ranks stepped round-robin); run the verifier first: a
 //! race-free program gives the same result in any schedule, and this is one.
 
-use crate::collective::CollKind;
 use crate::ir::{Buf, Program, Slice, Step};
 use oxccl_core::{Error, ReduceOp, Result, kernels};
 use std::collections::{HashMap, VecDeque};
+
+/// Bytes a step writes: (owner rank, slice, data).
+type Write = Option<(usize, Slice, Vec<u8>)>;
+/// Bytes a step sends: (receiver, data).
+type Out = Option<(usize, Vec<u8>)>;
 
 /// Runs `program` with `inputs[r]` as rank `r`'s input bytes and `ops[r]`
 /// as its reduction operator (one entry for all ranks is enough); returns
@@ -86,7 +90,7 @@ pub fn run(program: &Program, ops: &[ReduceOp], inputs: &[Vec<u8>]) -> Result<Ve
                     kernels::reduce2(dtype, kop, &mut out, a, b)?;
                     Ok(out)
                 };
-                let (write, send): (Option<(usize, Slice, Vec<u8>)>, Option<(usize, Vec<u8>)>) = match step {
+                let (write, send): (Write, Out) = match step {
                     Step::Send { peer, src } => (None, Some((*peer, read(&bufs, r, src)))),
                     Step::Recv { dst, .. } => (Some((r, *dst, incoming)), None),
                     Step::RecvReduce { src, dst, .. } => {
@@ -152,7 +156,7 @@ pub fn run(program: &Program, ops: &[ReduceOp], inputs: &[Vec<u8>]) -> Result<Ve
 mod tests {
     use super::*;
     use crate::algos::{Algorithm, BuildOptions, build};
-    use crate::collective::Collective;
+    use crate::collective::{CollKind, Collective};
 
     fn floats(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
