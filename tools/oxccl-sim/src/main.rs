@@ -7,8 +7,13 @@
 //! ```text
 //! oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 \
 //!     --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd
+//! oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > my_allreduce.json
 //! oxccl-sim --program my_allreduce.json --nodes 2 --ranks-per-node 4
 //! ```
+//!
+//! `--emit` prints a generated program as JSON to start from; `--program`
+//! proves a program correct with the verifier (unless `--no-verify`), then
+//! prices it.
 //!
 //! Sizes take nccl-tests' K/M/G suffixes (powers of 1024). Time is in
 //! microseconds, `algbw = size / time` and `busbw = algbw ·` the
@@ -22,6 +27,7 @@ use clap::Parser;
 use oxccl_algo::algos::{Algorithm, BuildOptions};
 use oxccl_algo::cost::{Link, Topology, parse_bandwidth};
 use oxccl_algo::sim::simulate;
+use oxccl_algo::verify::verify;
 use oxccl_algo::{CollKind, Collective, Program};
 use oxccl_core::{DataType, ReduceOp};
 use std::path::PathBuf;
@@ -33,7 +39,7 @@ use sweep::{Row, Table};
     name = "oxccl-sim",
     version,
     about = "Predict collective algorithms' time, algbw and busbw on a modelled cluster (nccl-tests columns)",
-    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n\nModel: per-rank intra-node ports, one NIC per node shared by its ranks, first-come first-served; see oxccl_algo::sim."
+    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n\nModel: per-rank intra-node ports, one NIC per node shared by its ranks, first-come first-served; see oxccl_algo::sim."
 )]
 struct Args {
     /// Collective, as nccl-tests names it: all_reduce, all_gather,
@@ -95,6 +101,14 @@ struct Args {
     /// of generating one per size.
     #[arg(long, value_name = "FILE.json")]
     program: Option<PathBuf>,
+    /// With --program: price it without proving it correct first.
+    #[arg(long = "no-verify")]
+    no_verify: bool,
+    /// Print the generated program for the smallest size (-b) as JSON,
+    /// for one algorithm (--algo), instead of pricing: a starting point for
+    /// a hand-written one.
+    #[arg(long)]
+    emit: bool,
     /// Worker threads [default: the machine's cores].
     #[arg(short = 't', long)]
     threads: Option<usize>,
@@ -123,7 +137,7 @@ fn parse_algo(s: &str) -> Result<Algorithm, String> {
 /// The message of an error without its "invalid argument:" kind.
 fn plain(e: &oxccl_core::Error) -> String {
     match e {
-        oxccl_core::Error::InvalidArgument(m) => m.clone(),
+        oxccl_core::Error::InvalidArgument(m) | oxccl_core::Error::InvalidProgram(m) => m.clone(),
         other => other.to_string(),
     }
 }
@@ -225,6 +239,14 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
             c.validate().map(|()| c).map_err(|e| plain(&e))
         })
         .collect::<Result<_, _>>()?;
+    if args.emit {
+        let [algo] = algos[..] else {
+            return Err(format!("--emit prints one program: name one algorithm with --algo, not {}", algos.len()));
+        };
+        let p = oxccl_algo::algos::build(algo, &colls[0], opts).map_err(|e| plain(&e))?;
+        println!("{}", p.to_json());
+        return Ok(());
+    }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get())).max(1);
     let results = sweep::run(&colls, &algos, opts, &topo, threads, args.verbose)?;
     let mut table = Table::new(kind, args.op, algos.iter().map(|a| a.name().to_string()).collect());
@@ -267,6 +289,16 @@ fn run_program(args: &Args, path: &PathBuf) -> Result<(), String> {
             ));
         }
     };
+    if !args.no_verify {
+        let v = verify(&program)
+            .map_err(|e| format!("{}: not a correct {} program: {}", path.display(), coll.kind, plain(&e)))?;
+        let in_place = if program.in_place { " and in place" } else { "" };
+        println!(
+            "# verified: computes {coll} out of place{in_place}; bytes sent per rank: max {}, total {}",
+            v.max_sent(),
+            v.total_sent()
+        );
+    }
     let topo = topology(args, nodes, rpn)?;
     let report = simulate(&program, &topo).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
     println!("# oxccl-sim: program {:?} ({}), {} ranks on {topo}", program.name, path.display(), n);

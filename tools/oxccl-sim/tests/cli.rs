@@ -113,7 +113,8 @@ fn a_hand_written_program_is_priced() {
     .unwrap();
     let file = path.to_str().unwrap();
     // One node of two ranks: 1 MB over 100 GB/s after 10 µs is 20 µs.
-    let text = stdout(&["--program", file, "--intra", "100GB/s,10us"]);
+    // One message alone is no collective: price it without verifying.
+    let text = stdout(&["--program", file, "--no-verify", "--intra", "100GB/s,10us"]);
     let rows = data_rows(&text);
     assert_eq!(rows.len(), 1, "{text}");
     let r = &rows[0];
@@ -122,7 +123,7 @@ fn a_hand_written_program_is_priced() {
     assert!((num(&r[6]) - 50.0).abs() < 1e-9, "{r:?}");
     assert!(text.contains("1000000 bytes within nodes"), "{text}");
     // Two nodes: the same message crosses the inter-node link.
-    let text = stdout(&["--program", file, "--nodes", "2", "--inter", "10GB/s,1us"]);
+    let text = stdout(&["--program", file, "--no-verify", "--nodes", "2", "--inter", "10GB/s,1us"]);
     assert!((num(&data_rows(&text)[0][5]) - 101.0).abs() < 1e-9, "{text}");
     let e = stderr_of_failure(&["all_gather", "--program", file]);
     assert!(e.contains("is a sendrecv program, not all_gather"), "{e}");
@@ -154,4 +155,29 @@ fn bad_flags_get_clear_errors() {
     assert!(e.contains("root 9"), "{e}");
     let e = stderr_of_failure(&[]);
     assert!(e.contains("--program"), "{e}");
+}
+
+#[test]
+fn emitted_programs_verify_and_price_and_broken_ones_are_refused() {
+    let dir = std::env::temp_dir().join(format!("oxccl-sim-emit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = stdout(&["all_reduce", "--ranks-per-node", "4", "-b", "64", "--algo", "ring", "--emit"]);
+    assert!(json.contains("\"recv_reduce_send\""), "{json}");
+    let good = dir.join("ring.json");
+    std::fs::write(&good, &json).unwrap();
+    let text = stdout(&["--program", good.to_str().unwrap()]);
+    assert!(text.contains("# verified: computes all_reduce of 16 × float on 4 ranks"), "{text}");
+    assert!(text.contains("bytes sent per rank: max 96, total 384"), "{text}");
+    assert_eq!(data_rows(&text).len(), 1);
+    // The first send of input[8..12] (rank 0's third step) sends another block.
+    let broken = json.replacen("\"src\": \"input[8..12]\"", "\"src\": \"input[12..16]\"", 1);
+    assert_ne!(broken, json);
+    let bad = dir.join("broken.json");
+    std::fs::write(&bad, broken).unwrap();
+    let err = stderr_of_failure(&["--program", bad.to_str().unwrap()]);
+    assert!(err.contains("not a correct all_reduce program") && err.contains("different elements"), "{err}");
+    // Asked not to verify, it prices the broken program anyway.
+    stdout(&["--program", bad.to_str().unwrap(), "--no-verify"]);
+    assert!(stderr_of_failure(&["all_reduce", "--emit"]).contains("one algorithm"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
