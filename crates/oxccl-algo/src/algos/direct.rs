@@ -35,6 +35,8 @@ fn reduce_from_peers(p: &mut Program, r: usize, n: usize, local: Slice, remote: 
     }
 }
 
+/// The whole input to the output (nothing when `len` is 0): a single rank's
+/// collective.
 fn copy_alone(p: &mut Program, r: usize, len: usize) {
     copy_nonempty(p, r, Slice::input(0, len), Slice::output(0, len));
 }
@@ -50,7 +52,7 @@ pub(crate) fn one_shot(p: &mut Program, c: Collective) {
     let (input, acc) = (Slice::input(0, count), Slice::scratch(0, count));
     for r in 0..n {
         if n == 1 || count == 0 {
-            copy_alone(p, r, if n == 1 { count } else { 0 });
+            copy_alone(p, r, count);
             continue;
         }
         p.need_scratch(r, count);
@@ -81,7 +83,7 @@ pub(crate) fn two_shot(p: &mut Program, c: Collective) {
     };
     for r in 0..n {
         if n == 1 || count == 0 {
-            copy_alone(p, r, if n == 1 { count } else { 0 });
+            copy_alone(p, r, count);
             continue;
         }
         barrier(p, r, n);
@@ -108,7 +110,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective) {
     p.in_place = true;
     for r in 0..n {
         if n == 1 || cnt == 0 {
-            copy_alone(p, r, if n == 1 { cnt } else { 0 });
+            copy_alone(p, r, cnt);
             continue;
         }
         barrier(p, r, n);

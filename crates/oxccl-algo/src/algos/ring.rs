@@ -18,7 +18,8 @@ pub(super) fn chunks(len: usize, k: usize) -> impl Iterator<Item = (usize, usize
     (0..k).map(move |c| part(len, k, c)).filter(|&(_, l)| l > 0)
 }
 
-fn ring_next(r: usize, n: usize) -> (usize, usize) {
+/// Rank `r`'s successor and predecessor on the ring `0 → 1 → … → n-1 → 0`.
+pub(super) fn ring_next(r: usize, n: usize) -> (usize, usize) {
     ((r + 1) % n, (r + n - 1) % n)
 }
 

@@ -1,7 +1,7 @@
 //! Rooted collectives (broadcast, reduce as a pipelined chain or a binary
 //! tree; gather and scatter), pairwise all-to-all and send/recv.
 
-use super::ring::chunks;
+use super::ring::{chunks, ring_next};
 use super::tree::{TreeLinks, broadcast_down, btree, reduce_up};
 use super::{BuildOptions, copy_nonempty};
 use crate::collective::Collective;
@@ -15,7 +15,7 @@ pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) 
     for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
         for i in 0..n {
             let r = (root + i) % n;
-            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            let (next, prev) = ring_next(r, n);
             let out = Slice::output(off, len);
             if i == 0 {
                 copy_nonempty(p, r, Slice::input(off, len), out);
@@ -40,7 +40,7 @@ pub(crate) fn chain_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
         let input = Slice::input(off, len);
         for i in 0..n {
             let r = (root + 1 + i) % n;
-            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            let (next, prev) = ring_next(r, n);
             let step = match (i, i + 1 == n) {
                 (_, true) if n == 1 => Step::Copy { src: input, dst: Slice::output(off, len) },
                 (_, true) => Step::RecvReduce { peer: prev, src: input, dst: Slice::output(off, len) },
@@ -110,8 +110,9 @@ pub(crate) fn send_recv(p: &mut Program, c: Collective) {
         if n == 1 {
             copy_nonempty(p, r, Slice::input(0, count), Slice::output(0, count));
         } else if count > 0 {
-            p.push(r, 0, Step::Send { peer: (r + 1) % n, src: Slice::input(0, count) });
-            p.push(r, 0, Step::Recv { peer: (r + n - 1) % n, dst: Slice::output(0, count) });
+            let (next, prev) = ring_next(r, n);
+            p.push(r, 0, Step::Send { peer: next, src: Slice::input(0, count) });
+            p.push(r, 0, Step::Recv { peer: prev, dst: Slice::output(0, count) });
         }
     }
 }
