@@ -1,0 +1,149 @@
+//! # oxccl-transport
+//!
+//! How oxccl ranks find each other and move bytes; nothing here knows
+//! collectives.
+//!
+//! - [`id::UniqueId`] and [`bootstrap::Bootstrap`]: rank 0 listens, every
+//!   rank connects to it with the id's nonce, and the ranks all-gather their
+//!   addresses and host identities. The bootstrap connections stay open for
+//!   the communicator's life: they carry small all-gathers (split, argument
+//!   checks) and tell every rank when another one dies.
+//! - Connections: messages from one rank to one peer on one channel, in
+//!   order ([`Sender`], [`Receiver`]). Each provider implements them:
+//!   [`mem`] (ranks that are threads of one process), [`shm`] (processes on
+//!   one host, shared segments) and [`tcp`] (anything reachable). The
+//!   [`fabric::Fabric`] picks the provider per peer.
+//! - A connection is a bounded FIFO of bytes with message boundaries. The
+//!   sender asks for *room* and writes into it directly; the receiver
+//!   *peeks* at arrived bytes and reads them in place. So an executor
+//!   fuses receive-reduce-send in one pass: it reads the incoming piece and
+//!   its local operand and writes the result straight into the outgoing
+//!   room.
+//!
+//! Every call is non-blocking: "not yet" is an empty room or `None`, never
+//! a wait. Waiting is [`fabric::Fabric::wait`], with a deadline, on the
+//! rank's [`futex::Doorbell`] (rung by peers' commits and consumes) and on
+//! sockets.
+//!
+//! ## Thread safety
+//! Senders and receivers are `Send`: one thread (the communicator's
+//! progress thread) drives them. The two ends of one connection live in
+//! different ranks, which may be different threads or processes.
+//!
+//! ## Unsafe
+//! Only where memory is shared with another process or the kernel: the
+//! ring over a shared mapping, futexes, `process_vm_readv`, segment
+//! mapping. Each block has a `// SAFETY:` comment.
+
+pub mod bootstrap;
+pub mod conformance;
+pub mod fabric;
+pub mod futex;
+pub mod id;
+pub mod mem;
+pub mod ring;
+pub mod shm;
+pub mod tcp;
+pub mod wire;
+
+pub use oxccl_core::{Error, Result};
+
+/// Channel number of a connection. Collectives use small numbers; point-to-
+/// point operations use [`P2P_CHANNEL`].
+pub type Channel = u32;
+
+/// The channel that carries user send/recv: the n-th send from a rank to a
+/// peer matches the n-th receive from that rank at the peer.
+pub const P2P_CHANNEL: Channel = u32::MAX;
+
+/// Which provider carries a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Ranks in one process.
+    Mem,
+    /// Processes on one host.
+    Shm,
+    /// Sockets.
+    Tcp,
+}
+
+impl Kind {
+    /// `mem`, `shm` or `tcp`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::Mem => "mem",
+            Kind::Shm => "shm",
+            Kind::Tcp => "tcp",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The sending end of one connection.
+///
+/// A message is announced with [`begin`](Sender::begin) (its length), then
+/// written piece by piece: [`room`](Sender::room) hands out writable space
+/// (empty when the FIFO is full: call [`progress`](Sender::progress) and
+/// retry later), [`commit`](Sender::commit) publishes the first `n` bytes
+/// written there. A message of length 0 is complete at `begin`.
+pub trait Sender: Send {
+    /// Starts a message of `len` bytes. An error if the previous message is
+    /// not complete.
+    fn begin(&mut self, len: usize) -> Result<()>;
+    /// Writable space for the next bytes of the current message: at most
+    /// `want` bytes and at most what the message still lacks; empty when
+    /// there is no room yet (or the connection is still being set up).
+    fn room(&mut self, want: usize) -> Result<&mut [u8]>;
+    /// Publishes the first `n` bytes of the last [`room`](Sender::room).
+    fn commit(&mut self, n: usize) -> Result<()>;
+    /// Moves bytes on (sockets); true if anything moved. Errors when the
+    /// peer is gone.
+    fn progress(&mut self) -> Result<bool>;
+    /// Whether every committed byte has left this rank's buffers.
+    fn flushed(&self) -> bool;
+    /// Payload bytes committed so far (message headers not counted).
+    fn bytes(&self) -> u64;
+}
+
+/// Arrived bytes of the incoming message, read in place.
+#[derive(Debug)]
+pub struct Piece<'a> {
+    /// Length of the whole message.
+    pub msg_len: usize,
+    /// Offset of `data` in the message.
+    pub offset: usize,
+    /// The bytes; empty only for a message of length 0.
+    pub data: &'a [u8],
+}
+
+/// The receiving end of one connection.
+pub trait Receiver: Send {
+    /// The next arrived bytes of the current message, `None` if nothing has
+    /// arrived. Errors when the peer is gone or sent something malformed.
+    fn peek(&mut self) -> Result<Option<Piece<'_>>>;
+    /// Releases the first `n` bytes of the last piece; the message is done
+    /// when its last byte is consumed (for a 0-byte message: `consume(0)`).
+    fn consume(&mut self, n: usize) -> Result<()>;
+    /// Moves bytes on (sockets); true if anything moved.
+    fn progress(&mut self) -> Result<bool>;
+    /// Payload bytes consumed so far.
+    fn bytes(&self) -> u64;
+}
+
+/// Bytes moved with one peer over one provider.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    /// The peer's rank.
+    pub peer: usize,
+    /// The provider.
+    pub kind: Option<Kind>,
+    /// Payload bytes sent to the peer.
+    pub sent: u64,
+    /// Payload bytes received from the peer.
+    pub recv: u64,
+}
