@@ -1,0 +1,174 @@
+//! The monitor thread: reads the star's connections, files all-gather
+//! pieces, and turns EOFs and abort notices into recorded failures.
+
+use std::io::{ErrorKind, Read};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::frame::{self, Dec, FrameBuf, tag};
+use super::{Shared, sys};
+use crate::Error;
+
+struct Conn {
+    rank: usize,
+    stream: TcpStream,
+    buf: FrameBuf,
+    open: bool,
+}
+
+/// Runs until [`Bootstrap::close`](super::Bootstrap::close) writes to
+/// `wake` (or closes it).
+pub(super) fn run(shared: Arc<Shared>, readers: Vec<(usize, TcpStream)>, mut wake: UnixStream) {
+    let mut conns: Vec<Conn> =
+        readers.into_iter().map(|(rank, stream)| Conn { rank, stream, buf: FrameBuf::default(), open: true }).collect();
+    let mut chunk = vec![0u8; 64 << 10];
+    loop {
+        if shared.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let open: Vec<usize> = (0..conns.len()).filter(|&i| conns[i].open).collect();
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(open.len() + 1);
+        fds.push(libc::pollfd { fd: wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        fds.extend(open.iter().map(|&i| libc::pollfd {
+            fd: conns[i].stream.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        if let Err(e) = sys::poll(&mut fds, 1000) {
+            tracing::warn!(rank = shared.rank, "bootstrap monitor: poll failed: {e}");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            continue;
+        }
+        if fds[0].revents != 0 {
+            let _ = wake.read(&mut [0u8; 8]);
+            if shared.closed.load(Ordering::Acquire) {
+                return;
+            }
+        }
+        for (j, &i) in open.iter().enumerate() {
+            if fds[j + 1].revents != 0 {
+                service(&shared, &mut conns[i], &mut chunk);
+            }
+        }
+    }
+}
+
+/// Reads what has arrived on `c` and handles every complete frame.
+fn service(sh: &Shared, c: &mut Conn, chunk: &mut [u8]) {
+    // A bounded number of reads per turn, so one busy peer cannot starve
+    // the others.
+    for _ in 0..64 {
+        match sys::recv_nowait(c.stream.as_raw_fd(), chunk) {
+            Ok(0) => {
+                c.open = false;
+                connection_lost(sh, c.rank, "its connection closed");
+                return;
+            }
+            Ok(n) => {
+                c.buf.push(&chunk[..n]);
+                loop {
+                    match c.buf.next() {
+                        Ok(Some((t, payload))) => {
+                            if let Err(why) = handle(sh, c.rank, t, &payload) {
+                                c.open = false;
+                                protocol_error(sh, c.rank, &why);
+                                return;
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(why) => {
+                            c.open = false;
+                            protocol_error(sh, c.rank, &why);
+                            return;
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => {
+                c.open = false;
+                connection_lost(sh, c.rank, &format!("its connection failed: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+/// The connection to `rank` ended: a death unless it said goodbye or we
+/// are closing.
+fn connection_lost(sh: &Shared, rank: usize, how: &str) {
+    let idx = if sh.rank == 0 { rank } else { 0 };
+    if sh.closed.load(Ordering::Acquire) || sh.state.lock().gone[idx] {
+        return;
+    }
+    let msg = format!("{} died: {how} without a goodbye", sh.describe(rank));
+    declare(sh, rank, msg);
+}
+
+fn protocol_error(sh: &Shared, rank: usize, why: &str) {
+    if sh.closed.load(Ordering::Acquire) {
+        return;
+    }
+    let msg = format!("{} broke the bootstrap protocol ({why}); treating it as dead", sh.describe(rank));
+    declare(sh, rank, msg);
+}
+
+/// Records a failure of `rank` and, on rank 0, tells the others.
+fn declare(sh: &Shared, rank: usize, msg: String) {
+    sh.record_failure(Error::Remote(msg.clone()));
+    if sh.rank == 0 {
+        sh.broadcast_failure(&msg, Some(rank));
+    }
+}
+
+/// Handles one frame from `from`; an error is a protocol violation.
+fn handle(sh: &Shared, from: usize, t: u8, payload: &[u8]) -> Result<(), String> {
+    match (sh.rank == 0, t) {
+        (true, tag::GATHER) => {
+            let mut d = Dec::new(payload);
+            let seq = d.u64()?;
+            let data = d.rest();
+            if data.len() > frame::MAX_CONTRIBUTION {
+                return Err(format!("all-gather contribution of {} bytes", data.len()));
+            }
+            let mut st = sh.state.lock();
+            let n = sh.nranks;
+            let slot = &mut st.gathers.entry(seq).or_insert_with(|| vec![None; n])[from];
+            if slot.is_some() {
+                return Err(format!("contributed twice to all_gather #{seq}"));
+            }
+            *slot = Some(data.to_vec());
+            sh.cond.notify_all();
+            Ok(())
+        }
+        (true, tag::ABORT) => {
+            let reason = String::from_utf8_lossy(payload);
+            let msg = format!("rank {from} aborted: {reason}");
+            sh.record_failure(Error::Remote(msg.clone()));
+            sh.broadcast_failure(&msg, Some(from));
+            Ok(())
+        }
+        (false, tag::RESULT) => {
+            let (seq, parts) = frame::decode_result(payload, sh.nranks)?;
+            let mut st = sh.state.lock();
+            st.results.insert(seq, parts);
+            sh.cond.notify_all();
+            Ok(())
+        }
+        (false, tag::FAILURE) => {
+            sh.record_failure(Error::Remote(String::from_utf8_lossy(payload).into_owned()));
+            Ok(())
+        }
+        (_, tag::GOODBYE) => {
+            let idx = if sh.rank == 0 { from } else { 0 };
+            sh.state.lock().gone[idx] = true;
+            sh.cond.notify_all();
+            Ok(())
+        }
+        (_, t) => Err(format!("unexpected message tag {t}")),
+    }
+}

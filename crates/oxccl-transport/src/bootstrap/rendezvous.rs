@@ -1,0 +1,278 @@
+//! The rendezvous: rank 0 accepts and validates hellos; the other ranks
+//! connect, say hello and wait for the table.
+
+use std::io::{ErrorKind, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::PeerInfo;
+use super::frame::{self, Hello, tag};
+use crate::id::{UniqueId, listen, take_listener};
+use crate::{Error, Result};
+
+/// How long an accepted connection may take to send its hello.
+const HELLO_DEADLINE: Duration = Duration::from_secs(2);
+
+fn remaining(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now())
+}
+
+/// Rank 0: accepts every other rank, then sends the table. Returns the
+/// connections by rank (`None` at 0), the table and rank 0's IP.
+#[allow(clippy::type_complexity)]
+pub(super) fn root(
+    id: &UniqueId,
+    nranks: usize,
+    host: &str,
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<(Vec<Option<TcpStream>>, Vec<PeerInfo>, IpAddr)> {
+    let addr = id.addr();
+    let listener = match take_listener(id) {
+        Some(l) => l,
+        None => listen(addr).map_err(|e| {
+            Error::System(format!(
+                "rank 0 cannot listen on {addr}, the UniqueId's address: {e}; an id must be made on rank 0's host \
+                 (UniqueId::new), and its port must be free"
+            ))
+        })?,
+    };
+    let listen_ip = listener.local_addr().map(|a| a.ip()).unwrap_or(addr.ip());
+    let me = PeerInfo { rank: 0, host: host.to_string(), pid: std::process::id(), addr: listen_ip };
+    if nranks == 1 {
+        return Ok((vec![None], vec![me], listen_ip));
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::System(format!("rank 0: cannot make the bootstrap listener non-blocking: {e}")))?;
+    let mut arrived: Vec<Option<(TcpStream, Hello, SocketAddr)>> = (0..nranks).map(|_| None).collect();
+    let mut count = 1;
+    let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, std::result::Result<Hello, String>)>();
+    while count < nranks {
+        if Instant::now() >= deadline {
+            let missing: Vec<usize> = (1..nranks).filter(|&k| arrived[k].is_none()).collect();
+            let msg = format!(
+                "rank 0 gave up after {timeout:?}: only {count} of {nranks} ranks arrived at the rendezvous on {addr}; \
+                 missing ranks {missing:?} (did they start, with this UniqueId and nranks {nranks}?)"
+            );
+            let reject = frame::frame(tag::REJECT, msg.as_bytes());
+            for (s, _, _) in arrived.iter_mut().flatten() {
+                let _ = s.write_all(&reject);
+            }
+            return Err(Error::Timeout(msg));
+        }
+        accept_all(&listener, &tx, deadline);
+        let mut next = rx.recv_timeout(Duration::from_millis(5)).ok();
+        while let Some((mut stream, peer, hello)) = next {
+            let hello = match hello {
+                Ok(h) => h,
+                Err(why) => {
+                    tracing::warn!("bootstrap rank 0 on {addr}: dropping connection from {peer}: {why}");
+                    next = rx.try_recv().ok();
+                    continue;
+                }
+            };
+            if hello.nonce != id.nonce() {
+                tracing::warn!(
+                    "bootstrap rank 0 on {addr}: dropping connection from {peer} (rank {}): its UniqueId nonce \
+                     differs (another communicator or a stale id)",
+                    hello.rank
+                );
+            } else if let Some(msg) = check_hello(&hello, nranks, &arrived) {
+                tracing::warn!("bootstrap rank 0 on {addr}: refusing {peer}: {msg}");
+                let _ = stream.write_all(&frame::frame(tag::REJECT, msg.as_bytes()));
+            } else {
+                let r = hello.rank as usize;
+                arrived[r] = Some((stream, hello, peer));
+                count += 1;
+            }
+            next = rx.try_recv().ok();
+        }
+    }
+    drop(listener);
+    let mut peers = vec![me];
+    let mut root_ip = None;
+    for (s, h, peer) in arrived.iter().skip(1).flatten() {
+        root_ip = root_ip.or_else(|| s.local_addr().ok().map(|a| a.ip()));
+        peers.push(PeerInfo { rank: h.rank as usize, host: h.host.clone(), pid: h.pid, addr: peer.ip() });
+    }
+    let root_ip = root_ip.unwrap_or(listen_ip);
+    peers[0].addr = root_ip;
+    let table = frame::encode_table(&peers);
+    if table.len() > frame::MAX_TABLE {
+        return Err(Error::invalid(format!("rank 0: the peer table of {} bytes is too large", table.len())));
+    }
+    let mut streams = vec![None];
+    for (k, slot) in arrived.into_iter().enumerate().skip(1) {
+        let Some((mut s, _, peer)) = slot else { continue };
+        let _ = s.set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(100))));
+        s.write_all(&table).map_err(|e| {
+            Error::Remote(format!("rank {k} at {peer} vanished during the rendezvous (sending it the table: {e})"))
+        })?;
+        streams.push(Some(s));
+    }
+    Ok((streams, peers, root_ip))
+}
+
+/// Accepts every pending connection, each read by its own short-lived
+/// thread that reports the hello (or why there is none) on `tx`.
+type HelloReport = (TcpStream, SocketAddr, std::result::Result<Hello, String>);
+
+fn accept_all(listener: &TcpListener, tx: &mpsc::Sender<HelloReport>, deadline: Instant) {
+    loop {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                let tx = tx.clone();
+                let limit = HELLO_DEADLINE.min(remaining(deadline)).max(Duration::from_millis(10));
+                let spawned = thread::Builder::new().name("oxccl-boot-hello".into()).spawn(move || {
+                    let mut stream = stream;
+                    let hello = read_hello(&mut stream, limit);
+                    let _ = tx.send((stream, peer, hello));
+                });
+                if let Err(e) = spawned {
+                    tracing::warn!("bootstrap: cannot start a thread to read {peer}'s hello: {e}; dropping it");
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => {
+                // ECONNABORTED, EMFILE, ...: log and retry on the next turn.
+                tracing::warn!("bootstrap: accept failed: {e}");
+                return;
+            }
+        }
+    }
+}
+
+fn read_hello(stream: &mut TcpStream, limit: Duration) -> std::result::Result<Hello, String> {
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(limit)).map_err(|e| e.to_string())?;
+    match frame::read_frame(stream, frame::MAX_HELLO) {
+        Ok((t, payload)) => Hello::decode(t, &payload).map_err(|e| format!("not an oxccl bootstrap hello: {e}")),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            Err(format!("no hello within {limit:?}"))
+        }
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err("closed before sending a hello".into()),
+        Err(e) => Err(format!("not an oxccl bootstrap hello: {e}")),
+    }
+}
+
+/// Why rank 0 refuses a hello with the right nonce, if it does.
+fn check_hello(h: &Hello, nranks: usize, arrived: &[Option<(TcpStream, Hello, SocketAddr)>]) -> Option<String> {
+    if h.version != frame::VERSION {
+        return Some(format!(
+            "rank {} speaks bootstrap protocol version {} but rank 0 speaks {}: every rank must run the same oxccl",
+            h.rank,
+            h.version,
+            frame::VERSION
+        ));
+    }
+    if h.nranks as usize != nranks {
+        return Some(format!(
+            "rank {} says nranks is {} but rank 0 says nranks is {nranks}: every rank must pass the same nranks",
+            h.rank, h.nranks
+        ));
+    }
+    let r = h.rank as usize;
+    if r >= nranks {
+        return Some(format!("rank {r} is out of range for nranks {nranks} (ranks are 0..{})", nranks - 1));
+    }
+    if r == 0 {
+        return Some(format!(
+            "rank 0 is already taken in this communicator (by pid {} on the rank-0 host): every rank must pass a \
+             distinct rank",
+            std::process::id()
+        ));
+    }
+    if let Some((_, first, _)) = &arrived[r] {
+        return Some(format!(
+            "rank {r} is already taken in this communicator (by pid {} on {}): every rank must pass a distinct rank",
+            first.pid,
+            first.host.split('/').next().unwrap_or("")
+        ));
+    }
+    None
+}
+
+/// Ranks 1..: connects to rank 0 (retrying refusals until the deadline),
+/// says hello, and waits for the table.
+pub(super) fn client(
+    id: &UniqueId,
+    nranks: usize,
+    rank: usize,
+    host: &str,
+    timeout: Duration,
+    deadline: Instant,
+) -> Result<(TcpStream, Vec<PeerInfo>, IpAddr)> {
+    let addr = id.addr();
+    let mut backoff = Duration::from_millis(10);
+    let mut stream = loop {
+        let left = remaining(deadline);
+        let attempt = if left.is_zero() {
+            Err(std::io::Error::new(ErrorKind::TimedOut, "deadline passed"))
+        } else {
+            TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5)))
+        };
+        match attempt {
+            Ok(s) => break s,
+            Err(e) => {
+                let left = remaining(deadline);
+                if left.is_zero() {
+                    return Err(Error::Timeout(format!(
+                        "rank {rank} could not reach rank 0's rendezvous at {addr} within {timeout:?} (last error: \
+                         {e}); is rank 0 running with this UniqueId, and is {addr} reachable from here?"
+                    )));
+                }
+                thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+        }
+    };
+    let dropped = |what: &str| {
+        Error::Remote(format!(
+            "rendezvous at {addr} dropped us: stale or foreign UniqueId? (rank {rank} of {nranks}, {what})"
+        ))
+    };
+    let hello = Hello {
+        magic: frame::MAGIC,
+        version: frame::VERSION,
+        nonce: id.nonce(),
+        rank: rank as u32,
+        nranks: nranks as u32,
+        pid: std::process::id(),
+        host: host.to_string(),
+    };
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
+    if let Err(e) = stream.write_all(&hello.encode()) {
+        return Err(dropped(&format!("sending the hello: {e}")));
+    }
+    let _ = stream.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
+    match frame::read_frame(&mut stream, frame::MAX_TABLE) {
+        Ok((tag::TABLE, payload)) => {
+            let peers = frame::decode_table(&payload)
+                .map_err(|e| Error::Remote(format!("rank {rank}: rank 0 at {addr} sent a malformed peer table: {e}")))?;
+            let ordered = peers.len() == nranks && peers.iter().enumerate().all(|(i, p)| p.rank == i);
+            if !ordered {
+                return Err(Error::Remote(format!(
+                    "rank {rank}: rank 0 at {addr} sent a peer table of {} entries for nranks {nranks}",
+                    peers.len()
+                )));
+            }
+            let ip = stream.local_addr().map(|a| a.ip()).unwrap_or(peers[rank].addr);
+            Ok((stream, peers, ip))
+        }
+        Ok((tag::REJECT, payload)) => {
+            let msg = String::from_utf8_lossy(&payload).into_owned();
+            if msg.starts_with("rank 0 gave up") { Err(Error::Timeout(msg)) } else { Err(Error::InvalidArgument(msg)) }
+        }
+        Ok((t, _)) => Err(Error::Remote(format!("rank {rank}: rank 0 at {addr} answered the hello with tag {t}"))),
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Err(Error::Timeout(format!(
+            "rank {rank} reached rank 0 at {addr} but the rendezvous did not complete within {timeout:?}: not all \
+             {nranks} ranks arrived"
+        ))),
+        Err(e) => Err(dropped(&e.to_string())),
+    }
+}
