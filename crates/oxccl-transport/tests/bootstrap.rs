@@ -1,0 +1,285 @@
+//! Bootstrap tests: ranks are threads of this process, and some are child
+//! processes (this test binary re-run on the ignored `child_rank` test).
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use oxccl_transport::Error;
+use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
+use oxccl_transport::id::{UniqueId, take_listener};
+
+fn opts(secs: u64) -> BootOptions {
+    BootOptions { timeout: Duration::from_secs(secs), host_id: None }
+}
+
+fn spawn_rank(id: UniqueId, n: usize, r: usize, o: BootOptions) -> JoinHandle<Result<Bootstrap, Error>> {
+    thread::spawn(move || Bootstrap::init(&id, n, r, &o))
+}
+
+fn init_all(id: UniqueId, n: usize, o: &BootOptions) -> Vec<Bootstrap> {
+    let hs: Vec<_> = (0..n).map(|r| spawn_rank(id, n, r, o.clone())).collect();
+    hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+}
+
+/// Runs `f` on every rank in parallel and collects the results by rank.
+fn each<T: Send>(boots: &[Bootstrap], f: impl Fn(&Bootstrap) -> T + Sync) -> Vec<T> {
+    thread::scope(|s| {
+        let hs: Vec<_> = boots.iter().map(|b| s.spawn(|| f(b))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn eight_ranks_rendezvous_all_gather_and_barrier() {
+    let id = UniqueId::new().unwrap();
+    let boots = init_all(id, 8, &opts(30));
+    for (r, b) in boots.iter().enumerate() {
+        assert_eq!((b.rank(), b.nranks()), (r, 8));
+        assert_eq!(b.peers().len(), 8);
+        for (k, p) in b.peers().iter().enumerate() {
+            assert_eq!(p.rank, k);
+            assert_eq!(p.pid, std::process::id());
+            assert_eq!(p.host, boots[0].peers()[k].host);
+        }
+        assert_eq!(b.local_ip(), b.peers()[r].addr);
+    }
+    for round in 0..3u8 {
+        let out = each(&boots, |b| b.all_gather(&vec![b.rank() as u8 ^ round; b.rank() * 3]).unwrap());
+        for got in out {
+            let want: Vec<Vec<u8>> = (0..8).map(|k| vec![k as u8 ^ round; k * 3]).collect();
+            assert_eq!(got, want);
+        }
+        each(&boots, |b| b.barrier().unwrap());
+    }
+    drop(boots);
+}
+
+#[test]
+fn single_rank() {
+    let id = UniqueId::new().unwrap();
+    let b = Bootstrap::init(&id, 1, 0, &opts(5)).unwrap();
+    assert_eq!(b.all_gather(b"x").unwrap(), vec![b"x".to_vec()]);
+    b.barrier().unwrap();
+    assert!(b.failure().is_none());
+}
+
+#[test]
+fn unique_id_hex_round_trip_and_errors() {
+    let id = UniqueId::new().unwrap();
+    let hex = id.to_string();
+    assert_eq!(hex.len(), 256);
+    assert!(hex.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)));
+    assert_eq!(hex.parse::<UniqueId>().unwrap(), id);
+    assert_eq!(UniqueId::from_bytes(id.as_bytes()).unwrap(), id);
+    assert!(take_listener(&id).is_some());
+    assert!(take_listener(&id).is_none());
+    let e = hex[..200].parse::<UniqueId>().unwrap_err().to_string();
+    assert!(e.contains("256") && e.contains("200"), "{e}");
+    let e = format!("{}zz", &hex[..254]).parse::<UniqueId>().unwrap_err().to_string();
+    assert!(e.contains("non-hex") && e.contains("254"), "{e}");
+    let e = "00".repeat(128).parse::<UniqueId>().unwrap_err().to_string();
+    assert!(e.contains("not an oxccl UniqueId"), "{e}");
+}
+
+#[test]
+fn intruders_are_dropped_and_real_ranks_complete() {
+    let id = UniqueId::new().unwrap();
+    let addr = id.addr();
+    let n = 4;
+    // The listener is already bound by UniqueId::new: intruders queue up
+    // before rank 0 even starts.
+    let scanner = TcpStream::connect(addr).unwrap();
+    drop(scanner);
+    let mut garbage = TcpStream::connect(addr).unwrap();
+    garbage.write_all(&[0xde; 300]).unwrap();
+    let silent = TcpStream::connect(addr).unwrap();
+    let wrong = UniqueId::from_addr(addr, [0x55; 16]);
+    let wrong_nonce = thread::spawn(move || Bootstrap::init(&wrong, n, 1, &opts(20)));
+    let hs: Vec<_> = (0..n).map(|r| spawn_rank(id, n, r, opts(20))).collect();
+    let boots: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+    let e = wrong_nonce.join().unwrap().unwrap_err();
+    assert!(matches!(e, Error::Remote(_)) && e.to_string().contains("stale or foreign UniqueId"), "{e}");
+    let out = each(&boots, |b| b.all_gather(&[b.rank() as u8]).unwrap());
+    assert!(out.iter().all(|o| *o == vec![vec![0], vec![1], vec![2], vec![3]]));
+    drop((garbage, silent));
+}
+
+#[test]
+fn nranks_mismatch_and_duplicate_rank_are_refused() {
+    let id = UniqueId::new().unwrap();
+    let n = 4;
+    let root = spawn_rank(id, n, 0, opts(20));
+    let bad_n = spawn_rank(id, 5, 1, opts(20));
+    let e = bad_n.join().unwrap().unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    let s = e.to_string();
+    assert!(s.contains("nranks is 5") && s.contains("nranks is 4"), "{s}");
+    // A second rank 0 cannot listen on the port rank 0 holds.
+    let e = Bootstrap::init(&id, n, 0, &opts(20)).unwrap_err();
+    assert!(matches!(e, Error::System(_)) && e.to_string().contains(&id.addr().to_string()), "{e}");
+    // Two claimants for rank 2: exactly one fails (the second to arrive),
+    // before the rendezvous can complete.
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..2 {
+        let tx = tx.clone();
+        thread::spawn(move || tx.send(Bootstrap::init(&id, n, 2, &opts(20))).unwrap());
+    }
+    let first = rx.recv().unwrap();
+    let e = first.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("rank 2 is already taken"), "{e}");
+    let others: Vec<_> = [1, 3].into_iter().map(|r| spawn_rank(id, n, r, opts(20))).collect();
+    let mut boots = vec![root.join().unwrap().unwrap(), rx.recv().unwrap().unwrap()];
+    boots.extend(others.into_iter().map(|h| h.join().unwrap().unwrap()));
+    boots.sort_by_key(|b| b.rank());
+    let out = each(&boots, |b| b.all_gather(&[b.rank() as u8]).unwrap());
+    assert!(out.iter().all(|o| o.len() == 4 && o[2] == vec![2]));
+}
+
+#[test]
+fn stale_id_times_out() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    let id = UniqueId::from_addr(addr, [9; 16]);
+    let t = Instant::now();
+    let e = Bootstrap::init(&id, 2, 1, &opts(1)).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(e.to_string().contains(&addr.to_string()), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn rank0_times_out_when_ranks_are_missing() {
+    let id = UniqueId::new().unwrap();
+    let waiting = spawn_rank(id, 3, 1, opts(30));
+    let e = Bootstrap::init(&id, 3, 0, &opts(1)).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)) && e.to_string().contains("missing ranks [2]"), "{e}");
+    let e = waiting.join().unwrap().unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)) && e.to_string().contains("missing ranks [2]"), "{e}");
+}
+
+#[test]
+fn abort_reaches_everyone_and_close_is_not_a_death() {
+    let id = UniqueId::new().unwrap();
+    let mut boots = init_all(id, 4, &opts(30));
+    let rung = Arc::new(AtomicUsize::new(0));
+    for b in &boots {
+        let rung = rung.clone();
+        b.on_failure(Box::new(move || {
+            rung.fetch_add(1, Ordering::SeqCst);
+        }));
+    }
+    // Rank 3 leaves cleanly: nobody reports it as dead.
+    let last = boots.pop().unwrap();
+    last.close();
+    drop(last);
+    thread::sleep(Duration::from_millis(300));
+    assert!(boots.iter().all(|b| b.failure().is_none()));
+    // An all_gather now cannot complete: it fails promptly, naming rank 3.
+    let e = boots[0].all_gather(b"x").unwrap_err();
+    assert!(e.to_string().contains("rank 3") && e.to_string().contains("closed"), "{e}");
+    boots[2].abort("out of memory");
+    for b in &boots {
+        let e = wait_failure(b);
+        assert_eq!(e, Error::Remote("rank 2 aborted: out of memory".into()));
+        let e2 = b.barrier().unwrap_err();
+        assert!(matches!(e2, Error::Remote(_)), "{e2}");
+    }
+    assert_eq!(rung.load(Ordering::SeqCst), 3);
+}
+
+fn wait_failure(b: &Bootstrap) -> Error {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(e) = b.failure() {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "rank {} saw no failure within 10 s", b.rank());
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Helper run as a child process by the kill tests: joins the rendezvous
+/// named by OXCCL_TEST_ID, does one all-gather, then idles until killed.
+#[test]
+#[ignore = "helper: the kill tests run it in a child process"]
+fn child_rank() {
+    let Ok(hex) = std::env::var("OXCCL_TEST_ID") else { return };
+    let id: UniqueId = hex.parse().unwrap();
+    let n: usize = std::env::var("OXCCL_TEST_NRANKS").unwrap().parse().unwrap();
+    let r: usize = std::env::var("OXCCL_TEST_RANK").unwrap().parse().unwrap();
+    let b = Bootstrap::init(&id, n, r, &opts(30)).unwrap();
+    let out = b.all_gather(&[r as u8]).unwrap();
+    assert_eq!(out, (0..n).map(|k| vec![k as u8]).collect::<Vec<_>>());
+    thread::sleep(Duration::from_secs(60));
+    std::mem::forget(b); // never say goodbye: the parent should have killed us
+}
+
+fn spawn_child(id: &UniqueId, n: usize, r: usize) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_rank", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("OXCCL_TEST_ID", id.to_string())
+        .env("OXCCL_TEST_NRANKS", n.to_string())
+        .env("OXCCL_TEST_RANK", r.to_string())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Ranks `local` run as threads here, rank `victim` in a child process;
+/// after one all-gather the child is killed with SIGKILL while the others
+/// wait in a second all-gather.
+fn kill_test(victim: usize) {
+    let n = 4;
+    let id = UniqueId::new().unwrap();
+    if victim == 0 {
+        // Rank 0 runs elsewhere: free the port for it to bind.
+        drop(take_listener(&id).unwrap());
+    }
+    let mut child = spawn_child(&id, n, victim);
+    let hs: Vec<_> = (0..n).filter(|&r| r != victim).map(|r| spawn_rank(id, n, r, opts(60))).collect();
+    let boots: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+    let out = each(&boots, |b| b.all_gather(&[b.rank() as u8]).unwrap());
+    assert!(out.iter().all(|o| *o == (0..n).map(|k| vec![k as u8]).collect::<Vec<_>>()));
+    let pending = thread::scope(|s| {
+        let hs: Vec<_> = boots.iter().map(|b| s.spawn(|| b.all_gather(b"never"))).collect();
+        thread::sleep(Duration::from_millis(200));
+        child.kill().unwrap();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    });
+    let _ = child.wait();
+    let name = format!("rank {victim}");
+    for (b, res) in boots.iter().zip(pending) {
+        let e = res.unwrap_err();
+        assert!(matches!(e, Error::Remote(_)) && e.to_string().contains(&name), "rank {}: {e}", b.rank());
+        let f = wait_failure(b);
+        assert!(matches!(f, Error::Remote(_)) && f.to_string().contains(&format!("{name} ")), "{f}");
+        assert!(f.to_string().contains("died"), "{f}");
+    }
+}
+
+#[test]
+fn killed_rank_is_reported_to_everyone() {
+    kill_test(3);
+}
+
+#[test]
+fn killed_rank0_is_reported_to_everyone() {
+    kill_test(0);
+}
+
+#[test]
+fn for_env_ids_rendezvous() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr: SocketAddr = l.local_addr().unwrap();
+    drop(l);
+    let hs: Vec<_> = (0..3).map(|r| spawn_rank(UniqueId::for_env(addr, "job-7/comm-0"), 3, r, opts(20))).collect();
+    let boots: Vec<Bootstrap> = hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect();
+    each(&boots, |b| b.barrier().unwrap());
+    assert_eq!(boots[1].peers()[0].addr, addr.ip());
+}
