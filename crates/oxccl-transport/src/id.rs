@@ -305,10 +305,8 @@ fn pick_by_spec(addrs: &[IfAddr], spec: &str) -> Result<IpAddr> {
     };
     let candidates: Vec<&IfAddr> = addrs.iter().filter(|a| a.up && usable(&a.ip) && selected(&a.name)).collect();
     candidates.iter().find(|a| a.ip.is_ipv4()).or_else(|| candidates.first()).map(|a| a.ip).ok_or_else(|| {
-        let list: Vec<String> = addrs
-            .iter()
-            .map(|a| format!("{} ({}{})", a.name, a.ip, if a.up { "" } else { ", down" }))
-            .collect();
+        let list: Vec<String> =
+            addrs.iter().map(|a| format!("{} ({}{})", a.name, a.ip, if a.up { "" } else { ", down" })).collect();
         Error::invalid(format!(
             "interface spec {spec:?} ({SOCKET_IFNAME_ENV}) selects no interface that is up with a usable address; \
              interfaces here: {}",

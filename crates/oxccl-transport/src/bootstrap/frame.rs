@@ -199,11 +199,7 @@ impl<'a> Dec<'a> {
         s
     }
     pub(super) fn end(&self) -> Result<(), String> {
-        if self.pos == self.buf.len() {
-            Ok(())
-        } else {
-            Err(format!("{} trailing bytes", self.buf.len() - self.pos))
-        }
+        if self.pos == self.buf.len() { Ok(()) } else { Err(format!("{} trailing bytes", self.buf.len() - self.pos)) }
     }
 }
 

@@ -255,8 +255,8 @@ impl Bootstrap {
         let mut boot =
             Bootstrap { shared: shared.clone(), local_ip, seq: Mutex::new(0), monitor: Mutex::new(None), wake: None };
         if !readers.is_empty() {
-            let (wake_tx, wake_rx) =
-                UnixStream::pair().map_err(|e| Error::System(format!("rank {rank}: cannot create a wake pipe: {e}")))?;
+            let (wake_tx, wake_rx) = UnixStream::pair()
+                .map_err(|e| Error::System(format!("rank {rank}: cannot create a wake pipe: {e}")))?;
             let handle = std::thread::Builder::new()
                 .name(format!("oxccl-boot-{rank}"))
                 .spawn(move || monitor::run(shared, readers, wake_rx))
@@ -380,7 +380,10 @@ impl Bootstrap {
         for k in 1..n {
             if let Err(e) = sh.send(k, &f) {
                 sh.check("all_gather")?;
-                return Err(Error::Remote(format!("all_gather #{seq}: cannot send the result to {}: {e}", sh.describe(k))));
+                return Err(Error::Remote(format!(
+                    "all_gather #{seq}: cannot send the result to {}: {e}",
+                    sh.describe(k)
+                )));
             }
         }
         Ok(parts)

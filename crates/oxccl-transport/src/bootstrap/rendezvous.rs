@@ -252,8 +252,9 @@ pub(super) fn client(
     let _ = stream.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
     match frame::read_frame(&mut stream, frame::MAX_TABLE) {
         Ok((tag::TABLE, payload)) => {
-            let peers = frame::decode_table(&payload)
-                .map_err(|e| Error::Remote(format!("rank {rank}: rank 0 at {addr} sent a malformed peer table: {e}")))?;
+            let peers = frame::decode_table(&payload).map_err(|e| {
+                Error::Remote(format!("rank {rank}: rank 0 at {addr} sent a malformed peer table: {e}"))
+            })?;
             let ordered = peers.len() == nranks && peers.iter().enumerate().all(|(i, p)| p.rank == i);
             if !ordered {
                 return Err(Error::Remote(format!(
