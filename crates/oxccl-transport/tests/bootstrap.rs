@@ -190,7 +190,18 @@ fn abort_reaches_everyone_and_close_is_not_a_death() {
         let e2 = b.barrier().unwrap_err();
         assert!(matches!(e2, Error::Remote(_)), "{e2}");
     }
+    // Callbacks run just after the failure is recorded: wait for them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rung.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(rung.load(Ordering::SeqCst), 3);
+    // Registered after the failure: runs at once.
+    let late = rung.clone();
+    boots[1].on_failure(Box::new(move || {
+        late.fetch_add(1, Ordering::SeqCst);
+    }));
+    assert_eq!(rung.load(Ordering::SeqCst), 4);
 }
 
 fn wait_failure(b: &Bootstrap) -> Error {

@@ -138,7 +138,9 @@ impl Shared {
     /// Records `err` if it is the first failure, wakes waiters and runs the
     /// callbacks. Returns whether it was the first.
     fn record_failure(&self, err: Error) -> bool {
-        {
+        // The callbacks are snapshot under the state lock, which
+        // `on_failure` also takes: each callback runs exactly once.
+        let callbacks: Vec<Callback> = {
             let mut st = self.state.lock();
             if st.failure.is_some() {
                 return false;
@@ -146,8 +148,8 @@ impl Shared {
             tracing::warn!(rank = self.rank, "bootstrap failure: {err}");
             st.failure = Some(err);
             self.cond.notify_all();
-        }
-        let callbacks: Vec<Callback> = self.callbacks.lock().clone();
+            self.callbacks.lock().clone()
+        };
         for cb in callbacks {
             cb();
         }
@@ -293,15 +295,18 @@ impl Bootstrap {
         self.shared.state.lock().failure.clone()
     }
 
-    /// Registers a callback the monitor thread calls (once) when a failure
-    /// is recorded; called at once if one already was. It must be quick and
-    /// must not call back into this `Bootstrap`'s collectives (ring a
-    /// doorbell).
+    /// Registers a callback run exactly once when a failure is recorded,
+    /// on the thread that records it (the monitor thread; the caller of
+    /// [`abort`](Bootstrap::abort) for a local abort); run at once if a
+    /// failure already was recorded. It must be quick and must not wait on
+    /// this `Bootstrap`'s collectives: ring a doorbell.
     pub fn on_failure(&self, callback: Box<dyn Fn() + Send + Sync>) {
-        let cb: Callback = Arc::from(callback);
-        self.shared.callbacks.lock().push(cb.clone());
-        if self.shared.state.lock().failure.is_some() {
-            cb();
+        let st = self.shared.state.lock();
+        if st.failure.is_none() {
+            self.shared.callbacks.lock().push(Arc::from(callback));
+        } else {
+            drop(st);
+            callback();
         }
     }
 
