@@ -248,6 +248,7 @@ impl Tcp {
         st.sockets.retain(|w| w.strong_count() > 0);
         let mut fds = vec![self.shared.listener.as_raw_fd()];
         fds.extend(st.pending.iter().map(|p| p.sock.as_raw_fd()));
+        fds.extend(st.arrived.values().flat_map(|a| a.socks.iter().flatten()).map(|s| s.as_raw_fd()));
         fds.extend(st.sockets.iter().filter_map(|w| w.upgrade()).map(|s| s.as_raw_fd()));
         fds
     }
@@ -417,6 +418,14 @@ pub fn tcp_pair_with(ch: Channel, opts: TcpOptions) -> Result<(Box<dyn Sender>, 
     a.set_peer_addrs(addrs.clone())?;
     b.set_peer_addrs(addrs)?;
     Ok((a.sender(1, ch)?, b.receiver(0, ch)?))
+}
+
+/// A zeroed buffer of `cap` bytes whose data starts 64-aligned in memory:
+/// the vector and the offset of its first aligned byte.
+fn aligned_buffer(cap: usize) -> (Vec<u8>, usize) {
+    let buf = vec![0u8; cap + 64];
+    let base = buf.as_ptr().align_offset(64).min(64);
+    (buf, base)
 }
 
 /// A non-blocking socket connecting to `addr` (the connect completes later).

@@ -9,7 +9,7 @@
 //! contiguously from the consumer position, cut to a multiple of 8 bytes
 //! of the message (whole elements) unless they end the message.
 
-use super::Shared;
+use super::{Shared, aligned_buffer};
 use crate::wire::{HEADER_LEN, Header, stripe_range};
 use crate::{Channel, Error, Piece, Receiver, Result};
 use socket2::Socket;
@@ -46,7 +46,9 @@ pub(super) struct TcpReceiver {
     ch: Channel,
     nstripes: u16,
     streams: Vec<Stream>,
+    /// The FIFO is `buf[base..base + cap]`, 64-aligned in memory.
     buf: Vec<u8>,
+    base: usize,
     cap: u64,
     msgs: VecDeque<Msg>,
     next_seq: u64,
@@ -71,8 +73,10 @@ enum Step {
 impl TcpReceiver {
     pub(super) fn new(shared: Arc<Shared>, peer: usize, ch: Channel) -> TcpReceiver {
         let cap = shared.opts.buffer as u64;
+        let (buf, base) = aligned_buffer(shared.opts.buffer);
         TcpReceiver {
-            buf: vec![0; shared.opts.buffer],
+            buf,
+            base,
             shared,
             peer,
             ch,
@@ -205,7 +209,8 @@ impl TcpReceiver {
             return Ok(Step::Blocked);
         }
         let off = (pos % self.cap) as usize;
-        let n = ((limit - pos) as usize).min(self.buf.len() - off);
+        let n = ((limit - pos) as usize).min(self.cap as usize - off);
+        let off = self.base + off;
         let s = &self.streams[i];
         match (&*s.sock).read(&mut self.buf[off..off + n]) {
             Ok(0) => {
@@ -320,7 +325,8 @@ impl Receiver for TcpReceiver {
             };
         }
         let at = (self.rpos % self.cap) as usize;
-        let n = ((arrived - off) as usize).min(self.buf.len() - at);
+        let n = ((arrived - off) as usize).min(self.cap as usize - at);
+        let at = self.base + at;
         self.last_peek = n;
         let msg_len = m.len as usize;
         Ok(Some(Piece { msg_len, offset: off as usize, data: &self.buf[at..at + n] }))

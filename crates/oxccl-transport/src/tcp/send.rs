@@ -8,7 +8,7 @@
 //! handed to the kernel on any socket, rounded down to 64 so `room` always
 //! returns whole elements.
 
-use super::{Shared, start_connect};
+use super::{Shared, aligned_buffer, start_connect};
 use crate::wire::{HANDSHAKE_LEN, HEADER_LEN, Handshake, Header, MAX_MSG, stripe_range};
 use crate::{Channel, Error, Result, Sender};
 use socket2::{SockAddr, Socket};
@@ -57,7 +57,9 @@ pub(super) struct TcpSender {
     since: Option<Instant>,
     retry_at: Option<Instant>,
     ready: bool,
+    /// The FIFO is `buf[base..base + cap]`, 64-aligned in memory.
     buf: Vec<u8>,
+    base: usize,
     cap: u64,
     /// Stream position after the last committed byte.
     commit: u64,
@@ -76,9 +78,11 @@ fn align64(x: u64) -> u64 {
 impl TcpSender {
     pub(super) fn new(shared: Arc<Shared>, peer: usize, ch: Channel, addr: SocketAddr) -> TcpSender {
         let cap = shared.opts.buffer as u64;
+        let (buf, base) = aligned_buffer(shared.opts.buffer);
         let nstripes = shared.opts.streams as u16;
         TcpSender {
-            buf: vec![0; shared.opts.buffer],
+            buf,
+            base,
             shared,
             peer,
             ch,
@@ -187,6 +191,7 @@ impl TcpSender {
     fn push(&mut self) -> Result<bool> {
         let mut moved = false;
         let (cap, commit) = (self.cap, self.commit);
+        let ring = &self.buf[self.base..self.base + cap as usize];
         for (i, (s, jobs)) in self.streams.iter_mut().zip(&mut self.queues).enumerate() {
             loop {
                 let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(8);
@@ -204,10 +209,10 @@ impl TcpSender {
                     let to = (j.pos + j.len).min(commit);
                     if to > from {
                         let (a, b) = ((from % cap) as usize, (to - from) as usize);
-                        let first = b.min(self.buf.len() - a);
-                        iov.push(IoSlice::new(&self.buf[a..a + first]));
+                        let first = b.min(ring.len() - a);
+                        iov.push(IoSlice::new(&ring[a..a + first]));
                         if first < b {
-                            iov.push(IoSlice::new(&self.buf[..b - first]));
+                            iov.push(IoSlice::new(&ring[..b - first]));
                         }
                     }
                     if to < j.pos + j.len {
@@ -321,7 +326,7 @@ impl Sender for TcpSender {
             .min(free_end.saturating_sub(self.commit))
             .min(self.cap - off);
         self.last_room = n as usize;
-        let off = off as usize;
+        let off = self.base + off as usize;
         Ok(&mut self.buf[off..off + n as usize])
     }
 
