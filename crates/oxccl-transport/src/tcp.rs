@@ -60,12 +60,7 @@ impl Default for TcpOptions {
             .and_then(|s| s.trim().parse::<usize>().ok())
             .filter(|&n| (1..=usize::from(MAX_STREAMS)).contains(&n))
             .unwrap_or(2);
-        TcpOptions {
-            streams,
-            buffer: 4 << 20,
-            connect_timeout: Duration::from_secs(30),
-            socket_buffer: 4 << 20,
-        }
+        TcpOptions { streams, buffer: 4 << 20, connect_timeout: Duration::from_secs(30), socket_buffer: 4 << 20 }
     }
 }
 
@@ -149,7 +144,7 @@ impl Tcp {
                 opts.streams
             )));
         }
-        if opts.buffer == 0 || opts.buffer % 64 != 0 {
+        if opts.buffer == 0 || !opts.buffer.is_multiple_of(64) {
             return Err(Error::invalid(format!("tcp: buffer of {} bytes; use a positive multiple of 64", opts.buffer)));
         }
         let addr = SocketAddr::new(bind_ip, 0);
@@ -172,7 +167,9 @@ impl Tcp {
             receivers: HashSet::new(),
             sockets: Vec::new(),
         };
-        Ok(Tcp { shared: Arc::new(Shared { me: my_rank, nranks, nonce, opts, listener, addr, state: Mutex::new(state) }) })
+        Ok(Tcp {
+            shared: Arc::new(Shared { me: my_rank, nranks, nonce, opts, listener, addr, state: Mutex::new(state) }),
+        })
     }
 
     /// The listener's address, to publish to the other ranks.

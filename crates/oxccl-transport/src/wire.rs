@@ -128,10 +128,7 @@ impl Handshake {
     /// another job's nonce, meant for another rank, bad sender or stripe).
     pub fn decode(b: &[u8], expect: &Expect) -> Result<Handshake> {
         if b.len() < HANDSHAKE_LEN {
-            return Err(Error::Remote(format!(
-                "handshake truncated: {} of {HANDSHAKE_LEN} bytes",
-                b.len()
-            )));
+            return Err(Error::Remote(format!("handshake truncated: {} of {HANDSHAKE_LEN} bytes", b.len())));
         }
         if b[0..8] != MAGIC {
             return Err(Error::Remote(format!(

@@ -53,7 +53,7 @@ fn send_all(tx: &mut dyn Sender, sizes: &[usize], elem: usize, seed: u64) {
                 continue;
             }
             assert!(room.len() <= want && room.len() <= n - off);
-            assert!(room.len() % elem == 0, "room of {} bytes for {elem}-byte elements", room.len());
+            assert!(room.len().is_multiple_of(elem), "room of {} bytes for {elem}-byte elements", room.len());
             if off == 0 {
                 assert_eq!(room.as_ptr() as usize % 64, 0, "message {k} does not start 64-aligned");
             }
@@ -96,7 +96,7 @@ fn recv_all(rx: &mut dyn Receiver, sizes: &[usize], elem: usize, seed: u64) {
             }
             let len = p.data.len();
             assert!(len > 0 && off + len <= n);
-            assert!(len % elem == 0, "piece of {len} bytes for {elem}-byte elements");
+            assert!(len.is_multiple_of(elem), "piece of {len} bytes for {elem}-byte elements");
             if off == 0 {
                 assert_eq!(p.data.as_ptr() as usize % 64, 0, "message {k} payload not 64-aligned");
             }
@@ -324,12 +324,12 @@ fn bad_connections_are_dropped_while_a_real_pair_works() {
     garbage.resize(200, b'z');
     let intruders: Vec<Vec<u8>> = vec![
         garbage,
-        hs([6; 16], 1, 0, 0),  // another job
-        hs(nonce, 2, 0, 0),    // meant for rank 2
-        hs(nonce, 1, 7, 0),    // no such rank
-        hs(nonce, 1, 0, 5),    // stripe out of range
+        hs([6; 16], 1, 0, 0),              // another job
+        hs(nonce, 2, 0, 0),                // meant for rank 2
+        hs(nonce, 1, 7, 0),                // no such rank
+        hs(nonce, 1, 0, 5),                // stripe out of range
         hs(nonce, 1, 0, 0)[..30].to_vec(), // truncated
-        vec![],                // port scanner: connect and close
+        vec![],                            // port scanner: connect and close
     ];
     let mut socks = Vec::new();
     for bytes in &intruders {

@@ -4,9 +4,9 @@
 //! allocation beyond a bound (a length field of 1 TiB allocates nothing).
 #![allow(unsafe_code)]
 
+use oxccl_transport::Error;
 use oxccl_transport::tcp::{Tcp, TcpOptions};
 use oxccl_transport::wire::{Expect, HANDSHAKE_LEN, HEADER_LEN, Handshake, Header, MAX_MSG};
-use oxccl_transport::Error;
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;

@@ -159,7 +159,8 @@ impl TcpReceiver {
             // has bytes on it.
             let s = &self.streams[i];
             let after = s.done.map_or(0, |d| d + 1);
-            let want = self.msgs.iter().find(|m| m.seq >= after && !stripe_range(m.len, self.nstripes, i as u16).is_empty());
+            let want =
+                self.msgs.iter().find(|m| m.seq >= after && !stripe_range(m.len, self.nstripes, i as u16).is_empty());
             match want {
                 Some(m) => {
                     h.check_seq(m.seq).map_err(|e| self.remote(i, e))?;

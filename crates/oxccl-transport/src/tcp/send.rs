@@ -150,8 +150,7 @@ impl TcpSender {
                 if now.duration_since(since) >= opts.connect_timeout {
                     return Err(Error::Timeout(format!(
                         "{}: could not connect within {:?}: {e}; is the peer alive and its address reachable?",
-                        who,
-                        opts.connect_timeout
+                        who, opts.connect_timeout
                     )));
                 }
                 let sock = start_connect(&target, opts)
@@ -167,8 +166,7 @@ impl TcpSender {
             } else if now.duration_since(since) >= opts.connect_timeout {
                 return Err(Error::Timeout(format!(
                     "{}: not connected after {:?}; is the peer alive and its address reachable?",
-                    who,
-                    opts.connect_timeout
+                    who, opts.connect_timeout
                 )));
             }
         }
@@ -321,10 +319,7 @@ impl Sender for TcpSender {
         }
         let free_end = (self.release() & !63) + self.cap;
         let off = self.commit % self.cap;
-        let n = (want as u64)
-            .min(c.len - c.written)
-            .min(free_end.saturating_sub(self.commit))
-            .min(self.cap - off);
+        let n = (want as u64).min(c.len - c.written).min(free_end.saturating_sub(self.commit)).min(self.cap - off);
         self.last_room = n as usize;
         let off = self.base + off as usize;
         Ok(&mut self.buf[off..off + n as usize])
@@ -369,9 +364,11 @@ impl Sender for TcpSender {
 
     fn flushed(&self) -> bool {
         self.streams.iter().all(|s| s.hs_sent == HANDSHAKE_LEN)
-            && self.queues.iter().flatten().all(|j| {
-                j.hdr_sent == HEADER_LEN && j.pos + j.sent >= (j.pos + j.len).min(self.commit)
-            })
+            && self
+                .queues
+                .iter()
+                .flatten()
+                .all(|j| j.hdr_sent == HEADER_LEN && j.pos + j.sent >= (j.pos + j.len).min(self.commit))
     }
 
     fn bytes(&self) -> u64 {
