@@ -29,6 +29,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -100,6 +101,8 @@ struct Shared {
     listener: Socket,
     addr: SocketAddr,
     state: Mutex<State>,
+    /// Set by [`Tcp::close`]: errors afterwards blame this rank, not the peer.
+    closed: AtomicBool,
 }
 
 /// One rank's TCP provider: its listener and the peers' addresses.
@@ -168,7 +171,16 @@ impl Tcp {
             sockets: Vec::new(),
         };
         Ok(Tcp {
-            shared: Arc::new(Shared { me: my_rank, nranks, nonce, opts, listener, addr, state: Mutex::new(state) }),
+            shared: Arc::new(Shared {
+                me: my_rank,
+                nranks,
+                nonce,
+                opts,
+                listener,
+                addr,
+                state: Mutex::new(state),
+                closed: AtomicBool::new(false),
+            }),
         })
     }
 
@@ -259,6 +271,7 @@ impl Tcp {
     /// EOF) and drops the pending ones. Senders and receivers report an
     /// error afterwards.
     pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Relaxed);
         let mut st = self.shared.state.lock();
         for s in st.sockets.drain(..).filter_map(|w| w.upgrade()) {
             let _ = s.shutdown(std::net::Shutdown::Both);
@@ -275,6 +288,22 @@ impl std::fmt::Debug for Tcp {
 }
 
 impl Shared {
+    /// The error for a connection whose socket failed: the peer's fault
+    /// unless this rank closed its provider.
+    fn lost(&self, peer: usize, ch: Channel, stream: usize, detail: &str) -> Error {
+        if self.closed.load(Ordering::Relaxed) {
+            return Error::InvalidUsage(format!(
+                "rank {}: connection with rank {peer} (channel {ch}) used after its tcp provider was closed",
+                self.me
+            ));
+        }
+        Error::Remote(format!(
+            "rank {peer} closed the connection (channel {ch}, stream {stream}, at rank {}){detail}; the peer \
+             process probably failed, see its log",
+            self.me
+        ))
+    }
+
     fn register(&self, sock: &Arc<Socket>) {
         let mut st = self.state.lock();
         st.sockets.retain(|w| w.strong_count() > 0);

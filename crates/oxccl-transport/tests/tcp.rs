@@ -421,7 +421,6 @@ fn peer_drop_mid_message_is_a_remote_error_naming_the_rank() {
         }
         if close_tcp {
             a.close();
-            assert!(tx.progress().is_err() || tx.room(10).is_err() || !tx.flushed() || tx.flushed());
         }
         drop(tx);
         let e = expect_closed(&mut *rx, 0);
@@ -441,4 +440,27 @@ fn peer_drop_between_messages_delivers_what_was_sent_first() {
     recv_all(&mut *rx, &sz, 1, 8);
     let e = expect_closed(&mut *rx, 0);
     assert!(e.to_string().contains("rank 0 closed the connection"), "{e}");
+}
+
+#[test]
+fn connecting_to_nobody_times_out_with_the_peer_named() {
+    // A port that was just free: connections are refused.
+    let dead = std::net::TcpListener::bind((LO, 0)).unwrap().local_addr().unwrap();
+    let o = TcpOptions { connect_timeout: Duration::from_millis(300), ..opts(2, 4096) };
+    let a = Tcp::new(0, 2, [0; 16], LO, o).unwrap();
+    a.set_peer_addrs(vec![a.addr(), dead]).unwrap();
+    let mut tx = a.sender(1, 4).unwrap();
+    tx.begin(10).unwrap();
+    let deadline = Instant::now() + LIMIT;
+    let e = loop {
+        assert!(Instant::now() < deadline, "connecting never gave up");
+        assert!(tx.room(10).map(|r| r.is_empty()).unwrap_or(true), "room before the connection exists");
+        if let Err(e) = tx.progress() {
+            break e;
+        }
+        thread::sleep(Duration::from_millis(5));
+    };
+    assert!(matches!(e, Error::Timeout(_)), "{e:?}");
+    assert!(e.to_string().contains("rank 1") && e.to_string().contains(&dead.to_string()), "{e}");
+    assert!(!tx.flushed());
 }

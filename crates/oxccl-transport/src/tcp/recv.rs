@@ -102,11 +102,7 @@ impl TcpReceiver {
     }
 
     fn closed(&self, i: usize, detail: &str) -> Error {
-        Error::Remote(format!(
-            "rank {} closed the connection (channel {}, stream {i}, at rank {}){detail}; the peer process \
-             probably failed, see its log",
-            self.peer, self.ch, self.shared.me
-        ))
+        self.shared.lost(self.peer, self.ch, i, detail)
     }
 
     /// Filled bytes of stripe `i` of message `m` (message offsets).

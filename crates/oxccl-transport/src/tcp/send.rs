@@ -225,10 +225,7 @@ impl TcpSender {
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        return Err(Error::Remote(format!(
-                            "rank {} closed the connection (channel {}, stream {i}): {e}",
-                            self.peer, self.ch
-                        )));
+                        return Err(self.shared.lost(self.peer, self.ch, i, &format!(": {e}")));
                     }
                 };
                 drop(iov);
