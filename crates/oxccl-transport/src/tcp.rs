@@ -17,6 +17,23 @@
 //! [`Sender`]/[`Receiver`] contract is the same as for the other providers;
 //! the sockets move bytes between the two FIFOs with non-blocking
 //! `writev`/`read`. No call blocks.
+//!
+//! ## For the integrator
+//! - Exchange [`Tcp::addr`] through the bootstrap, then
+//!   [`Tcp::set_peer_addrs`] before creating senders.
+//! - Sockets are accepted by [`Tcp::progress`] and by the `progress` of any
+//!   receiver that has not got its sockets yet; call one of them while
+//!   connections are being set up.
+//! - When idle, poll [`Tcp::poll_fds`] for readability; a sender that is not
+//!   [`flushed`](Sender::flushed) also wants its sockets writable (or just
+//!   a short poll timeout).
+//! - Sizes: a message may be larger than the buffer, but its stripes only
+//!   move in parallel when they fit in the buffer together (the executor's
+//!   chunks, a few MiB, do).
+//! - Errors: a peer that closes or resets a socket is an
+//!   [`Error::Remote`] naming the rank and channel, raised by the receiver
+//!   once the bytes sent before the close have been consumed; a malformed
+//!   header is an [`Error::Remote`] saying what was wrong. Errors stick.
 
 mod recv;
 mod send;
