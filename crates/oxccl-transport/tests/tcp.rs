@@ -308,7 +308,7 @@ fn misuse_is_an_error() {
 #[test]
 fn bad_connections_are_dropped_while_a_real_pair_works() {
     let nonce = [5; 16];
-    let o = TcpOptions { connect_timeout: Duration::from_millis(300), ..opts(2, 64 << 10) };
+    let o = TcpOptions { connect_timeout: Duration::from_secs(1), ..opts(2, 64 << 10) };
     let a = Tcp::new(0, 3, nonce, LO, o.clone()).unwrap();
     let b = Tcp::new(1, 3, nonce, LO, o).unwrap();
     let addrs = vec![a.addr(), b.addr(), a.addr()];
