@@ -446,6 +446,9 @@ impl Shared {
 /// Builds a connected pair over loopback (rank 0 sends to rank 1 on `ch`),
 /// with `capacity` bytes of FIFO at each end and the default streams; for
 /// tests and the conformance suite. The pair keeps its listeners alive.
+///
+/// # Panics
+/// If loopback sockets cannot be made; [`tcp_pair_with`] returns the error.
 pub fn tcp_pair(ch: Channel, capacity: usize) -> (Box<dyn Sender>, Box<dyn Receiver>) {
     tcp_pair_with(ch, TcpOptions { buffer: capacity, ..TcpOptions::default() }).expect("tcp_pair over loopback")
 }
