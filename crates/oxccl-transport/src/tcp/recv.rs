@@ -1,0 +1,375 @@
+//! The receiving end of a TCP connection.
+//!
+//! The FIFO is a ring of `buffer` bytes indexed by a 64-bit stream position
+//! as at the sender: message `k` starts at the 64-aligned position after
+//! message `k - 1`, so payloads start 64-aligned in the buffer. Socket 0
+//! carries a header for every message and so fixes the layout; socket `i`
+//! reads its stripe of each message straight to its place, but never past
+//! `consumer position + capacity`. `peek` returns the bytes arrived
+//! contiguously from the consumer position, cut to a multiple of 8 bytes
+//! of the message (whole elements) unless they end the message.
+
+use super::{Shared, aligned_buffer};
+use crate::wire::{HEADER_LEN, Header, stripe_range};
+use crate::{Channel, Error, Piece, Receiver, Result};
+use socket2::Socket;
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read};
+use std::sync::Arc;
+
+/// Most messages whose header has arrived but which are not consumed yet
+/// (0-byte messages take no FIFO space; this bounds their bookkeeping).
+const MAX_MSGS: usize = 4096;
+
+/// A message whose header has arrived.
+struct Msg {
+    seq: u64,
+    start: u64,
+    len: u64,
+}
+
+struct Stream {
+    sock: Arc<Socket>,
+    hdr: [u8; HEADER_LEN],
+    hdr_got: usize,
+    /// The stripe being read: message, next position, end position.
+    cur: Option<(u64, u64, u64)>,
+    /// Last message whose stripe this socket finished.
+    done: Option<u64>,
+    /// Clean EOF between stripes.
+    eof: bool,
+}
+
+pub(super) struct TcpReceiver {
+    shared: Arc<Shared>,
+    peer: usize,
+    ch: Channel,
+    nstripes: u16,
+    streams: Vec<Stream>,
+    /// The FIFO is `buf[base..base + cap]`, 64-aligned in memory.
+    buf: Vec<u8>,
+    base: usize,
+    cap: u64,
+    msgs: VecDeque<Msg>,
+    next_seq: u64,
+    next_start: u64,
+    /// Consumer's stream position.
+    rpos: u64,
+    last_peek: usize,
+    peeked_empty: bool,
+    bytes: u64,
+    failed: Option<Error>,
+}
+
+fn align64(x: u64) -> u64 {
+    x.div_ceil(64) * 64
+}
+
+enum Step {
+    Moved,
+    Blocked,
+}
+
+impl TcpReceiver {
+    pub(super) fn new(shared: Arc<Shared>, peer: usize, ch: Channel) -> TcpReceiver {
+        let cap = shared.opts.buffer as u64;
+        let (buf, base) = aligned_buffer(shared.opts.buffer);
+        TcpReceiver {
+            buf,
+            base,
+            shared,
+            peer,
+            ch,
+            nstripes: 0,
+            streams: Vec::new(),
+            cap,
+            msgs: VecDeque::new(),
+            next_seq: 0,
+            next_start: 0,
+            rpos: 0,
+            last_peek: 0,
+            peeked_empty: false,
+            bytes: 0,
+            failed: None,
+        }
+    }
+
+    fn remote(&self, i: usize, what: impl std::fmt::Display) -> Error {
+        Error::Remote(format!(
+            "rank {} (at rank {}, channel {}, stream {i}): {what}",
+            self.peer, self.shared.me, self.ch
+        ))
+    }
+
+    fn closed(&self, i: usize, detail: &str) -> Error {
+        self.shared.lost(self.peer, self.ch, i, detail)
+    }
+
+    /// Filled bytes of stripe `i` of message `m` (message offsets).
+    fn filled(&self, m: &Msg, i: usize) -> u64 {
+        let r = stripe_range(m.len, self.nstripes, i as u16);
+        let s = &self.streams[i];
+        if r.is_empty() || s.done.is_some_and(|d| d >= m.seq) {
+            return r.end - r.start;
+        }
+        match s.cur {
+            Some((seq, pos, _)) if seq == m.seq => pos - (m.start + r.start),
+            _ => 0,
+        }
+    }
+
+    /// Reads a header on socket `i`; Blocked when nothing more can be read
+    /// now. Completes the header into the stream's `cur` when it matches.
+    fn read_header(&mut self, i: usize) -> Result<Step> {
+        let s = &mut self.streams[i];
+        if s.hdr_got < HEADER_LEN {
+            if i == 0 && self.msgs.len() >= MAX_MSGS {
+                return Ok(Step::Blocked);
+            }
+            match (&*s.sock).read(&mut s.hdr[s.hdr_got..]) {
+                Ok(0) if s.hdr_got == 0 => {
+                    s.eof = true;
+                    return Ok(Step::Blocked);
+                }
+                Ok(0) => {
+                    let got = s.hdr_got;
+                    return Err(self.closed(i, &format!(" inside a message header ({got} of {HEADER_LEN} bytes)")));
+                }
+                Ok(n) => s.hdr_got += n,
+                Err(e) => return self.io_err(i, e),
+            }
+            if self.streams[i].hdr_got < HEADER_LEN {
+                return Ok(Step::Moved);
+            }
+        }
+        let h = Header::decode(&self.streams[i].hdr, self.nstripes, i as u16).map_err(|e| self.remote(i, e))?;
+        let (seq, start) = if i == 0 {
+            h.check_seq(self.next_seq).map_err(|e| self.remote(i, e))?;
+            let start = self.next_start;
+            self.msgs.push_back(Msg { seq: h.seq, start, len: h.msg_len });
+            self.next_seq += 1;
+            self.next_start = align64(start + h.msg_len);
+            (h.seq, start)
+        } else {
+            // The first known message after this socket's last one that
+            // has bytes on it.
+            let s = &self.streams[i];
+            let after = s.done.map_or(0, |d| d + 1);
+            let want =
+                self.msgs.iter().find(|m| m.seq >= after && !stripe_range(m.len, self.nstripes, i as u16).is_empty());
+            match want {
+                Some(m) => {
+                    h.check_seq(m.seq).map_err(|e| self.remote(i, e))?;
+                    if h.msg_len != m.len {
+                        return Err(self.remote(
+                            i,
+                            format!("message {} is {} bytes on stream 0 but {} here", m.seq, m.len, h.msg_len),
+                        ));
+                    }
+                    (m.seq, m.start)
+                }
+                None if h.seq < self.next_seq => {
+                    return Err(self.remote(i, format!("message {} has no bytes on this stream or repeats", h.seq)));
+                }
+                None => return Ok(Step::Blocked), // wait for stream 0's header
+            }
+        };
+        let r = stripe_range(h.msg_len, self.nstripes, i as u16);
+        let s = &mut self.streams[i];
+        s.hdr_got = 0;
+        if r.is_empty() {
+            s.done = Some(seq);
+        } else {
+            s.cur = Some((seq, start + r.start, start + r.end));
+        }
+        Ok(Step::Moved)
+    }
+
+    fn io_err(&self, i: usize, e: std::io::Error) -> Result<Step> {
+        match e.kind() {
+            ErrorKind::WouldBlock => Ok(Step::Blocked),
+            ErrorKind::Interrupted => Ok(Step::Moved),
+            _ => Err(self.closed(i, &format!(": {e}"))),
+        }
+    }
+
+    /// One read on socket `i`.
+    fn step(&mut self, i: usize) -> Result<Step> {
+        if self.streams[i].eof {
+            return Ok(Step::Blocked);
+        }
+        let Some((seq, pos, end)) = self.streams[i].cur else {
+            return self.read_header(i);
+        };
+        let limit = end.min(self.rpos + self.cap);
+        if pos >= limit {
+            return Ok(Step::Blocked);
+        }
+        let off = (pos % self.cap) as usize;
+        let n = ((limit - pos) as usize).min(self.cap as usize - off);
+        let off = self.base + off;
+        let s = &self.streams[i];
+        match (&*s.sock).read(&mut self.buf[off..off + n]) {
+            Ok(0) => {
+                let left = end - pos;
+                Err(self.closed(i, &format!(" in the middle of message {seq} ({left} bytes of its stripe missing)")))
+            }
+            Ok(k) => {
+                let s = &mut self.streams[i];
+                let pos = pos + k as u64;
+                if pos == end {
+                    s.cur = None;
+                    s.done = Some(seq);
+                } else {
+                    s.cur = Some((seq, pos, end));
+                }
+                Ok(Step::Moved)
+            }
+            Err(e) => self.io_err(i, e),
+        }
+    }
+
+    fn pump(&mut self) -> Result<bool> {
+        if self.streams.is_empty() {
+            self.shared.poll();
+            let Some(socks) = self.shared.take(self.peer, self.ch) else { return Ok(false) };
+            self.nstripes = socks.len() as u16;
+            self.streams = socks
+                .into_iter()
+                .map(|sock| Stream { sock, hdr: [0; HEADER_LEN], hdr_got: 0, cur: None, done: None, eof: false })
+                .collect();
+        }
+        let mut moved = false;
+        for _round in 0..4 {
+            let mut any = false;
+            for i in 0..self.streams.len() {
+                for _ in 0..64 {
+                    match self.step(i) {
+                        Ok(Step::Moved) => any = true,
+                        Ok(Step::Blocked) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            moved |= any;
+            if !any {
+                break;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The error when nothing can arrive any more for the next byte.
+    fn starved(&self) -> Option<Error> {
+        if self.streams.is_empty() {
+            return None;
+        }
+        let Some(m) = self.msgs.front() else {
+            return self.streams[0].eof.then(|| self.closed(0, ""));
+        };
+        let off = self.rpos - m.start;
+        let i = (0..self.streams.len()).find(|&i| {
+            let r = stripe_range(m.len, self.nstripes, i as u16);
+            r.end > off && r.start + self.filled(m, i) < r.end
+        })?;
+        let s = &self.streams[i];
+        (s.eof && s.cur.is_none()).then(|| self.closed(i, &format!(" before message {} was complete", m.seq)))
+    }
+}
+
+impl Receiver for TcpReceiver {
+    fn peek(&mut self) -> Result<Option<Piece<'_>>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.last_peek = 0;
+        self.peeked_empty = false;
+        let Some(m) = self.msgs.front() else {
+            return match self.starved() {
+                Some(e) => Err(e),
+                None => Ok(None),
+            };
+        };
+        if m.len == 0 {
+            self.peeked_empty = true;
+            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[] }));
+        }
+        let off = self.rpos - m.start;
+        // Contiguous arrived bytes of the message, stripe after stripe.
+        let mut arrived = 0;
+        for i in 0..self.streams.len() {
+            let r = stripe_range(m.len, self.nstripes, i as u16);
+            if r.is_empty() {
+                break;
+            }
+            let f = self.filled(m, i);
+            arrived = r.start + f;
+            if r.start + f < r.end {
+                break;
+            }
+        }
+        if arrived < m.len {
+            arrived &= !7;
+        }
+        if arrived <= off {
+            let e = self.starved();
+            return match e {
+                Some(e) => {
+                    self.failed = Some(e.clone());
+                    Err(e)
+                }
+                None => Ok(None),
+            };
+        }
+        let at = (self.rpos % self.cap) as usize;
+        let n = ((arrived - off) as usize).min(self.cap as usize - at);
+        let at = self.base + at;
+        self.last_peek = n;
+        let msg_len = m.len as usize;
+        Ok(Some(Piece { msg_len, offset: off as usize, data: &self.buf[at..at + n] }))
+    }
+
+    fn consume(&mut self, n: usize) -> Result<()> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if n > self.last_peek {
+            return Err(Error::InvalidUsage(format!(
+                "rank {} receiving from rank {} (channel {}): consume({n}) exceeds the {} bytes of the last peek",
+                self.shared.me, self.peer, self.ch, self.last_peek
+            )));
+        }
+        let Some(m) = self.msgs.front() else { return Ok(()) };
+        if n == 0 {
+            if m.len == 0 && self.peeked_empty {
+                self.peeked_empty = false;
+                self.msgs.pop_front();
+            }
+            return Ok(());
+        }
+        self.last_peek -= n;
+        self.rpos += n as u64;
+        self.bytes += n as u64;
+        if self.rpos == m.start + m.len {
+            self.rpos = align64(self.rpos);
+            self.last_peek = 0;
+            self.msgs.pop_front();
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let r = self.pump();
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        }
+        r
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}

@@ -1,0 +1,374 @@
+//! The sending end of a TCP connection.
+//!
+//! The FIFO is a ring of `buffer` bytes indexed by a 64-bit stream position
+//! (position `p` lives at `p % cap`); each message starts at a 64-aligned
+//! position. `room`/`commit` write into it; `progress` moves committed
+//! bytes to the sockets, each socket carrying its stripe of every message
+//! behind a [`Header`]. Space is released up to the least position not yet
+//! handed to the kernel on any socket, rounded down to 64 so `room` always
+//! returns whole elements.
+
+use super::{Shared, aligned_buffer, start_connect};
+use crate::wire::{HANDSHAKE_LEN, HEADER_LEN, Handshake, Header, MAX_MSG, stripe_range};
+use crate::{Channel, Error, Result, Sender};
+use socket2::{SockAddr, Socket};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, IoSlice};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Most slices in one `writev`.
+const MAX_IOV: usize = 64;
+
+/// One stripe of one message, queued on its socket.
+struct Job {
+    hdr: [u8; HEADER_LEN],
+    hdr_sent: usize,
+    /// Stream position of the stripe's first byte.
+    pos: u64,
+    len: u64,
+    sent: u64,
+}
+
+struct Stream {
+    sock: Arc<Socket>,
+    connected: bool,
+    hs: [u8; HANDSHAKE_LEN],
+    hs_sent: usize,
+}
+
+/// The message being written.
+struct Cur {
+    len: u64,
+    written: u64,
+}
+
+pub(super) struct TcpSender {
+    shared: Arc<Shared>,
+    peer: usize,
+    ch: Channel,
+    addr: SocketAddr,
+    nstripes: u16,
+    streams: Vec<Stream>,
+    /// Per stripe, the stripes of messages not yet in the kernel.
+    queues: Vec<VecDeque<Job>>,
+    /// When connecting started (`None`: not yet).
+    since: Option<Instant>,
+    retry_at: Option<Instant>,
+    ready: bool,
+    /// The FIFO is `buf[base..base + cap]`, 64-aligned in memory.
+    buf: Vec<u8>,
+    base: usize,
+    cap: u64,
+    /// Stream position after the last committed byte.
+    commit: u64,
+    cur: Option<Cur>,
+    next_start: u64,
+    seq: u64,
+    last_room: usize,
+    bytes: u64,
+    failed: Option<Error>,
+}
+
+fn align64(x: u64) -> u64 {
+    x.div_ceil(64) * 64
+}
+
+impl TcpSender {
+    pub(super) fn new(shared: Arc<Shared>, peer: usize, ch: Channel, addr: SocketAddr) -> TcpSender {
+        let cap = shared.opts.buffer as u64;
+        let (buf, base) = aligned_buffer(shared.opts.buffer);
+        let nstripes = shared.opts.streams as u16;
+        TcpSender {
+            buf,
+            base,
+            shared,
+            peer,
+            ch,
+            addr,
+            nstripes,
+            streams: Vec::new(),
+            queues: (0..nstripes).map(|_| VecDeque::new()).collect(),
+            since: None,
+            retry_at: None,
+            ready: false,
+            cap,
+            commit: 0,
+            cur: None,
+            next_start: 0,
+            seq: 0,
+            last_room: 0,
+            bytes: 0,
+            failed: None,
+        }
+    }
+
+    fn who(&self) -> String {
+        format!("rank {} → rank {} at {} (channel {})", self.shared.me, self.peer, self.addr, self.ch)
+    }
+
+    /// Opens the sockets (first use) and checks whether they are connected.
+    fn connect(&mut self) -> Result<bool> {
+        if self.ready {
+            return Ok(false);
+        }
+        let now = Instant::now();
+        let who = self.who();
+        let since = *self.since.get_or_insert(now);
+        if self.retry_at.is_some_and(|t| now < t) {
+            return Ok(false);
+        }
+        self.retry_at = None;
+        let target = SockAddr::from(self.addr);
+        let opts = &self.shared.opts;
+        let mut moved = false;
+        for i in 0..usize::from(self.nstripes) {
+            if i >= self.streams.len() {
+                let sock = start_connect(&target, opts)
+                    .map_err(|e| Error::System(format!("{}: opening stream {i}: {e}", who)))?;
+                let sock = Arc::new(sock);
+                self.shared.register(&sock);
+                let hs = Handshake {
+                    nonce: self.shared.nonce,
+                    sender: self.shared.me as u32,
+                    receiver: self.peer as u32,
+                    channel: self.ch,
+                    stripe: i as u16,
+                    nstripes: self.nstripes,
+                };
+                self.streams.push(Stream { sock, connected: false, hs: hs.encode(), hs_sent: 0 });
+                moved = true;
+            }
+            let s = &mut self.streams[i];
+            if s.connected {
+                continue;
+            }
+            if let Ok(Some(e)) | Err(e) = s.sock.take_error() {
+                // Refused or unreachable: the peer may not listen yet; retry
+                // with a fresh socket until the deadline.
+                if now.duration_since(since) >= opts.connect_timeout {
+                    return Err(Error::Timeout(format!(
+                        "{}: could not connect within {:?}: {e}; is the peer alive and its address reachable?",
+                        who, opts.connect_timeout
+                    )));
+                }
+                let sock = start_connect(&target, opts)
+                    .map_err(|e| Error::System(format!("{}: reopening stream {i}: {e}", who)))?;
+                s.sock = Arc::new(sock);
+                self.shared.register(&s.sock);
+                self.retry_at = Some(now + Duration::from_millis(20));
+                continue;
+            }
+            if s.sock.peer_addr().is_ok() {
+                s.connected = true;
+                moved = true;
+            } else if now.duration_since(since) >= opts.connect_timeout {
+                return Err(Error::Timeout(format!(
+                    "{}: not connected after {:?}; is the peer alive and its address reachable?",
+                    who, opts.connect_timeout
+                )));
+            }
+        }
+        self.ready = self.streams.iter().all(|s| s.connected);
+        Ok(moved)
+    }
+
+    /// Lowest stream position some socket still needs.
+    fn release(&self) -> u64 {
+        let mut r = self.commit;
+        for q in &self.queues {
+            if let Some(j) = q.front() {
+                r = r.min(j.pos + j.sent);
+            }
+        }
+        r
+    }
+
+    /// Writes what each socket can take; true if anything moved.
+    fn push(&mut self) -> Result<bool> {
+        let mut moved = false;
+        let (cap, commit) = (self.cap, self.commit);
+        let ring = &self.buf[self.base..self.base + cap as usize];
+        for (i, (s, jobs)) in self.streams.iter_mut().zip(&mut self.queues).enumerate() {
+            loop {
+                let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(8);
+                if s.hs_sent < HANDSHAKE_LEN {
+                    iov.push(IoSlice::new(&s.hs[s.hs_sent..]));
+                }
+                for j in jobs.iter() {
+                    if iov.len() + 3 > MAX_IOV {
+                        break;
+                    }
+                    if j.hdr_sent < HEADER_LEN {
+                        iov.push(IoSlice::new(&j.hdr[j.hdr_sent..]));
+                    }
+                    let from = j.pos + j.sent;
+                    let to = (j.pos + j.len).min(commit);
+                    if to > from {
+                        let (a, b) = ((from % cap) as usize, (to - from) as usize);
+                        let first = b.min(ring.len() - a);
+                        iov.push(IoSlice::new(&ring[a..a + first]));
+                        if first < b {
+                            iov.push(IoSlice::new(&ring[..b - first]));
+                        }
+                    }
+                    if to < j.pos + j.len {
+                        break;
+                    }
+                }
+                if iov.is_empty() {
+                    break;
+                }
+                let n = match s.sock.send_vectored_with_flags(&iov, libc::MSG_NOSIGNAL) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        return Err(self.shared.lost(self.peer, self.ch, i, &format!(": {e}")));
+                    }
+                };
+                drop(iov);
+                if n == 0 {
+                    break;
+                }
+                moved = true;
+                let mut n = n;
+                let hs = n.min(HANDSHAKE_LEN - s.hs_sent);
+                s.hs_sent += hs;
+                n -= hs;
+                while n > 0 {
+                    let Some(j) = jobs.front_mut() else { break };
+                    let h = n.min(HEADER_LEN - j.hdr_sent);
+                    j.hdr_sent += h;
+                    n -= h;
+                    let p = (n as u64).min(j.len - j.sent);
+                    j.sent += p;
+                    n -= p as usize;
+                    if j.hdr_sent == HEADER_LEN && j.sent == j.len {
+                        jobs.pop_front();
+                    }
+                }
+                while jobs.front().is_some_and(|j| j.hdr_sent == HEADER_LEN && j.sent == j.len) {
+                    jobs.pop_front();
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    fn check(&self) -> Result<()> {
+        self.failed.as_ref().map_or(Ok(()), |e| Err(e.clone()))
+    }
+
+    fn fail<T>(&mut self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        }
+        r
+    }
+}
+
+impl Sender for TcpSender {
+    fn begin(&mut self, len: usize) -> Result<()> {
+        self.check()?;
+        if let Some(c) = &self.cur {
+            return Err(Error::InvalidUsage(format!(
+                "{}: begin({len}) while message {} has {} of {} bytes committed; commit the whole message first",
+                self.who(),
+                self.seq - 1,
+                c.written,
+                c.len
+            )));
+        }
+        let len64 = len as u64;
+        if len64 > MAX_MSG {
+            return Err(Error::invalid(format!("{}: message of {len} bytes exceeds {MAX_MSG}", self.who())));
+        }
+        let start = self.next_start;
+        for i in 0..self.nstripes {
+            let r = stripe_range(len64, self.nstripes, i);
+            if i == 0 || r.end > r.start {
+                let hdr = Header::new(self.seq, len64, self.nstripes, i).encode();
+                let job = Job { hdr, hdr_sent: 0, pos: start + r.start, len: r.end - r.start, sent: 0 };
+                self.queues[usize::from(i)].push_back(job);
+            }
+        }
+        self.seq += 1;
+        self.commit = start;
+        self.next_start = align64(start + len64);
+        self.cur = (len > 0).then_some(Cur { len: len64, written: 0 });
+        self.last_room = 0;
+        let r = self.connect();
+        self.fail(r).map(|_| ())
+    }
+
+    fn room(&mut self, want: usize) -> Result<&mut [u8]> {
+        self.check()?;
+        self.last_room = 0;
+        if !self.ready {
+            let r = self.connect();
+            self.fail(r)?;
+        }
+        let Some(c) = &self.cur else { return Ok(&mut []) };
+        if !self.ready {
+            return Ok(&mut []);
+        }
+        let free_end = (self.release() & !63) + self.cap;
+        let off = self.commit % self.cap;
+        let n = (want as u64).min(c.len - c.written).min(free_end.saturating_sub(self.commit)).min(self.cap - off);
+        self.last_room = n as usize;
+        let off = self.base + off as usize;
+        Ok(&mut self.buf[off..off + n as usize])
+    }
+
+    fn commit(&mut self, n: usize) -> Result<()> {
+        self.check()?;
+        if n > self.last_room {
+            return Err(Error::InvalidUsage(format!(
+                "{}: commit({n}) exceeds the {} bytes of the last room",
+                self.who(),
+                self.last_room
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.last_room -= n;
+        let Some(c) = &mut self.cur else {
+            return Err(Error::Internal(format!("{}: room without a message", self.who())));
+        };
+        c.written += n as u64;
+        self.commit += n as u64;
+        self.bytes += n as u64;
+        if c.written == c.len {
+            self.cur = None;
+            self.last_room = 0;
+        }
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        self.check()?;
+        let r = self.connect();
+        let connected = self.fail(r)?;
+        if !self.ready {
+            return Ok(connected);
+        }
+        let r = self.push();
+        Ok(self.fail(r)? || connected)
+    }
+
+    fn flushed(&self) -> bool {
+        self.streams.iter().all(|s| s.hs_sent == HANDSHAKE_LEN)
+            && self
+                .queues
+                .iter()
+                .flatten()
+                .all(|j| j.hdr_sent == HEADER_LEN && j.pos + j.sent >= (j.pos + j.len).min(self.commit))
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
