@@ -121,18 +121,18 @@ mod tests {
 
     #[test]
     fn same_key_same_hub_and_goes_away() {
-        let a = Hub::get(0xabc_1, 2).unwrap();
-        let b = Hub::get(0xabc_1, 2).unwrap();
+        let a = Hub::get(0xabc1, 2).unwrap();
+        let b = Hub::get(0xabc1, 2).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
-        assert!(Hub::get(0xabc_1, 3).is_err());
+        assert!(Hub::get(0xabc1, 3).is_err());
         drop((a, b));
-        let c = Hub::get(0xabc_1, 3).unwrap();
+        let c = Hub::get(0xabc1, 3).unwrap();
         assert_eq!(c.nranks(), 3);
     }
 
     #[test]
     fn ends_once_and_dead_peer_named() {
-        let h = Hub::get(0xabc_2, 4).unwrap();
+        let h = Hub::get(0xabc2, 4).unwrap();
         let mut s = h.sender(1, 3, 0, 4096).unwrap();
         let e = h.sender(1, 3, 0, 4096).err().unwrap().to_string();
         assert!(e.contains("already handed out"), "{e}");

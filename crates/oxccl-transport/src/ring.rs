@@ -227,13 +227,11 @@ impl Ring {
     }
 
     fn attach(&self, state: &AtomicU32, what: &str, label: Label) -> Result<()> {
-        state.compare_exchange(END_FREE, END_ATTACHED, Ordering::AcqRel, Ordering::Acquire).map(|_| ()).map_err(
-            |_| {
-                Error::InvalidUsage(format!(
-                    "the {what} end of the connection with {label} was already handed out; each end exists once"
-                ))
-            },
-        )
+        state.compare_exchange(END_FREE, END_ATTACHED, Ordering::AcqRel, Ordering::Acquire).map(|_| ()).map_err(|_| {
+            Error::InvalidUsage(format!(
+                "the {what} end of the connection with {label} was already handed out; each end exists once"
+            ))
+        })
     }
 
     /// Attaches the producing end; `peer_bell` is the consumer's doorbell,
@@ -272,7 +270,8 @@ impl Ring {
 }
 
 fn closed(label: Label) -> Error {
-    let ch = if label.ch == crate::P2P_CHANNEL { "the p2p channel".to_string() } else { format!("channel {}", label.ch) };
+    let ch =
+        if label.ch == crate::P2P_CHANNEL { "the p2p channel".to_string() } else { format!("channel {}", label.ch) };
     Error::Remote(format!(
         "rank {} closed its connection on {ch} (it died, was aborted or destroyed its communicator)",
         label.peer

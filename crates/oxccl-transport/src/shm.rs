@@ -324,7 +324,8 @@ impl Outbox {
             return bad(format!("capacity {}, {} ranks, {} slots", hdr.capacity, hdr.nranks, hdr.nslots));
         }
         match layout(hdr.nranks as usize, hdr.nslots as usize, hdr.capacity as usize) {
-            Some((stride, total)) if stride as u64 == hdr.stride && total as u64 == hdr.total && total as u64 == size => {}
+            Some((stride, total))
+                if stride as u64 == hdr.stride && total as u64 == hdr.total && total as u64 == size => {}
             _ => return bad(format!("size {size} does not match its header {hdr:?}")),
         }
         if my_rank >= hdr.nranks as usize {
