@@ -1,1 +1,769 @@
-//! (being written)
+//! A lock-free single-producer/single-consumer byte FIFO with message
+//! framing, over a raw region: heap memory ([`Ring::heap`], the `mem`
+//! provider) or a shared mapping ([`Ring::from_raw`], the `shm` provider).
+//!
+//! ## Layout
+//! A [`RingHeader`] (`RING_HEADER` = 256 bytes: a metadata line, the
+//! producer's `tail` line and the consumer's `head` line, each on its own
+//! cache line) and a data area of `capacity` bytes, a power of two ≥ 4 KiB.
+//! `tail` counts bytes published by the producer, `head` bytes released by
+//! the consumer (both ever-growing, position = counter mod capacity); the
+//! producer stores `tail` with Release after writing, the consumer loads it
+//! with Acquire before reading, and the other way round for `head`.
+//!
+//! ## Framing and alignment
+//! Each message is a 64-byte header record (`magic`, `flags`, `msg_len`,
+//! and for a by-reference message `pid`, `addr`, `token`) followed by the
+//! payload, padded to 64. So every payload starts 64-aligned in the data
+//! area and a wrap point is always a multiple of 64 into a payload. The
+//! producer sees free space only up to the consumer's head rounded down to
+//! 64, so if both sides always commit/consume multiples of an element size
+//! (1..8 bytes), every `room` and `peek` holds whole elements.
+//!
+//! ## Wake-ups
+//! After a commit the producer rings the consumer's [`Doorbell`]; after a
+//! consume the consumer rings the producer's (a producer waiting for room
+//! wakes). Dropping an end marks it closed in the header and rings the
+//! other side, whose calls then fail with [`Error::Remote`].
+#![allow(unsafe_code)]
+
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use crate::futex::{AtomicU32, AtomicU64, Doorbell, Ordering};
+use crate::{Channel, Error, Piece, Receiver, Result, Sender};
+
+/// Bytes reserved for the [`RingHeader`] in front of the data area.
+pub const RING_HEADER: usize = 256;
+/// Smallest data area.
+pub const MIN_CAPACITY: usize = 4096;
+/// Bytes of a message header record in the data area.
+pub const MSG_HEADER: usize = 64;
+/// Largest message length accepted from a peer (2^48 bytes).
+pub const MAX_MSG: u64 = 1 << 48;
+/// Bytes a by-reference message is read in at once.
+pub const REF_STAGE: usize = 1 << 20;
+
+const RING_MAGIC: u64 = 0x4f58_4343_4c52_494e; // "OXCCLRIN"
+const MSG_MAGIC: u32 = 0x4f58_4d53; // "OXMS"
+const FLAG_REF: u32 = 1;
+const END_FREE: u32 = 0;
+const END_ATTACHED: u32 = 1;
+const END_CLOSED: u32 = 2;
+
+/// The shared control block of a ring. All-zero plus `magic`/`capacity`
+/// (see [`Ring::init_raw`]) is the initial state.
+#[repr(C, align(64))]
+pub struct RingHeader {
+    magic: AtomicU64,
+    capacity: AtomicU64,
+    prod_state: AtomicU32,
+    cons_state: AtomicU32,
+    ref_ok: AtomicU32,
+    _meta: [u32; 9],
+    tail: AtomicU64,
+    _line1: [u64; 7],
+    head: AtomicU64,
+    ref_acked: AtomicU64,
+    _line2: [u64; 6],
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<RingHeader>() <= RING_HEADER);
+
+impl RingHeader {
+    fn new(capacity: usize) -> RingHeader {
+        RingHeader {
+            magic: AtomicU64::new(RING_MAGIC),
+            capacity: AtomicU64::new(capacity as u64),
+            prod_state: AtomicU32::new(END_FREE),
+            cons_state: AtomicU32::new(END_FREE),
+            ref_ok: AtomicU32::new(0),
+            _meta: [0; 9],
+            tail: AtomicU64::new(0),
+            _line1: [0; 7],
+            head: AtomicU64::new(0),
+            ref_acked: AtomicU64::new(0),
+            _line2: [0; 6],
+        }
+    }
+}
+
+/// Checks a FIFO capacity: a power of two of at least 4 KiB.
+pub fn check_capacity(capacity: usize) -> Result<()> {
+    if capacity < MIN_CAPACITY || !capacity.is_power_of_two() || capacity > (1 << 40) {
+        return Err(Error::invalid(format!(
+            "FIFO capacity {capacity} bytes: must be a power of two between {MIN_CAPACITY} and 2^40 \
+             (e.g. 4194304)"
+        )));
+    }
+    Ok(())
+}
+
+/// Who is at the other end of an endpoint, for error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Label {
+    /// The peer's rank (the receiver for a producer, the sender for a
+    /// consumer).
+    pub peer: usize,
+    /// The connection's channel.
+    pub ch: Channel,
+}
+
+impl std::fmt::Display for Label {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.ch == crate::P2P_CHANNEL {
+            write!(f, "rank {} on the p2p channel", self.peer)
+        } else {
+            write!(f, "rank {} on channel {}", self.peer, self.ch)
+        }
+    }
+}
+
+struct HeapRegion {
+    hdr: *mut RingHeader,
+    data: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the region is plain memory accessed through the ring protocol
+// (atomics for the header, SPSC ownership for the data).
+unsafe impl Send for HeapRegion {}
+// SAFETY: as above.
+unsafe impl Sync for HeapRegion {}
+
+impl Drop for HeapRegion {
+    fn drop(&mut self) {
+        // SAFETY: both were allocated in `Ring::heap` and are freed once,
+        // here, when the last ring handle is gone.
+        unsafe {
+            drop(Box::from_raw(self.hdr));
+            std::alloc::dealloc(self.data, self.layout);
+        }
+    }
+}
+
+/// A handle on a ring region; [`producer`](Ring::producer) and
+/// [`consumer`](Ring::consumer) attach the two ends (each once).
+#[derive(Clone)]
+pub struct Ring {
+    hdr: *const RingHeader,
+    data: *mut u8,
+    cap: usize,
+    _keep: Arc<dyn Any + Send + Sync>,
+}
+
+// SAFETY: the header is accessed with atomics only; data bytes are owned by
+// the producer between head and tail+capacity and by the consumer between
+// head and tail (SPSC protocol); `_keep` keeps the memory alive.
+unsafe impl Send for Ring {}
+// SAFETY: as above.
+unsafe impl Sync for Ring {}
+
+impl Ring {
+    /// A ring on the heap with a data area of `capacity` bytes.
+    pub fn heap(capacity: usize) -> Result<Ring> {
+        check_capacity(capacity)?;
+        let layout = std::alloc::Layout::from_size_align(capacity, 4096)
+            .map_err(|e| Error::invalid(format!("FIFO capacity {capacity}: {e}")))?;
+        // SAFETY: the layout has a non-zero size.
+        let data = unsafe { std::alloc::alloc_zeroed(layout) };
+        if data.is_null() {
+            return Err(Error::System(format!("cannot allocate a FIFO of {capacity} bytes")));
+        }
+        let hdr = Box::into_raw(Box::new(RingHeader::new(capacity)));
+        let region = Arc::new(HeapRegion { hdr, data, layout });
+        Ok(Ring { hdr, data, cap: capacity, _keep: region })
+    }
+
+    /// Writes a fresh header (magic, capacity, everything else zero) at
+    /// `base`, the start of a region of `RING_HEADER + capacity` bytes.
+    ///
+    /// # Safety
+    /// `base` must be 64-aligned, valid for writes of `RING_HEADER` bytes
+    /// and not in use by anyone yet.
+    #[cfg(not(loom))]
+    pub unsafe fn init_raw(base: *mut u8, capacity: usize) {
+        // SAFETY: the caller guarantees `base` is aligned, writable and
+        // unused.
+        unsafe { std::ptr::write(base as *mut RingHeader, RingHeader::new(capacity)) }
+    }
+
+    /// A ring over a region prepared by [`Ring::init_raw`] (possibly in
+    /// another process). Checks the magic and the capacity.
+    ///
+    /// # Safety
+    /// `base` must be 64-aligned and point to `RING_HEADER + capacity`
+    /// bytes that stay mapped while `keep` lives and that everyone uses
+    /// only through this ring protocol.
+    #[cfg(not(loom))]
+    pub unsafe fn from_raw(base: *mut u8, capacity: usize, keep: Arc<dyn Any + Send + Sync>) -> Result<Ring> {
+        check_capacity(capacity)?;
+        let hdr = base as *const RingHeader;
+        // SAFETY: the caller guarantees the header memory is valid; only
+        // atomics read it.
+        let (magic, cap) = unsafe { ((*hdr).magic.load(Ordering::Acquire), (*hdr).capacity.load(Ordering::Acquire)) };
+        if magic != RING_MAGIC || cap != capacity as u64 {
+            return Err(Error::Remote(format!(
+                "ring header corrupt: magic {magic:#x} (want {RING_MAGIC:#x}), capacity {cap} (want {capacity}); \
+                 the segment was not made by this oxccl version"
+            )));
+        }
+        // SAFETY: RING_HEADER bytes into a region of RING_HEADER+capacity.
+        let data = unsafe { base.add(RING_HEADER) };
+        Ok(Ring { hdr, data, cap: capacity, _keep: keep })
+    }
+
+    fn hdr(&self) -> &RingHeader {
+        // SAFETY: `_keep` keeps the header alive; it is only accessed
+        // through atomics.
+        unsafe { &*self.hdr }
+    }
+
+    /// The data area's size in bytes.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    fn attach(&self, state: &AtomicU32, what: &str, label: Label) -> Result<()> {
+        state.compare_exchange(END_FREE, END_ATTACHED, Ordering::AcqRel, Ordering::Acquire).map(|_| ()).map_err(|_| {
+            Error::InvalidUsage(format!(
+                "the {what} end of the connection with {label} was already handed out; each end exists once"
+            ))
+        })
+    }
+
+    /// Attaches the producing end; `peer_bell` is the consumer's doorbell,
+    /// rung after every commit.
+    pub fn producer(&self, peer_bell: Doorbell, label: Label) -> Result<Producer> {
+        self.attach(&self.hdr().prod_state, "sending", label)?;
+        Ok(Producer {
+            ring: self.clone(),
+            bell: peer_bell,
+            label,
+            tail: self.hdr().tail.load(Ordering::Acquire),
+            pending: VecDeque::new(),
+            cur: None,
+            last_room: 0,
+            bytes: 0,
+            ref_next: self.hdr().ref_acked.load(Ordering::Acquire),
+        })
+    }
+
+    /// Attaches the consuming end; `peer_bell` is the producer's doorbell,
+    /// rung after every consume.
+    pub fn consumer(&self, peer_bell: Doorbell, label: Label) -> Result<Consumer> {
+        self.attach(&self.hdr().cons_state, "receiving", label)?;
+        Ok(Consumer {
+            ring: self.clone(),
+            bell: peer_bell,
+            label,
+            pos: self.hdr().head.load(Ordering::Acquire),
+            cur: None,
+            last_peek: 0,
+            bytes: 0,
+            staging: Vec::new(),
+            stage_off: 0,
+        })
+    }
+}
+
+fn closed(label: Label) -> Error {
+    let ch =
+        if label.ch == crate::P2P_CHANNEL { "the p2p channel".to_string() } else { format!("channel {}", label.ch) };
+    Error::Remote(format!(
+        "rank {} closed its connection on {ch} (it died, was aborted or destroyed its communicator)",
+        label.peer
+    ))
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Header {
+    flags: u32,
+    len: u64,
+    pid: u32,
+    addr: u64,
+    token: u64,
+}
+
+impl Header {
+    fn encode(&self) -> [u8; MSG_HEADER] {
+        let mut b = [0u8; MSG_HEADER];
+        b[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        b[16..20].copy_from_slice(&self.pid.to_le_bytes());
+        b[24..32].copy_from_slice(&self.addr.to_le_bytes());
+        b[32..40].copy_from_slice(&self.token.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; MSG_HEADER], label: Label) -> Result<Header> {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+        let (magic, flags, len) = (u32_at(0), u32_at(4), u64_at(8));
+        if magic != MSG_MAGIC || len > MAX_MSG || flags & !FLAG_REF != 0 {
+            return Err(Error::Remote(format!(
+                "{label} sent a malformed message header (magic {magic:#x}, flags {flags:#x}, length {len}): \
+                 the FIFO is corrupt or the peer runs a different oxccl version"
+            )));
+        }
+        Ok(Header { flags, len, pid: u32_at(16), addr: u64_at(24), token: u64_at(32) })
+    }
+}
+
+fn round_up(x: u64) -> u64 {
+    (x + 63) & !63
+}
+
+/// The producing end of a ring: implements [`Sender`].
+pub struct Producer {
+    ring: Ring,
+    bell: Doorbell,
+    label: Label,
+    tail: u64,
+    pending: VecDeque<[u8; MSG_HEADER]>,
+    /// (length, bytes written) of the message being written.
+    cur: Option<(u64, u64)>,
+    last_room: usize,
+    bytes: u64,
+    ref_next: u64,
+}
+
+impl Producer {
+    fn check_peer(&self) -> Result<()> {
+        if self.ring.hdr().cons_state.load(Ordering::Acquire) == END_CLOSED {
+            return Err(closed(self.label));
+        }
+        Ok(())
+    }
+
+    fn free(&self) -> u64 {
+        let head = self.ring.hdr().head.load(Ordering::Acquire) & !63;
+        (self.ring.cap as u64).saturating_sub(self.tail.wrapping_sub(head))
+    }
+
+    /// Writes queued headers while there is room; true when none is left.
+    fn flush_headers(&mut self) -> bool {
+        let mut wrote = false;
+        while let Some(h) = self.pending.front() {
+            if self.free() < MSG_HEADER as u64 {
+                break;
+            }
+            let at = (self.tail % self.ring.cap as u64) as usize;
+            // SAFETY: `at` is 64-aligned and at most cap-64 (tail is a
+            // multiple of 64 between messages), the 64 bytes are free (not
+            // yet published, consumer does not read them) and in bounds.
+            unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.ring.data.add(at), MSG_HEADER) };
+            self.tail += MSG_HEADER as u64;
+            self.pending.pop_front();
+            wrote = true;
+        }
+        if wrote {
+            self.ring.hdr().tail.store(self.tail, Ordering::Release);
+            self.bell.ring();
+        }
+        self.pending.is_empty()
+    }
+
+    fn check_idle(&self, what: &str) -> Result<()> {
+        if let Some((len, written)) = self.cur {
+            return Err(Error::InvalidUsage(format!(
+                "{what} to {} while the previous message has {} of its {len} bytes uncommitted; \
+                 commit the rest first",
+                self.label,
+                len - written
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends a by-reference message (the receiver reads `len` bytes at
+    /// `addr` of process `pid`); `Ok(None)` when the receiver has not
+    /// allowed it. Returns the token to pass to [`ref_done`](Self::ref_done).
+    pub fn send_ref(&mut self, pid: u32, addr: u64, len: usize) -> Result<Option<u64>> {
+        self.check_peer()?;
+        self.check_idle("send_ref")?;
+        if self.ring.hdr().ref_ok.load(Ordering::Acquire) == 0 {
+            return Ok(None);
+        }
+        self.ref_next += 1;
+        let h = Header { flags: FLAG_REF, len: len as u64, pid, addr, token: self.ref_next };
+        self.pending.push_back(h.encode());
+        self.bytes += len as u64;
+        self.flush_headers();
+        Ok(Some(self.ref_next))
+    }
+
+    /// Whether the receiver has finished reading by-reference message
+    /// `token` (so its source buffer may be reused).
+    pub fn ref_done(&self, token: u64) -> bool {
+        self.ring.hdr().ref_acked.load(Ordering::Acquire) >= token
+    }
+}
+
+impl Sender for Producer {
+    fn begin(&mut self, len: usize) -> Result<()> {
+        self.check_peer()?;
+        self.check_idle(&format!("begin({len})"))?;
+        if len as u64 > MAX_MSG {
+            return Err(Error::invalid(format!("message of {len} bytes to {}: at most 2^48 bytes", self.label)));
+        }
+        let h = Header { flags: 0, len: len as u64, pid: 0, addr: 0, token: 0 };
+        self.pending.push_back(h.encode());
+        if len > 0 {
+            self.cur = Some((len as u64, 0));
+        }
+        self.last_room = 0;
+        self.flush_headers();
+        Ok(())
+    }
+
+    fn room(&mut self, want: usize) -> Result<&mut [u8]> {
+        self.check_peer()?;
+        self.last_room = 0;
+        let Some((len, written)) = self.cur else {
+            if want == 0 {
+                return Ok(&mut []);
+            }
+            return Err(Error::InvalidUsage(format!(
+                "room({want}) to {} without a message in progress: call begin(len) first",
+                self.label
+            )));
+        };
+        if !self.flush_headers() {
+            return Ok(&mut []);
+        }
+        let at = self.tail % self.ring.cap as u64;
+        let n = (want as u64).min(len - written).min(self.ring.cap as u64 - at).min(self.free()) as usize;
+        self.last_room = n;
+        // SAFETY: [at, at+n) is inside the data area and free: the consumer
+        // released it (head) and reads only below the published tail, so
+        // nobody else touches it until we publish it in `commit`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ring.data.add(at as usize), n) })
+    }
+
+    fn commit(&mut self, n: usize) -> Result<()> {
+        self.check_peer()?;
+        if n > self.last_room {
+            return Err(Error::InvalidUsage(format!(
+                "commit({n}) to {} exceeds the {} bytes of the last room()",
+                self.label, self.last_room
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let Some((len, written)) = self.cur.as_mut() else {
+            return Err(Error::Internal(format!("commit({n}) to {} without a message", self.label)));
+        };
+        *written += n as u64;
+        self.tail += n as u64;
+        if *written == *len {
+            self.tail = round_up(self.tail);
+            self.cur = None;
+        }
+        self.last_room -= n;
+        self.bytes += n as u64;
+        self.ring.hdr().tail.store(self.tail, Ordering::Release);
+        self.bell.ring();
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        self.check_peer()?;
+        let had = self.pending.len();
+        self.flush_headers();
+        Ok(self.pending.len() != had)
+    }
+
+    fn flushed(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        self.ring.hdr().prod_state.store(END_CLOSED, Ordering::Release);
+        self.bell.ring();
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CurMsg {
+    hdr: Header,
+    off: u64,
+}
+
+/// The consuming end of a ring: implements [`Receiver`].
+pub struct Consumer {
+    ring: Ring,
+    bell: Doorbell,
+    label: Label,
+    pos: u64,
+    cur: Option<CurMsg>,
+    last_peek: usize,
+    bytes: u64,
+    staging: Vec<u8>,
+    stage_off: u64,
+}
+
+impl Consumer {
+    /// Lets the producer send by-reference messages (read here with
+    /// [`crate::shm::vm_read`]).
+    pub fn allow_ref(&self, allow: bool) {
+        self.ring.hdr().ref_ok.store(allow as u32, Ordering::Release);
+    }
+
+    fn peer_closed(&self) -> bool {
+        self.ring.hdr().prod_state.load(Ordering::Acquire) == END_CLOSED
+    }
+
+    fn nothing(&self) -> Result<Option<Piece<'_>>> {
+        if self.peer_closed() {
+            // Re-check: bytes published before the close still count.
+            if self.ring.hdr().tail.load(Ordering::Acquire) == self.pos {
+                return Err(closed(self.label));
+            }
+        }
+        Ok(None)
+    }
+
+    fn next_header(&mut self, tail: u64) -> Result<bool> {
+        if tail.wrapping_sub(self.pos) > self.ring.cap as u64 {
+            return Err(Error::Remote(format!(
+                "{}: FIFO counters are inconsistent (tail {tail}, head {}); the segment is corrupt",
+                self.label, self.pos
+            )));
+        }
+        if tail - self.pos < MSG_HEADER as u64 {
+            return Ok(false);
+        }
+        let at = (self.pos % self.ring.cap as u64) as usize;
+        let mut b = [0u8; MSG_HEADER];
+        // SAFETY: 64 published bytes at a 64-aligned position inside the data
+        // area; the producer does not touch them until we release them.
+        unsafe { std::ptr::copy_nonoverlapping(self.ring.data.add(at), b.as_mut_ptr(), MSG_HEADER) };
+        let hdr = Header::decode(&b, self.label)?;
+        if hdr.flags & FLAG_REF != 0 && self.ring.hdr().ref_ok.load(Ordering::Acquire) == 0 {
+            return Err(Error::Remote(format!(
+                "{} sent a by-reference message on a connection that does not allow them",
+                self.label
+            )));
+        }
+        self.pos += MSG_HEADER as u64;
+        self.cur = Some(CurMsg { hdr, off: 0 });
+        self.staging.clear();
+        self.stage_off = 0;
+        Ok(true)
+    }
+
+    fn finish(&mut self, m: CurMsg) {
+        if m.hdr.flags & FLAG_REF != 0 {
+            self.ring.hdr().ref_acked.store(m.hdr.token, Ordering::Release);
+        } else {
+            self.pos = round_up(self.pos);
+        }
+        self.cur = None;
+        self.staging.clear();
+    }
+}
+
+impl Receiver for Consumer {
+    fn peek(&mut self) -> Result<Option<Piece<'_>>> {
+        self.last_peek = 0;
+        let tail = self.ring.hdr().tail.load(Ordering::Acquire);
+        if self.cur.is_none() && !self.next_header(tail)? {
+            return self.nothing();
+        }
+        let Some(m) = self.cur else { return self.nothing() };
+        let len = m.hdr.len;
+        if len == 0 {
+            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[] }));
+        }
+        if m.hdr.flags & FLAG_REF != 0 {
+            let staged_end = self.stage_off + self.staging.len() as u64;
+            if m.off >= staged_end {
+                let n = (len - m.off).min(REF_STAGE as u64) as usize;
+                self.staging.resize(n, 0);
+                self.stage_off = m.off;
+                let mut done = 0;
+                while done < n {
+                    let addr = m.hdr.addr as usize + m.off as usize + done;
+                    let got = crate::shm::vm_read(m.hdr.pid as i32, addr, &mut self.staging[done..n])
+                        .map_err(|e| Error::Remote(format!("{}: reading a by-reference message: {e}", self.label)))?;
+                    if got == 0 {
+                        return Err(Error::Remote(format!(
+                            "{}: by-reference message of {len} bytes at {:#x} in pid {} is no longer readable",
+                            self.label, m.hdr.addr, m.hdr.pid
+                        )));
+                    }
+                    done += got;
+                }
+            }
+            let from = (m.off - self.stage_off) as usize;
+            self.last_peek = self.staging.len() - from;
+            return Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data: &self.staging[from..] }));
+        }
+        let at = self.pos % self.ring.cap as u64;
+        let n = (tail - self.pos).min(len - m.off).min(self.ring.cap as u64 - at) as usize;
+        if n == 0 {
+            return self.nothing();
+        }
+        self.last_peek = n;
+        // SAFETY: [at, at+n) holds bytes the producer published (below tail,
+        // Acquire) and will not touch until we release them with `head`.
+        let data = unsafe { std::slice::from_raw_parts(self.ring.data.add(at as usize), n) };
+        Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data }))
+    }
+
+    fn consume(&mut self, n: usize) -> Result<()> {
+        let Some(mut m) = self.cur else {
+            return Err(Error::InvalidUsage(format!(
+                "consume({n}) from {} without a message: peek() first",
+                self.label
+            )));
+        };
+        if n > self.last_peek {
+            return Err(Error::InvalidUsage(format!(
+                "consume({n}) from {} exceeds the {} bytes of the last peek()",
+                self.label, self.last_peek
+            )));
+        }
+        if n == 0 && m.hdr.len != 0 {
+            return Ok(());
+        }
+        m.off += n as u64;
+        self.last_peek -= n;
+        self.bytes += n as u64;
+        if m.hdr.flags & FLAG_REF == 0 {
+            self.pos += n as u64;
+        }
+        if m.off == m.hdr.len {
+            self.finish(m);
+        } else {
+            self.cur = Some(m);
+        }
+        self.ring.hdr().head.store(self.pos, Ordering::Release);
+        self.bell.ring();
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.ring.hdr().cons_state.store(END_CLOSED, Ordering::Release);
+        self.bell.ring();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn pair(cap: usize) -> (Producer, Consumer, Doorbell, Doorbell) {
+        let r = Ring::heap(cap).unwrap();
+        let (pb, cb) = (Doorbell::heap(), Doorbell::heap());
+        let p = r.producer(cb.clone(), Label { peer: 1, ch: 0 }).unwrap();
+        let c = r.consumer(pb.clone(), Label { peer: 0, ch: 0 }).unwrap();
+        (p, c, pb, cb)
+    }
+
+    #[test]
+    fn capacity_checked() {
+        assert!(Ring::heap(4095).is_err());
+        assert!(Ring::heap(6144).is_err());
+        assert!(Ring::heap(2048).is_err());
+        assert_eq!(Ring::heap(8192).unwrap().capacity(), 8192);
+    }
+
+    #[test]
+    fn roundtrip_rings_both_doorbells() {
+        let (mut p, mut c, pb, cb) = pair(4096);
+        let (s0, s1) = (pb.seq(), cb.seq());
+        p.begin(5).unwrap();
+        let room = p.room(100).unwrap();
+        assert_eq!(room.len(), 5);
+        room.copy_from_slice(b"hello");
+        p.commit(5).unwrap();
+        assert_ne!(cb.seq(), s1, "commit rang the consumer");
+        let piece = c.peek().unwrap().unwrap();
+        assert_eq!((piece.msg_len, piece.offset, piece.data), (5, 0, &b"hello"[..]));
+        c.consume(5).unwrap();
+        assert_ne!(pb.seq(), s0, "consume rang the producer");
+        assert!(c.peek().unwrap().is_none());
+        assert_eq!((p.bytes(), c.bytes()), (5, 5));
+    }
+
+    #[test]
+    fn each_end_once_and_close_is_reported() {
+        let r = Ring::heap(4096).unwrap();
+        let l = Label { peer: 3, ch: 0 };
+        let p = r.producer(Doorbell::heap(), l).unwrap();
+        assert!(r.producer(Doorbell::heap(), l).is_err());
+        let mut c = r.consumer(Doorbell::heap(), l).unwrap();
+        drop(p);
+        let e = c.peek().unwrap_err().to_string();
+        assert!(e.contains("rank 3 closed its connection on channel 0"), "{e}");
+    }
+
+    #[test]
+    fn bytes_committed_before_close_are_delivered() {
+        let (mut p, mut c, _pb, _cb) = pair(4096);
+        p.begin(3).unwrap();
+        p.room(3).unwrap().copy_from_slice(b"abc");
+        p.commit(3).unwrap();
+        drop(p);
+        assert_eq!(c.peek().unwrap().unwrap().data, b"abc");
+        c.consume(3).unwrap();
+        assert!(matches!(c.peek(), Err(Error::Remote(_))));
+    }
+
+    #[test]
+    fn bad_header_is_a_remote_error() {
+        let (mut p, mut c, _pb, _cb) = pair(4096);
+        p.begin(8).unwrap();
+        // SAFETY: test: scribble on the published header (nobody reads it concurrently).
+        unsafe { *p.ring.data = 0xff };
+        p.room(8).unwrap();
+        p.commit(8).unwrap();
+        let e = c.peek().unwrap_err();
+        assert!(matches!(e, Error::Remote(_)), "{e}");
+        assert!(e.to_string().contains("malformed"), "{e}");
+    }
+
+    #[test]
+    fn zero_byte_headers_queue_when_full() {
+        let (mut p, mut c, _pb, _cb) = pair(4096);
+        p.begin(4096 - 64).unwrap();
+        let n = p.room(usize::MAX).unwrap().len();
+        assert_eq!(n, 4096 - 64);
+        p.commit(n).unwrap();
+        p.begin(0).unwrap();
+        p.begin(0).unwrap();
+        assert!(!p.flushed());
+        assert_eq!(c.peek().unwrap().unwrap().data.len(), 4096 - 64);
+        c.consume(4096 - 64).unwrap();
+        assert!(p.progress().unwrap());
+        assert!(p.flushed());
+        for _ in 0..2 {
+            let piece = c.peek().unwrap().unwrap();
+            assert_eq!(piece.msg_len, 0);
+            c.consume(0).unwrap();
+        }
+        assert!(c.peek().unwrap().is_none());
+    }
+}

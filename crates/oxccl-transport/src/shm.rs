@@ -1,1 +1,504 @@
-//! (being written)
+//! The shared-memory provider: processes on one host.
+//!
+//! Each rank creates one *inbox* segment, a file in `/dev/shm`, holding its
+//! [`Doorbell`] and one [`Ring`] per (sender rank, channel slot): slots
+//! `0..nchannels` for channels `0..nchannels` and one more for
+//! [`P2P_CHANNEL`]. A peer maps it as an [`Outbox`] and writes into its
+//! ring. The integrator:
+//!
+//! 1. `Inbox::create(name, my_rank, nranks, nchannels, capacity)` and
+//!    publishes `name` (bootstrap all-gather);
+//! 2. `Outbox::open(peer_name, my_rank)` for every local peer, then a
+//!    barrier, then [`Inbox::unlink`] (nothing stays in `/dev/shm`, even if
+//!    the process dies later);
+//! 3. sends with `outbox.sender(ch)` (rings the peer's doorbell) and
+//!    receives with `inbox.receiver(from, ch, from_doorbell)`, where
+//!    `from_doorbell` is `outbox_to_from.doorbell()` — the consumer rings the
+//!    producer's doorbell when it frees room, so it needs the producer's
+//!    segment mapped (every rank maps every local peer's inbox);
+//! 4. watches local peers with [`PidWatch`] (pids from
+//!    [`Outbox::peer_pid`]).
+//!
+//! ## Single copy
+//! [`ShmSender::send_ref`] puts a descriptor {pid, address, length} in the
+//! FIFO instead of the bytes; the receiver reads them with
+//! [`vm_read`] (`process_vm_readv`) in pieces of at most 1 MiB, served by
+//! `peek` as usual, and acknowledges through a counter in the ring header
+//! ([`ShmSender::ref_done`]). The receiver must first allow it with
+//! [`ShmReceiver::allow_ref`], which probes whether the kernel lets it read
+//! the sender (same user and ptrace permission, see `yama/ptrace_scope`).
+#![allow(unsafe_code)]
+
+use std::any::Any;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::futex::{Doorbell, DoorbellWord};
+use crate::ring::{Consumer, Label, Producer, RING_HEADER, Ring, check_capacity};
+use crate::{Channel, Error, P2P_CHANNEL, Piece, Receiver, Result, Sender};
+
+const SEG_MAGIC: u64 = 0x4f58_4343_4c53_484d; // "OXCCLSHM"
+const SEG_VERSION: u32 = 1;
+const SEG_HEADER: usize = 4096;
+const BELL_OFFSET: usize = 64;
+
+/// The fixed fields at the start of a segment (written once, before the
+/// segment gets its public name).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct SegHeader {
+    magic: u64,
+    version: u32,
+    owner: u32,
+    nranks: u32,
+    nslots: u32,
+    capacity: u64,
+    stride: u64,
+    total: u64,
+    pid: u32,
+    _pad: u32,
+}
+
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics and
+// the ring protocol.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` came from a successful mmap and nobody uses the
+        // mapping any more (every ring and doorbell handle holds the Arc).
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+fn sys(what: String) -> Error {
+    Error::System(format!("{what}: {}", std::io::Error::last_os_error()))
+}
+
+fn map(file: &File, len: usize, what: &str) -> Result<Arc<Mapping>> {
+    // SAFETY: mapping `len` bytes of an open file, shared, read-write; the
+    // result is checked.
+    let ptr = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(sys(format!("mmap of {len} bytes of shm segment {what}")));
+    }
+    Ok(Arc::new(Mapping { ptr: ptr as *mut u8, len }))
+}
+
+fn shm_path(name: &str) -> Result<PathBuf> {
+    if name.is_empty() || name.len() > 200 || name.contains('/') || name.starts_with('.') || name.contains('\0') {
+        return Err(Error::invalid(format!(
+            "shm segment name {name:?}: must be 1..200 characters, without '/' or NUL, not starting with '.'"
+        )));
+    }
+    Ok(PathBuf::from("/dev/shm").join(name))
+}
+
+fn layout(nranks: usize, nslots: usize, capacity: usize) -> Option<(usize, usize)> {
+    let stride = (RING_HEADER + capacity).next_multiple_of(4096);
+    let total = nranks.checked_mul(nslots)?.checked_mul(stride)?.checked_add(SEG_HEADER)?;
+    Some((stride, total))
+}
+
+/// The common view of a mapped segment.
+struct Segment {
+    map: Arc<Mapping>,
+    hdr: SegHeader,
+    name: String,
+}
+
+impl Segment {
+    fn slot(&self, ch: Channel) -> Result<usize> {
+        let nch = self.hdr.nslots as usize - 1;
+        if ch == P2P_CHANNEL {
+            Ok(nch)
+        } else if (ch as usize) < nch {
+            Ok(ch as usize)
+        } else {
+            Err(Error::invalid(format!(
+                "channel {ch} out of range: shm segment {} has {nch} channels (plus p2p)",
+                self.name
+            )))
+        }
+    }
+
+    fn ring(&self, from: usize, ch: Channel) -> Result<Ring> {
+        if from >= self.hdr.nranks as usize {
+            return Err(Error::invalid(format!(
+                "sender rank {from} out of range for shm segment {} of {} ranks",
+                self.name, self.hdr.nranks
+            )));
+        }
+        let slot = self.slot(ch)?;
+        let off = SEG_HEADER + (from * self.hdr.nslots as usize + slot) * self.hdr.stride as usize;
+        let keep: Arc<dyn Any + Send + Sync> = self.map.clone();
+        // SAFETY: `off + RING_HEADER + capacity <= total == mapping length`
+        // (checked at create/open); the offset is 4096-aligned; the ring
+        // region is used only through the ring protocol; `keep` holds the
+        // mapping.
+        unsafe { Ring::from_raw(self.map.ptr.add(off), self.hdr.capacity as usize, keep) }
+    }
+
+    fn doorbell(&self) -> Doorbell {
+        let keep: Arc<dyn Any + Send + Sync> = self.map.clone();
+        // SAFETY: BELL_OFFSET is 4-aligned, inside the header page, used
+        // only as a DoorbellWord by every process; `keep` holds the mapping.
+        unsafe { Doorbell::from_raw(self.map.ptr.add(BELL_OFFSET) as *const DoorbellWord, keep) }
+    }
+}
+
+/// A rank's own segment: the rings its local peers write into.
+pub struct Inbox {
+    seg: Segment,
+    path: PathBuf,
+    linked: bool,
+    my_rank: usize,
+}
+
+impl Inbox {
+    /// Creates the segment `/dev/shm/<name>` (an error if it exists) for
+    /// rank `my_rank` of `nranks`, with `nchannels` channels plus the p2p
+    /// channel, each FIFO `capacity` bytes (a power of two ≥ 4 KiB).
+    pub fn create(name: &str, my_rank: usize, nranks: usize, nchannels: usize, capacity: usize) -> Result<Inbox> {
+        #[cfg(loom)]
+        if true {
+            return Err(Error::Unavailable("shm segments are not modelled under loom".into()));
+        }
+        check_capacity(capacity)?;
+        if my_rank >= nranks || nranks > u32::MAX as usize || nchannels >= 1 << 16 {
+            return Err(Error::invalid(format!(
+                "shm inbox {name}: rank {my_rank} of {nranks} with {nchannels} channels is out of range"
+            )));
+        }
+        let path = shm_path(name)?;
+        let nslots = nchannels + 1;
+        let (stride, total) = layout(nranks, nslots, capacity).ok_or_else(|| {
+            Error::invalid(format!("shm inbox {name}: {nranks} ranks x {nslots} slots x {capacity} bytes overflows"))
+        })?;
+        // Build under a private name, then link it to the public one so a
+        // peer never sees a half-initialised segment.
+        let tmp = PathBuf::from("/dev/shm").join(format!(".{name}.{}.tmp", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| Error::System(format!("creating shm segment {}: {e}", tmp.display())))?;
+        let built = (|| -> Result<Segment> {
+            file.set_len(total as u64).map_err(|e| {
+                Error::System(format!("sizing shm segment {name} to {total} bytes: {e} (is /dev/shm full?)"))
+            })?;
+            let map = map(&file, total, name)?;
+            let hdr = SegHeader {
+                magic: SEG_MAGIC,
+                version: SEG_VERSION,
+                owner: my_rank as u32,
+                nranks: nranks as u32,
+                nslots: nslots as u32,
+                capacity: capacity as u64,
+                stride: stride as u64,
+                total: total as u64,
+                pid: std::process::id(),
+                _pad: 0,
+            };
+            // SAFETY: the fresh mapping is ours alone (private name); the
+            // header and each ring header lie inside it and are aligned.
+            unsafe {
+                std::ptr::write(map.ptr as *mut SegHeader, hdr);
+                for i in 0..nranks * nslots {
+                    Ring::init_raw(map.ptr.add(SEG_HEADER + i * stride), capacity);
+                }
+            }
+            Ok(Segment { map, hdr, name: name.to_string() })
+        })();
+        let linked = built.is_ok().then(|| std::fs::hard_link(&tmp, &path));
+        let _ = std::fs::remove_file(&tmp);
+        let seg = built?;
+        linked.unwrap_or(Ok(())).map_err(|e| {
+            Error::System(format!(
+                "publishing shm segment {}: {e} (a segment of that name exists: another communicator \
+                 or a leftover; pick a fresh name)",
+                path.display()
+            ))
+        })?;
+        Ok(Inbox { seg, path, linked: true, my_rank })
+    }
+
+    /// The segment's name.
+    pub fn name(&self) -> &str {
+        &self.seg.name
+    }
+
+    /// This rank's doorbell (rung by peers' commits into this inbox and by
+    /// their consumes of what this rank sent).
+    pub fn doorbell(&self) -> Doorbell {
+        self.seg.doorbell()
+    }
+
+    /// Removes the name from `/dev/shm` (mappings stay valid). Call once
+    /// every peer has opened its [`Outbox`]; also done on drop.
+    pub fn unlink(&mut self) -> Result<()> {
+        if self.linked {
+            self.linked = false;
+            std::fs::remove_file(&self.path)
+                .map_err(|e| Error::System(format!("unlinking shm segment {}: {e}", self.path.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The receiving end for messages from rank `from` on `ch`;
+    /// `from_doorbell` is rank `from`'s doorbell (`Outbox::doorbell` of its
+    /// segment), rung when room is freed.
+    pub fn receiver(&self, from: usize, ch: Channel, from_doorbell: Doorbell) -> Result<Box<dyn Receiver>> {
+        Ok(Box::new(self.shm_receiver(from, ch, from_doorbell)?))
+    }
+
+    /// Like [`receiver`](Self::receiver), with the shm-specific methods.
+    pub fn shm_receiver(&self, from: usize, ch: Channel, from_doorbell: Doorbell) -> Result<ShmReceiver> {
+        let ring = self.seg.ring(from, ch)?;
+        let _ = self.my_rank;
+        Ok(ShmReceiver { c: ring.consumer(from_doorbell, Label { peer: from, ch })? })
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        let _ = self.unlink();
+    }
+}
+
+/// A peer's inbox mapped by this rank, to send to it.
+pub struct Outbox {
+    seg: Segment,
+    my_rank: usize,
+}
+
+impl Outbox {
+    /// Maps the inbox `name` of a peer; `my_rank` is this rank (the ring
+    /// row it writes). Checks the segment header: a foreign, truncated or
+    /// mismatched file is an error.
+    pub fn open(name: &str, my_rank: usize) -> Result<Outbox> {
+        #[cfg(loom)]
+        if true {
+            return Err(Error::Unavailable("shm segments are not modelled under loom".into()));
+        }
+        let path = shm_path(name)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::System(format!("opening shm segment {}: {e}", path.display())))?;
+        let size = file.metadata().map_err(|e| Error::System(format!("stat of shm segment {name}: {e}")))?.len();
+        let bad = |why: String| {
+            Err(Error::InvalidUsage(format!(
+                "shm segment {name} is not a valid oxccl inbox: {why} (wrong name, a leftover or another version)"
+            )))
+        };
+        if size < SEG_HEADER as u64 || size > isize::MAX as u64 {
+            return bad(format!("size {size} bytes"));
+        }
+        let map = map(&file, size as usize, name)?;
+        // SAFETY: the mapping holds at least SEG_HEADER bytes; the header was
+        // written before the name was published and is never changed.
+        let hdr: SegHeader = unsafe { std::ptr::read(map.ptr as *const SegHeader) };
+        if hdr.magic != SEG_MAGIC {
+            return bad(format!("magic {:#x}", hdr.magic));
+        }
+        if hdr.version != SEG_VERSION {
+            return bad(format!("version {} (this build speaks {SEG_VERSION})", hdr.version));
+        }
+        if check_capacity(hdr.capacity as usize).is_err() || hdr.nranks == 0 || hdr.nslots == 0 {
+            return bad(format!("capacity {}, {} ranks, {} slots", hdr.capacity, hdr.nranks, hdr.nslots));
+        }
+        match layout(hdr.nranks as usize, hdr.nslots as usize, hdr.capacity as usize) {
+            Some((stride, total))
+                if stride as u64 == hdr.stride && total as u64 == hdr.total && total as u64 == size => {}
+            _ => return bad(format!("size {size} does not match its header {hdr:?}")),
+        }
+        if my_rank >= hdr.nranks as usize {
+            return bad(format!("rank {my_rank} out of range for {} ranks", hdr.nranks));
+        }
+        Ok(Outbox { seg: Segment { map, hdr, name: name.to_string() }, my_rank })
+    }
+
+    /// The rank that owns the segment.
+    pub fn peer(&self) -> usize {
+        self.seg.hdr.owner as usize
+    }
+
+    /// The pid of the process that created the segment.
+    pub fn peer_pid(&self) -> i32 {
+        self.seg.hdr.pid as i32
+    }
+
+    /// The peer's doorbell.
+    pub fn doorbell(&self) -> Doorbell {
+        self.seg.doorbell()
+    }
+
+    /// The sending end to the peer on `ch` (once per process group).
+    pub fn sender(&self, ch: Channel) -> Result<Box<dyn Sender>> {
+        Ok(Box::new(self.shm_sender(ch)?))
+    }
+
+    /// Like [`sender`](Self::sender), with [`ShmSender::send_ref`].
+    pub fn shm_sender(&self, ch: Channel) -> Result<ShmSender> {
+        let ring = self.seg.ring(self.my_rank, ch)?;
+        Ok(ShmSender { p: ring.producer(self.doorbell(), Label { peer: self.peer(), ch })? })
+    }
+}
+
+/// The sending end of an shm connection.
+pub struct ShmSender {
+    p: Producer,
+}
+
+impl ShmSender {
+    /// Sends `len` bytes at `src` by reference: the receiver reads them from
+    /// this process with `process_vm_readv`. `Ok(None)` when the receiver
+    /// has not allowed it (use begin/room/commit instead). No message may be
+    /// in progress. The bytes must stay unchanged until
+    /// [`ref_done`](Self::ref_done) returns true for the returned token (if
+    /// they are freed, the receiver fails with an error, not this process).
+    pub fn send_ref(&mut self, src: *const u8, len: usize) -> Result<Option<u64>> {
+        self.p.send_ref(std::process::id(), src as usize as u64, len)
+    }
+
+    /// Whether the receiver has read by-reference message `token`.
+    pub fn ref_done(&self, token: u64) -> bool {
+        self.p.ref_done(token)
+    }
+}
+
+impl Sender for ShmSender {
+    fn begin(&mut self, len: usize) -> Result<()> {
+        self.p.begin(len)
+    }
+    fn room(&mut self, want: usize) -> Result<&mut [u8]> {
+        self.p.room(want)
+    }
+    fn commit(&mut self, n: usize) -> Result<()> {
+        self.p.commit(n)
+    }
+    fn progress(&mut self) -> Result<bool> {
+        self.p.progress()
+    }
+    fn flushed(&self) -> bool {
+        self.p.flushed()
+    }
+    fn bytes(&self) -> u64 {
+        self.p.bytes()
+    }
+}
+
+/// The receiving end of an shm connection.
+pub struct ShmReceiver {
+    c: Consumer,
+}
+
+impl ShmReceiver {
+    /// Allows by-reference messages if this process may read process `pid`
+    /// (the sender, [`Outbox::peer_pid`]); returns whether it is allowed.
+    pub fn allow_ref(&self, pid: i32) -> bool {
+        let ok = vm_read_permitted(pid);
+        self.c.allow_ref(ok);
+        ok
+    }
+}
+
+impl Receiver for ShmReceiver {
+    fn peek(&mut self) -> Result<Option<Piece<'_>>> {
+        self.c.peek()
+    }
+    fn consume(&mut self, n: usize) -> Result<()> {
+        self.c.consume(n)
+    }
+    fn progress(&mut self) -> Result<bool> {
+        self.c.progress()
+    }
+    fn bytes(&self) -> u64 {
+        self.c.bytes()
+    }
+}
+
+/// Reads `dst.len()` bytes at `remote_addr` in process `pid`
+/// (`process_vm_readv`); returns the bytes read (possibly fewer).
+pub fn vm_read(pid: i32, remote_addr: usize, dst: &mut [u8]) -> Result<usize> {
+    vm_read_raw(pid, remote_addr, dst).map_err(|errno| {
+        Error::System(format!(
+            "process_vm_readv of {} bytes at {remote_addr:#x} in pid {pid}: {}",
+            dst.len(),
+            std::io::Error::from_raw_os_error(errno)
+        ))
+    })
+}
+
+fn vm_read_raw(pid: i32, remote_addr: usize, dst: &mut [u8]) -> std::result::Result<usize, i32> {
+    if dst.is_empty() {
+        return Ok(0);
+    }
+    let local = libc::iovec { iov_base: dst.as_mut_ptr() as *mut libc::c_void, iov_len: dst.len() };
+    let remote = libc::iovec { iov_base: remote_addr as *mut libc::c_void, iov_len: dst.len() };
+    // SAFETY: `local` describes `dst`, writable for its length; the kernel
+    // checks the remote range and fails with EFAULT if it is not mapped.
+    let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok(n as usize)
+}
+
+/// Whether the kernel lets this process read process `pid`'s memory.
+pub fn vm_read_permitted(pid: i32) -> bool {
+    let mut b = [0u8; 1];
+    // Address 0 is never mapped: a permitted read fails with EFAULT, a
+    // refused one with EPERM (or ESRCH for no such process).
+    pid > 0 && matches!(vm_read_raw(pid, 0, &mut b), Ok(_) | Err(libc::EFAULT))
+}
+
+/// Watches a local peer process: [`exited`](PidWatch::exited) turns true
+/// once it has died (pidfd).
+pub struct PidWatch {
+    pid: i32,
+    fd: OwnedFd,
+}
+
+impl PidWatch {
+    /// Starts watching `pid` (an error if there is no such process or the
+    /// kernel lacks `pidfd_open`, Linux < 5.3).
+    pub fn new(pid: i32) -> Result<PidWatch> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(sys(format!("pidfd_open({pid})")));
+        }
+        // SAFETY: `fd` is a fresh descriptor that we own.
+        Ok(PidWatch { pid, fd: unsafe { OwnedFd::from_raw_fd(fd as i32) } })
+    }
+
+    /// The watched pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether the process has exited (non-blocking).
+    pub fn exited(&self) -> bool {
+        let mut p = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: polling one valid pollfd with a zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n > 0 && p.revents & (libc::POLLIN | libc::POLLHUP) != 0
+    }
+}
