@@ -169,7 +169,7 @@ fn pid_watch_sees_a_killed_process() {
     let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     let w = PidWatch::new(child.id() as i32).unwrap();
     assert!(!w.exited());
-    // SAFETY-free: Child::kill sends SIGKILL.
+    // Child::kill sends SIGKILL.
     child.kill().unwrap();
     let t0 = Instant::now();
     while !w.exited() {
