@@ -183,7 +183,6 @@ impl Ring {
     /// # Safety
     /// `base` must be 64-aligned, valid for writes of `RING_HEADER` bytes
     /// and not in use by anyone yet.
-    #[cfg(not(loom))]
     pub unsafe fn init_raw(base: *mut u8, capacity: usize) {
         // SAFETY: the caller guarantees `base` is aligned, writable and
         // unused.
@@ -197,7 +196,6 @@ impl Ring {
     /// `base` must be 64-aligned and point to `RING_HEADER + capacity`
     /// bytes that stay mapped while `keep` lives and that everyone uses
     /// only through this ring protocol.
-    #[cfg(not(loom))]
     pub unsafe fn from_raw(base: *mut u8, capacity: usize, keep: Arc<dyn Any + Send + Sync>) -> Result<Ring> {
         check_capacity(capacity)?;
         let hdr = base as *const RingHeader;

@@ -237,6 +237,11 @@ impl Inbox {
         Ok(Inbox { seg, path, linked: true, my_rank })
     }
 
+    /// The owning rank.
+    pub fn rank(&self) -> usize {
+        self.my_rank
+    }
+
     /// The segment's name.
     pub fn name(&self) -> &str {
         &self.seg.name
@@ -269,7 +274,6 @@ impl Inbox {
     /// Like [`receiver`](Self::receiver), with the shm-specific methods.
     pub fn shm_receiver(&self, from: usize, ch: Channel, from_doorbell: Doorbell) -> Result<ShmReceiver> {
         let ring = self.seg.ring(from, ch)?;
-        let _ = self.my_rank;
         Ok(ShmReceiver { c: ring.consumer(from_doorbell, Label { peer: from, ch })? })
     }
 }

@@ -169,7 +169,7 @@ fn pid_watch_sees_a_killed_process() {
     let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     let w = PidWatch::new(child.id() as i32).unwrap();
     assert!(!w.exited());
-    // SAFETY-free: Child::kill sends SIGKILL.
+    // Child::kill sends SIGKILL.
     child.kill().unwrap();
     let t0 = Instant::now();
     while !w.exited() {
@@ -192,7 +192,7 @@ fn msg_len(i: usize) -> usize {
 fn child_sender() {
     let Ok(name) = std::env::var(CHILD_ENV) else { return };
     let out = Outbox::open(&name, 0).unwrap();
-    let mut s = out.sender(0).unwrap();
+    let mut s = out.shm_sender(0).unwrap();
     let t0 = Instant::now();
     for i in 0..N_MSGS {
         let len = msg_len(i);
@@ -211,7 +211,25 @@ fn child_sender() {
             off += n;
         }
     }
+    // Then one message by reference, if the parent allowed it.
+    let src: Vec<u8> = (0..REF_LEN).map(|i| (i % 253) as u8).collect();
+    let tok = loop {
+        if let Some(t) = s.send_ref(src.as_ptr(), src.len()).unwrap() {
+            break t;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            eprintln!("child: the parent did not allow by-reference messages");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    while !s.ref_done(tok) {
+        assert!(t0.elapsed() < Duration::from_secs(60), "child: by-reference message never acknowledged");
+        std::thread::yield_now();
+    }
 }
+
+const REF_LEN: usize = 2_500_000;
 
 #[test]
 fn two_processes() {
@@ -225,7 +243,9 @@ fn two_processes() {
         .unwrap();
     let watch = PidWatch::new(child.id() as i32).unwrap();
     let bell = inbox.doorbell();
-    let mut r = inbox.receiver(0, 0, Doorbell::heap()).unwrap();
+    let mut r = inbox.shm_receiver(0, 0, Doorbell::heap()).unwrap();
+    // The parent may read its child's memory unless ptrace is locked down.
+    let by_ref = r.allow_ref(child.id() as i32);
     let t0 = Instant::now();
     let mut unlinked = false;
     for i in 0..N_MSGS {
@@ -255,6 +275,27 @@ fn two_processes() {
                 }
             }
         }
+    }
+    if by_ref {
+        let mut got = Vec::new();
+        while got.len() < REF_LEN {
+            let seen = bell.seq();
+            match r.peek().unwrap() {
+                Some(p) => {
+                    assert_eq!((p.msg_len, p.offset), (REF_LEN, got.len()));
+                    let d = p.data.to_vec();
+                    r.consume(d.len()).unwrap();
+                    got.extend(d);
+                }
+                None => {
+                    assert!(t0.elapsed() < Duration::from_secs(60), "no by-reference message from the child");
+                    bell.wait(seen, Duration::from_millis(100));
+                }
+            }
+        }
+        assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 253) as u8), "by-reference bytes differ");
+    } else {
+        eprintln!("by-reference part skipped: this process may not read its child (ptrace_scope)");
     }
     let status = child.wait().unwrap();
     assert!(status.success(), "child failed: {status}");
