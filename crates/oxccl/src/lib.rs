@@ -1,1 +1,64 @@
-//! (being written)
+//! # oxccl
+//!
+//! Collective communication on host memory: ranks that are threads of one
+//! process, processes on one host (shared memory) and processes on
+//! different hosts (TCP), with NCCL's collectives and semantics.
+//!
+//! ```no_run
+//! use oxccl::{Communicator, ReduceOp};
+//! // Four ranks as threads of this process (NCCL's ncclCommInitAll).
+//! let comms = Communicator::init_threads(4).unwrap();
+//! std::thread::scope(|s| {
+//!     for c in &comms {
+//!         s.spawn(move || {
+//!             let send = vec![c.rank() as f32; 1024];
+//!             let mut recv = vec![0.0f32; 1024];
+//!             c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+//!             assert_eq!(recv[0], 6.0);
+//!         });
+//!     }
+//! });
+//! ```
+//!
+//! Processes join with [`Communicator::init`] and a [`UniqueId`] that rank
+//! 0 created and passed on (its hex form travels in environment variables
+//! and files), or with [`Communicator::from_env`] under torchrun, mpirun,
+//! PMI or Slurm.
+//!
+//! ## How a call runs
+//! The calling thread checks the arguments (an error changes nothing),
+//! picks an algorithm ([`tuner`]) and takes this rank's program from
+//! oxccl-algo; the communicator's progress thread runs it over the
+//! transports of oxccl-transport, calls in the order they were made. Blocking methods wait
+//! for the end; `*_async` methods take owned storage and return a [`Work`]
+//! that hands it back. [`Communicator::group`] launches matched sends and
+//! receives together.
+//!
+//! ## Failure
+//! Every wait has a deadline (`OXCCL_TIMEOUT`, 300 s). A dead peer is an
+//! error naming it on every rank within seconds; the communicator is then
+//! poisoned ([`Communicator::async_error`]) and must be dropped.
+//!
+//! ## Thread safety
+//! `Communicator` is `Send + Sync`. All ranks must issue collectives in
+//! the same order.
+
+mod buf;
+mod check;
+mod comm;
+pub mod config;
+mod engine;
+mod exec;
+mod group;
+mod plan;
+mod split;
+pub mod tuner;
+
+pub use comm::{Communicator, Work};
+pub use config::Config;
+pub use group::Group;
+pub use oxccl_algo::collective::CollKind;
+pub use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
+pub use oxccl_transport::id::UniqueId;
+pub use oxccl_transport::{Kind, PeerStats};
+pub use split::Launch;

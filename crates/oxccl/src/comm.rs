@@ -1,0 +1,524 @@
+//! [`Communicator`]: creation, collectives, teardown.
+
+use crate::buf::Region;
+use crate::config::{Config, Resolved, init_logging};
+use crate::engine::{self, Completion, Job, Shared};
+use crate::plan::{self, Cache, Extras, check_collective, check_len};
+use crate::tuner::{AlgoFilter, Tuner};
+use oxccl_algo::collective::{CollKind, Collective};
+use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
+use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
+use oxccl_transport::fabric::{Fabric, FabricOptions};
+use oxccl_transport::id::UniqueId;
+use oxccl_transport::{Kind, PeerStats};
+use parking_lot::Mutex;
+use std::any::Any;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A group of ranks that run collectives together.
+///
+/// Calls on one communicator run in the order they are made (a stream);
+/// each is planned on the calling thread (argument errors come back at
+/// once and change nothing) and run by the communicator's progress thread.
+/// `Communicator` is `Send + Sync`; calls from several threads are
+/// serialized in the order they reach the queue, which must be the same on
+/// every rank.
+pub struct Communicator {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub rank: usize,
+    pub nranks: usize,
+    pub id: UniqueId,
+    pub boot: Arc<Bootstrap>,
+    pub shared: Arc<Shared>,
+    pub thread: Mutex<Option<JoinHandle<()>>>,
+    pub cfg: Resolved,
+    pub config: Config,
+    pub tuner: Tuner,
+    pub cache: Cache,
+    pub seq: AtomicU64,
+    pub kinds: Vec<Option<Kind>>,
+}
+
+/// A submitted call: wait for it or poll it. Owned-buffer calls hand the
+/// storage back from [`wait`](Work::wait).
+#[must_use = "a Work is the only way to learn whether the call succeeded"]
+pub struct Work<B = ()> {
+    done: Arc<Completion>,
+    _b: PhantomData<fn() -> B>,
+}
+
+impl<B: 'static> Work<B> {
+    /// Whether the call has ended.
+    pub fn is_done(&self) -> bool {
+        self.done.is_done()
+    }
+
+    /// Waits at most `d`: `None` while the call runs, else its outcome.
+    pub fn wait_timeout(&self, d: Duration) -> Option<Result<()>> {
+        self.done.wait_for(d)
+    }
+
+    /// Waits for the end (which always comes: every wait inside has a
+    /// deadline) and returns the caller's storage.
+    pub fn wait(self) -> Result<B> {
+        let (r, keep) = self.done.wait();
+        r?;
+        keep.and_then(|k| k.downcast::<B>().ok())
+            .map(|b| *b)
+            .ok_or_else(|| Error::Internal("a work item lost its buffer".into()))
+    }
+}
+
+impl Work<()> {
+    /// Waits for the end of a call that owns no storage.
+    pub fn wait_done(self) -> Result<()> {
+        self.done.wait().0
+    }
+}
+
+fn bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+impl Communicator {
+    /// Joins communicator `id` as `rank` of `nranks` (NCCL's
+    /// `ncclCommInitRank`): every rank calls it with the same id.
+    pub fn init(id: &UniqueId, nranks: usize, rank: usize, config: Config) -> Result<Communicator> {
+        init_logging();
+        let cfg = config.resolve()?;
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::invalid(format!("rank {rank} is out of range for {nranks} ranks")));
+        }
+        let filter = AlgoFilter::parse(cfg.algo.as_deref().unwrap_or(""))?;
+        let boot = Arc::new(Bootstrap::init(id, nranks, rank, &BootOptions { timeout: cfg.timeout, host_id: None })?);
+        let opts = FabricOptions {
+            transport: cfg.transport,
+            buffsize: cfg.buffsize,
+            nsocks: cfg.nsocks,
+            ifname: cfg.socket_ifname.clone(),
+            timeout: cfg.timeout,
+        };
+        let fabric = Fabric::new(boot.clone(), id.nonce(), &opts)?;
+        let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
+        let (nodes, per_node) = fabric.layout();
+        let intra = kinds.iter().flatten().copied().filter(|k| *k != Kind::Tcp).min().unwrap_or(Kind::Shm);
+        let tuner = Tuner::new(nodes, per_node, intra, Kind::Tcp, filter, cfg.buffsize);
+        let who = format!("comm {} rank {rank}/{nranks}", &id.to_string()[..8]);
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Default::default()),
+            bell: fabric.bell(),
+            poison: Mutex::new(None),
+            abort: Default::default(),
+            shutdown: Default::default(),
+            stats: Mutex::new(Vec::new()),
+            timeout: cfg.timeout,
+            who: who.clone(),
+        });
+        let bell = shared.bell.clone();
+        boot.on_failure(Box::new(move || bell.ring()));
+        let s2 = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("oxccl-r{rank}"))
+            .spawn(move || engine::run(s2, fabric))
+            .map_err(|e| Error::System(format!("{who}: cannot start the progress thread: {e}")))?;
+        tracing::info!("{who}: ready ({:?})", kinds.iter().flatten().collect::<std::collections::BTreeSet<_>>());
+        Ok(Communicator {
+            inner: Arc::new(Inner {
+                rank,
+                nranks,
+                id: id.clone(),
+                boot,
+                shared,
+                thread: Mutex::new(Some(thread)),
+                cfg,
+                config,
+                tuner,
+                cache: Cache::default(),
+                seq: AtomicU64::new(0),
+                kinds,
+            }),
+        })
+    }
+
+    /// `n` ranks as threads of this process (NCCL's `ncclCommInitAll`),
+    /// with the default configuration.
+    pub fn init_threads(n: usize) -> Result<Vec<Communicator>> {
+        Self::init_threads_with(n, Config::default())
+    }
+
+    /// [`init_threads`](Communicator::init_threads) with a configuration.
+    pub fn init_threads_with(n: usize, config: Config) -> Result<Vec<Communicator>> {
+        if n == 0 {
+            return Err(Error::invalid("init_threads: at least one rank"));
+        }
+        let id = UniqueId::new()?;
+        let handles: Vec<_> = (0..n)
+            .map(|r| {
+                let (id, config) = (id.clone(), config.clone());
+                std::thread::spawn(move || Communicator::init(&id, n, r, config))
+            })
+            .collect();
+        let mut out = Vec::with_capacity(n);
+        for h in handles {
+            out.push(h.join().map_err(|_| Error::Internal("init thread panicked".into()))?);
+        }
+        out.into_iter().collect()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.inner.nranks
+    }
+
+    /// The id the communicator was created from.
+    pub fn id(&self) -> &UniqueId {
+        &self.inner.id
+    }
+
+    /// Which transport carries traffic with `peer` (`None` for this rank).
+    pub fn transport_to(&self, peer: usize) -> Option<Kind> {
+        self.inner.kinds.get(peer).copied().flatten()
+    }
+
+    /// The error that poisoned the communicator, if any (NCCL's
+    /// `ncclCommGetAsyncError`): a dead peer, a timeout, an abort.
+    pub fn async_error(&self) -> Option<Error> {
+        self.inner.shared.poisoned().or_else(|| self.inner.boot.failure())
+    }
+
+    /// Bytes sent and received per peer and transport, as of the last
+    /// completed call.
+    pub fn stats(&self) -> Vec<PeerStats> {
+        self.inner.shared.stats.lock().clone()
+    }
+
+    /// Stops everything now: pending and later calls fail, every other
+    /// rank learns that this one aborted. The communicator cannot be used
+    /// afterwards; drop it.
+    pub fn abort(&self) {
+        let inner = &self.inner;
+        let e = Error::Remote(format!("rank {} aborted the communicator", inner.rank));
+        {
+            let mut p = inner.shared.poison.lock();
+            if p.is_none() {
+                *p = Some(e);
+            }
+        }
+        inner.shared.abort.store(true, Ordering::Release);
+        inner.boot.abort("the application called abort");
+        self.stop();
+    }
+
+    fn stop(&self) {
+        let inner = &self.inner;
+        inner.shared.shutdown.store(true, Ordering::Release);
+        inner.shared.bell.ring();
+        if let Some(t) = inner.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+
+    fn usable(&self) -> Result<()> {
+        match self.inner.shared.poisoned() {
+            Some(e) => Err(e),
+            None if self.inner.shared.shutdown.load(Ordering::Acquire) => {
+                Err(Error::InvalidUsage(format!("rank {}: the communicator was aborted", self.inner.rank)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Plans a collective into a job (not yet submitted).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn plan_collective(
+        &self,
+        kind: CollKind,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: Region,
+        output: Region,
+        extras: &mut Extras,
+    ) -> Result<(crate::exec::Task, String)> {
+        self.usable()?;
+        let inner = &self.inner;
+        let coll = Collective { kind, nranks: inner.nranks, count, root, dtype };
+        check_collective(&coll, op, inner.rank)?;
+        let es = dtype.size();
+        let (ni, no) = (coll.input_len(inner.rank), coll.output_len(inner.rank));
+        check_len("the send buffer", kind.name(), inner.rank, input.len() / es, ni)?;
+        check_len("the receive buffer", kind.name(), inner.rank, output.len() / es, no)?;
+        let (input, output) = (input.sub(0, ni * es)?, output.sub(0, no * es)?);
+        if inner.cfg.check {
+            crate::check::compare(self, &coll, op)?;
+        }
+        let seq = self.next_seq();
+        let label = format!("{kind} #{seq}");
+        let task =
+            plan::collective(&inner.cache, &inner.tuner, &coll, inner.rank, op, input, output, label.clone(), extras)?;
+        Ok((task, label))
+    }
+
+    /// Submits one planned collective.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn submit_collective(
+        &self,
+        kind: CollKind,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: Region,
+        output: Region,
+        keep: Option<Box<dyn Any + Send>>,
+    ) -> Result<Arc<Completion>> {
+        let mut extras = Extras::default();
+        let (task, label) = self.plan_collective(kind, count, dtype, op, root, input, output, &mut extras)?;
+        Ok(self.submit(label, vec![vec![task]], extras, keep))
+    }
+
+    pub(crate) fn submit(
+        &self,
+        label: String,
+        batches: Vec<Vec<crate::exec::Task>>,
+        extras: Extras,
+        keep: Option<Box<dyn Any + Send>>,
+    ) -> Arc<Completion> {
+        let done = Arc::new(Completion::default());
+        let seq = self.inner.seq.load(Ordering::Relaxed);
+        self.inner.shared.submit(Job {
+            seq,
+            label,
+            pre: extras.pre,
+            batches,
+            post: extras.post,
+            owned: extras.owned,
+            keep,
+            done: done.clone(),
+        });
+        done
+    }
+
+    /// Runs a collective on byte buffers described by `count` elements of
+    /// `dtype` (NCCL's conventions for `count`, see
+    /// [`Collective`]); `send: None` is in place (the receive buffer
+    /// holds the input where NCCL's in-place layout puts it). Blocks
+    /// until done.
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_bytes(
+        &self,
+        kind: CollKind,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let es = dtype.size();
+        let output = Region::of_mut(recv);
+        let input = match send {
+            Some(s) => Region::of(s),
+            None => {
+                let coll = Collective { kind, nranks: self.size(), count, root, dtype };
+                let l = coll.in_place_layout(self.rank());
+                let ni = coll.input_len(self.rank());
+                check_len("the buffer", kind.name(), self.rank(), output.len() / es, l.len)?;
+                let input = output.sub(l.input_at * es, ni * es)?;
+                let out = output.sub(l.output_at * es, coll.output_len(self.rank()) * es)?;
+                return self.submit_collective(kind, count, dtype, op, root, input, out, None)?.wait().0;
+            }
+        };
+        self.submit_collective(kind, count, dtype, op, root, input, output, None)?.wait().0
+    }
+
+    /// Sum (or `op`) of every rank's `send` into every rank's `recv`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.collective_bytes(CollKind::AllReduce, Some(bytes(send)), bytes_mut(recv), send.len(), T::DTYPE, op, 0)
+    }
+
+    /// [`all_reduce`](Communicator::all_reduce) in place.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = buf.len();
+        self.collective_bytes(CollKind::AllReduce, None, bytes_mut(buf), n, T::DTYPE, op, 0)
+    }
+
+    /// Rank `r` receives block `r` (of `recv.len()` elements) of the
+    /// reduction of every rank's `send` (`size() × recv.len()` elements).
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = recv.len();
+        self.collective_bytes(CollKind::ReduceScatter, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, op, 0)
+    }
+
+    /// [`reduce_scatter`](Communicator::reduce_scatter) in place: `buf`
+    /// holds `size()` blocks; this rank's block ends up reduced.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = self.blocks(buf.len(), "reduce_scatter")?;
+        self.collective_bytes(CollKind::ReduceScatter, None, bytes_mut(buf), n, T::DTYPE, op, 0)
+    }
+
+    /// Every rank receives all ranks' `send`, concatenated in rank order.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = send.len();
+        self.collective_bytes(CollKind::AllGather, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, 0)
+    }
+
+    /// [`all_gather`](Communicator::all_gather) in place: this rank's
+    /// block of `buf` is its input.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.blocks(buf.len(), "all_gather")?;
+        self.collective_bytes(CollKind::AllGather, None, bytes_mut(buf), n, T::DTYPE, ReduceOp::Sum, 0)
+    }
+
+    /// Block `j` of this rank's `send` goes to rank `j`; block `j` of
+    /// `recv` comes from rank `j` (`size()` equal blocks).
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = self.blocks(send.len(), "alltoall")?;
+        self.collective_bytes(CollKind::AllToAll, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, 0)
+    }
+
+    /// The root's `buf` to every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let n = buf.len();
+        self.collective_bytes(CollKind::Broadcast, None, bytes_mut(buf), n, T::DTYPE, ReduceOp::Sum, root)
+    }
+
+    /// The reduction of every rank's `send` into the root's `recv`
+    /// (ignored elsewhere; pass an empty slice).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let n = send.len();
+        self.collective_bytes(CollKind::Reduce, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, op, root)
+    }
+
+    /// Every rank's `send` into the root's `recv`, in rank order.
+    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let n = send.len();
+        self.collective_bytes(CollKind::Gather, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, root)
+    }
+
+    /// Block `r` of the root's `send` into rank `r`'s `recv`.
+    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let n = recv.len();
+        self.collective_bytes(CollKind::Scatter, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, root)
+    }
+
+    /// Sends `buf` to `peer` (blocks until it is on its way; pair with the
+    /// peer's [`recv`](Communicator::recv), or use a [`group`] when both
+    /// sides send first).
+    ///
+    /// [`group`]: Communicator::group
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.group(|g| {
+            g.send(buf, peer);
+        })
+    }
+
+    /// Receives `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.group(|g| {
+            g.recv(buf, peer);
+        })
+    }
+
+    /// Waits until every rank has reached the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        let mut x = [0u8];
+        self.all_reduce_in_place(&mut x, ReduceOp::Max)
+    }
+
+    /// In-place all-reduce on owned storage, returned by [`Work::wait`].
+    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Work<Vec<T>>> {
+        let n = buf.len();
+        let r = Region::of_mut(bytes_mut(&mut buf));
+        let done = self.submit_collective(CollKind::AllReduce, n, T::DTYPE, op, 0, r, r, Some(Box::new(buf)))?;
+        Ok(Work { done, _b: PhantomData })
+    }
+
+    /// In-place collective of any kind on owned storage (NCCL's in-place
+    /// layout; `count` as in [`collective_bytes`]). The storage comes back
+    /// from [`Work::wait`].
+    ///
+    /// [`collective_bytes`]: Communicator::collective_bytes
+    pub fn collective_async<T: Element>(
+        &self,
+        kind: CollKind,
+        mut buf: Vec<T>,
+        count: usize,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Work<Vec<T>>> {
+        let es = T::DTYPE.size();
+        let whole = Region::of_mut(bytes_mut(&mut buf));
+        let coll = Collective { kind, nranks: self.size(), count, root, dtype: T::DTYPE };
+        let l = coll.in_place_layout(self.rank());
+        check_len("the buffer", kind.name(), self.rank(), whole.len() / es, l.len)?;
+        let input = whole.sub(l.input_at * es, coll.input_len(self.rank()) * es)?;
+        let output = whole.sub(l.output_at * es, coll.output_len(self.rank()) * es)?;
+        let done = self.submit_collective(kind, count, T::DTYPE, op, root, input, output, Some(Box::new(buf)))?;
+        Ok(Work { done, _b: PhantomData })
+    }
+
+    fn blocks(&self, len: usize, what: &str) -> Result<usize> {
+        let n = self.size();
+        if len % n != 0 {
+            return Err(Error::invalid(format!(
+                "rank {}: {what}: a buffer of {len} elements does not split into {n} equal blocks",
+                self.rank()
+            )));
+        }
+        Ok(len / n)
+    }
+
+    pub(crate) fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
+        if peer >= self.size() {
+            return Err(Error::invalid(format!(
+                "rank {}: {what}: peer {peer} is out of range for {} ranks",
+                self.rank(),
+                self.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The configuration this communicator was made with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub(crate) fn boot(&self) -> &Bootstrap {
+        &self.inner.boot
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Communicator(rank {} of {})", self.rank(), self.size())
+    }
+}

@@ -1,0 +1,141 @@
+//! Configuration: an explicit [`Config`] first, then `OXCCL_*` variables,
+//! then defaults.
+
+use oxccl_core::{Error, Result};
+use oxccl_transport::Kind;
+use std::time::Duration;
+
+/// What a communicator may be told. Every field left `None` falls back to
+/// its environment variable, then to the default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Deadline of every wait (`OXCCL_TIMEOUT`, seconds; default 300).
+    pub timeout: Option<Duration>,
+    /// Force one transport between all ranks (`OXCCL_TRANSPORT=tcp|shm`;
+    /// `mem` is used only among ranks of one process).
+    pub transport: Option<Kind>,
+    /// Network interface for TCP (`OXCCL_SOCKET_IFNAME`, NCCL's syntax).
+    pub socket_ifname: Option<String>,
+    /// Algorithm selection (`OXCCL_ALGO`, NCCL's grammar).
+    pub algo: Option<String>,
+    /// Compare every collective's arguments across ranks first
+    /// (`OXCCL_CHECK=1`).
+    pub check: Option<bool>,
+    /// Bytes of each connection's FIFO (`OXCCL_BUFFSIZE`; default 4 MiB).
+    pub buffsize: Option<usize>,
+    /// Sockets per TCP connection (`OXCCL_NSOCKS`; default 2).
+    pub nsocks: Option<usize>,
+}
+
+/// A [`Config`] with every field decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    /// See [`Config::timeout`].
+    pub timeout: Duration,
+    /// See [`Config::transport`].
+    pub transport: Option<Kind>,
+    /// See [`Config::socket_ifname`].
+    pub socket_ifname: Option<String>,
+    /// See [`Config::algo`].
+    pub algo: Option<String>,
+    /// See [`Config::check`].
+    pub check: bool,
+    /// See [`Config::buffsize`].
+    pub buffsize: usize,
+    /// See [`Config::nsocks`].
+    pub nsocks: usize,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+}
+
+fn parse_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => v.parse().map(Some).map_err(|_| Error::invalid(format!("{name}={v:?} is not a number"))),
+    }
+}
+
+/// Parses a transport name.
+pub fn parse_kind(s: &str) -> Result<Kind> {
+    match s.to_ascii_lowercase().as_str() {
+        "tcp" | "socket" | "net" => Ok(Kind::Tcp),
+        "shm" => Ok(Kind::Shm),
+        "mem" => Ok(Kind::Mem),
+        _ => Err(Error::invalid(format!("OXCCL_TRANSPORT={s:?}: expected tcp or shm"))),
+    }
+}
+
+impl Config {
+    /// Fills every unset field from the environment and defaults; an
+    /// error names a malformed variable.
+    pub fn resolve(&self) -> Result<Resolved> {
+        let timeout = match self.timeout {
+            Some(t) => t,
+            None => match env("OXCCL_TIMEOUT") {
+                None => Duration::from_secs(300),
+                Some(v) => {
+                    let s: f64 =
+                        v.parse().map_err(|_| Error::invalid(format!("OXCCL_TIMEOUT={v:?} is not seconds")))?;
+                    if !(s > 0.0 && s.is_finite()) {
+                        return Err(Error::invalid(format!("OXCCL_TIMEOUT={v:?} must be positive")));
+                    }
+                    Duration::from_secs_f64(s)
+                }
+            },
+        };
+        let transport = match self.transport {
+            Some(k) => Some(k),
+            None => env("OXCCL_TRANSPORT").map(|v| parse_kind(&v)).transpose()?,
+        };
+        let check = match self.check {
+            Some(c) => c,
+            None => env("OXCCL_CHECK").is_some_and(|v| v != "0"),
+        };
+        let buffsize = match self.buffsize {
+            Some(b) => b,
+            None => parse_num("OXCCL_BUFFSIZE")?.unwrap_or(4 << 20),
+        };
+        if !(16 << 10..=1 << 30).contains(&buffsize) {
+            return Err(Error::invalid(format!("buffer size {buffsize} must be between 16 KiB and 1 GiB")));
+        }
+        let nsocks = match self.nsocks {
+            Some(n) => n,
+            None => parse_num("OXCCL_NSOCKS")?.unwrap_or(2),
+        };
+        if !(1..=16).contains(&nsocks) {
+            return Err(Error::invalid(format!("sockets per connection {nsocks} must be 1 to 16")));
+        }
+        Ok(Resolved {
+            timeout,
+            transport,
+            socket_ifname: self.socket_ifname.clone().or_else(|| env("OXCCL_SOCKET_IFNAME")),
+            algo: self.algo.clone().or_else(|| env("OXCCL_ALGO")),
+            check,
+            buffsize: buffsize.next_power_of_two(),
+            nsocks,
+        })
+    }
+}
+
+/// Starts logging to stderr at `OXCCL_DEBUG`'s level (`WARN`, `INFO`,
+/// `TRACE`; NCCL's `VERSION` and `ABORT` read as INFO and WARN), once per
+/// process. Without the variable, warnings are still printed.
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let level = match env("OXCCL_DEBUG").map(|v| v.to_ascii_uppercase()).as_deref() {
+            Some("TRACE") => "oxccl=trace,oxccl_transport=trace",
+            Some("INFO") | Some("VERSION") => "oxccl=info,oxccl_transport=info",
+            Some("DEBUG") => "oxccl=debug,oxccl_transport=debug",
+            Some("NONE") | Some("OFF") => "off",
+            _ => "oxccl=warn,oxccl_transport=warn",
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+            .with_writer(std::io::stderr)
+            .with_target(false)
+            .try_init();
+    });
+}

@@ -1,0 +1,246 @@
+//! Groups: several calls launched together, so matched sends and receives
+//! that would deadlock one by one (both ranks send first) complete.
+
+use crate::buf::Region;
+use crate::comm::Communicator;
+use crate::engine::Action;
+use crate::exec::Task;
+use crate::plan::{self, Extras};
+use oxccl_algo::collective::CollKind;
+use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
+use std::marker::PhantomData;
+
+enum Op {
+    P2p { send: bool, peer: usize, region: Region, dtype: DataType },
+    Coll { kind: CollKind, count: usize, dtype: DataType, op: ReduceOp, root: usize, input: Region, output: Region },
+}
+
+/// Calls recorded for one launch; see [`Communicator::group`]. Buffers
+/// stay borrowed until the group has run. Nothing is launched if an
+/// argument is wrong: [`Communicator::group`] returns the first error.
+pub struct Group<'a> {
+    comm: &'a Communicator,
+    ops: Vec<Op>,
+    error: Option<Error>,
+    _buffers: PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Group<'a> {
+    fn note(&mut self, r: Result<()>) {
+        if let (Err(e), None) = (r, &self.error) {
+            self.error = Some(e);
+        }
+    }
+
+    /// Sends `buf` to `peer`.
+    pub fn send<T: Element>(&mut self, buf: &'a [T], peer: usize) -> &mut Self {
+        let r = self.comm.check_peer(peer, "send");
+        self.note(r);
+        let region = Region::of(bytemuck::cast_slice(buf));
+        self.ops.push(Op::P2p { send: true, peer, region, dtype: T::DTYPE });
+        self
+    }
+
+    /// Receives `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&mut self, buf: &'a mut [T], peer: usize) -> &mut Self {
+        let r = self.comm.check_peer(peer, "recv");
+        self.note(r);
+        let region = Region::of_mut(bytemuck::cast_slice_mut(buf));
+        self.ops.push(Op::P2p { send: false, peer, region, dtype: T::DTYPE });
+        self
+    }
+
+    /// An all-reduce in the group.
+    pub fn all_reduce<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> &mut Self {
+        let (input, output) = (Region::of(bytemuck::cast_slice(send)), Region::of_mut(bytemuck::cast_slice_mut(recv)));
+        self.ops.push(Op::Coll {
+            kind: CollKind::AllReduce,
+            count: send.len(),
+            dtype: T::DTYPE,
+            op,
+            root: 0,
+            input,
+            output,
+        });
+        self
+    }
+
+    /// Any collective in the group, on byte buffers (`count` and the
+    /// buffers as in [`Communicator::collective_bytes`], out of place).
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_bytes(
+        &mut self,
+        kind: CollKind,
+        send: &'a [u8],
+        recv: &'a mut [u8],
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> &mut Self {
+        self.ops.push(Op::Coll { kind, count, dtype, op, root, input: Region::of(send), output: Region::of_mut(recv) });
+        self
+    }
+}
+
+impl Communicator {
+    /// Records the calls `f` makes on a [`Group`] and runs them together:
+    /// collectives one after another in the order recorded, then every
+    /// send and receive at once (per peer in the order recorded). Blocks
+    /// until all are done.
+    ///
+    /// ```no_run
+    /// # let comms = oxccl::Communicator::init_threads(2).unwrap();
+    /// # let comm = &comms[0];
+    /// let (out, mut inc) = (vec![1.0f32; 4], vec![0.0f32; 4]);
+    /// let peer = 1 - comm.rank();
+    /// comm.group(|g| {
+    ///     g.send(&out, peer);
+    ///     g.recv(&mut inc, peer);
+    /// })
+    /// .unwrap();
+    /// ```
+    pub fn group<'a>(&'a self, f: impl FnOnce(&mut Group<'a>)) -> Result<()> {
+        let mut g = Group { comm: self, ops: Vec::new(), error: None, _buffers: PhantomData };
+        f(&mut g);
+        if let Some(e) = g.error {
+            return Err(e);
+        }
+        let mut extras = Extras::default();
+        let mut batches: Vec<Vec<Task>> = Vec::new();
+        let mut p2p = Vec::new();
+        let mut labels = Vec::new();
+        for op in g.ops {
+            match op {
+                Op::Coll { kind, count, dtype, op, root, input, output } => {
+                    let (task, label) =
+                        self.plan_collective(kind, count, dtype, op, root, input, output, &mut extras)?;
+                    labels.push(label);
+                    batches.push(vec![task]);
+                }
+                Op::P2p { send, peer, region, dtype } => {
+                    if region.len() % dtype.size() != 0 {
+                        return Err(Error::invalid("p2p buffer is not whole elements"));
+                    }
+                    let what = if send { format!("send to {peer}") } else { format!("recv from {peer}") };
+                    p2p.push((send, peer, region, dtype, what));
+                }
+            }
+        }
+        if !p2p.is_empty() {
+            let seq = self.next_seq();
+            let mut tasks = Vec::new();
+            let mut selfs: (Vec<Region>, Vec<Region>) = (Vec::new(), Vec::new());
+            for (send, peer, region, dtype, what) in p2p {
+                if peer == self.rank() {
+                    if send {
+                        selfs.0.push(region)
+                    } else {
+                        selfs.1.push(region)
+                    }
+                    continue;
+                }
+                tasks.push(plan::p2p(send, peer, region, dtype, format!("{what} #{seq}")));
+            }
+            if selfs.0.len() != selfs.1.len() {
+                return Err(Error::invalid(format!(
+                    "rank {}: a group sends {} and receives {} buffers to and from itself",
+                    self.rank(),
+                    selfs.0.len(),
+                    selfs.1.len()
+                )));
+            }
+            for (s, r) in selfs.0.into_iter().zip(selfs.1) {
+                if s.len() != r.len() {
+                    return Err(Error::invalid(format!(
+                        "rank {}: self send of {} bytes matched with a receive of {}",
+                        self.rank(),
+                        s.len(),
+                        r.len()
+                    )));
+                }
+                extras.pre.push(Action::Copy { dst: r, src: s });
+            }
+            labels.push(format!("p2p #{seq}"));
+            batches.push(tasks);
+        }
+        if batches.is_empty() && extras.pre.is_empty() {
+            return Ok(());
+        }
+        self.submit(labels.join(" + "), batches, extras, None).wait().0
+    }
+
+    /// All-to-all with per-peer counts and displacements (elements):
+    /// `send[send_displs[j]..][..send_counts[j]]` goes to rank `j`, whose
+    /// `recv_counts[me]` must match.
+    pub fn all_to_allv<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()> {
+        let (n, me) = (self.size(), self.rank());
+        for (name, v) in [
+            ("send_counts", send_counts),
+            ("send_displs", send_displs),
+            ("recv_counts", recv_counts),
+            ("recv_displs", recv_displs),
+        ] {
+            if v.len() != n {
+                return Err(Error::invalid(format!(
+                    "rank {me}: all_to_allv: {name} has {} entries for {n} ranks",
+                    v.len()
+                )));
+            }
+        }
+        let span = |what: &str, len: usize, c: usize, d: usize, j: usize| match c.checked_add(d) {
+            Some(end) if end <= len => Ok(d..end),
+            _ => Err(Error::invalid(format!(
+                "rank {me}: all_to_allv: {what} block for rank {j} ({c} elements at {d}) is outside the buffer of {len}"
+            ))),
+        };
+        let mut sends = Vec::with_capacity(n);
+        let mut recvs = Vec::with_capacity(n);
+        for j in 0..n {
+            sends.push(span("send", send.len(), send_counts[j], send_displs[j], j)?);
+            recvs.push(span("recv", recv.len(), recv_counts[j], recv_displs[j], j)?);
+        }
+        if send_counts[me] != recv_counts[me] {
+            return Err(Error::invalid(format!(
+                "rank {me}: all_to_allv: sends {} elements to itself but receives {}",
+                send_counts[me], recv_counts[me]
+            )));
+        }
+        // Split the receive buffer into disjoint blocks (they must not overlap).
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&j| recvs[j].start);
+        for w in order.windows(2) {
+            if recvs[w[0]].end > recvs[w[1]].start && !recvs[w[0]].is_empty() && !recvs[w[1]].is_empty() {
+                return Err(Error::invalid(format!(
+                    "rank {me}: all_to_allv: receive blocks of ranks {} and {} overlap",
+                    w[0], w[1]
+                )));
+            }
+        }
+        let whole = Region::of_mut(bytemuck::cast_slice_mut(recv));
+        let es = T::DTYPE.size();
+        let src = Region::of(bytemuck::cast_slice(send));
+        let seq = self.next_seq();
+        let mut tasks = Vec::new();
+        let mut extras = Extras::default();
+        for k in 1..n {
+            let to = (me + k) % n;
+            let from = (me + n - k) % n;
+            let s = src.sub(sends[to].start * es, send_counts[to] * es)?;
+            tasks.push(plan::p2p(true, to, s, T::DTYPE, format!("all_to_allv #{seq} send to {to}")));
+            let r = whole.sub(recvs[from].start * es, recv_counts[from] * es)?;
+            tasks.push(plan::p2p(false, from, r, T::DTYPE, format!("all_to_allv #{seq} recv from {from}")));
+        }
+        let own = whole.sub(recvs[me].start * es, recv_counts[me] * es)?;
+        extras.pre.push(Action::Copy { dst: own, src: src.sub(sends[me].start * es, send_counts[me] * es)? });
+        self.submit(format!("all_to_allv #{seq}"), vec![tasks], extras, None).wait().0
+    }
+}

@@ -1,0 +1,186 @@
+//! `split`: new communicators from groups of this one's ranks, and
+//! `from_env`: a communicator from the variables launchers set.
+
+use crate::comm::Communicator;
+use crate::config::Config;
+use oxccl_core::{Error, Result};
+use oxccl_transport::id::UniqueId;
+use std::net::{SocketAddr, ToSocketAddrs};
+
+impl Communicator {
+    /// Splits the ranks by `color` (`None`: this rank joins no new
+    /// communicator, NCCL's `NCCL_SPLIT_NOCOLOR`), ordered by `key` then by
+    /// rank. Collective over this communicator; the new one has this one's
+    /// configuration.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        let me = self.rank();
+        let mut mine = Vec::with_capacity(9);
+        mine.push(color.is_some() as u8);
+        mine.extend_from_slice(&color.unwrap_or(0).to_le_bytes());
+        mine.extend_from_slice(&key.to_le_bytes());
+        let all = self.boot().all_gather(&mine)?;
+        let mut members: Vec<(i32, usize)> = Vec::new();
+        for (r, v) in all.iter().enumerate() {
+            if v.len() != 9 {
+                return Err(Error::Remote(format!("split: rank {r} sent a malformed color")));
+            }
+            let c = u32::from_le_bytes(v[1..5].try_into().expect("4 bytes"));
+            let k = i32::from_le_bytes(v[5..9].try_into().expect("4 bytes"));
+            if v[0] == 1 && Some(c) == color {
+                members.push((k, r));
+            }
+        }
+        members.sort();
+        let new_rank = members.iter().position(|&(_, r)| r == me);
+        // Round two: each color's first member publishes a fresh id.
+        let leader = color.is_some() && new_rank == Some(0);
+        let id = if leader { Some(UniqueId::new()?) } else { None };
+        let ids = self.boot().all_gather(id.as_ref().map(|i| &i.as_bytes()[..]).unwrap_or(&[]))?;
+        let (Some(new_rank), Some(&(_, first))) = (new_rank, members.first()) else {
+            return Ok(None);
+        };
+        let bytes: &[u8; UniqueId::SIZE] = ids[first]
+            .as_slice()
+            .try_into()
+            .map_err(|_| Error::Remote(format!("split: rank {first} published no id for its color")))?;
+        let id = UniqueId::from_bytes(bytes)?;
+        Communicator::init(&id, members.len(), new_rank, self.config().clone()).map(Some)
+    }
+
+    /// A communicator from the environment a launcher set: torchrun
+    /// (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
+    /// (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`), PMI (`PMI_RANK`,
+    /// `PMI_SIZE`) or Slurm (`SLURM_PROCID`, `SLURM_NTASKS`); the
+    /// rendezvous address is `OXCCL_ADDR` (host:port) or
+    /// `MASTER_ADDR:MASTER_PORT`, where rank 0 listens.
+    pub fn from_env() -> Result<Communicator> {
+        let env = Launch::from_vars(|k| std::env::var(k).ok())?;
+        let id = UniqueId::for_env(env.addr, &env.job);
+        Communicator::init(&id, env.size, env.rank, Config::default())
+    }
+}
+
+/// What a launcher told this process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub size: usize,
+    /// Rank on this host, when the launcher says.
+    pub local_rank: Option<usize>,
+    /// Where rank 0 listens.
+    pub addr: SocketAddr,
+    /// A key shared by the job's ranks (job id, else the address).
+    pub job: String,
+    /// Which launcher's variables were used.
+    pub launcher: &'static str,
+}
+
+impl Launch {
+    /// Reads the variables through `get` (so tests need not touch the
+    /// process environment).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Launch> {
+        let sets: [(&'static str, &str, &str, &str); 4] = [
+            ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+            ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+            ("PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+            ("Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+        ];
+        let num = |name: &str| -> Result<Option<usize>> {
+            match get(name) {
+                None => Ok(None),
+                Some(v) => {
+                    v.trim().parse().map(Some).map_err(|_| Error::invalid(format!("{name}={v:?} is not a number")))
+                }
+            }
+        };
+        let mut found = None;
+        for (launcher, r, s, l) in sets {
+            if let (Some(rank), Some(size)) = (num(r)?, num(s)?) {
+                found = Some((launcher, rank, size, num(l)?));
+                break;
+            }
+        }
+        let Some((launcher, rank, size, local_rank)) = found else {
+            return Err(Error::invalid(
+                "no launcher variables: set RANK and WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/SIZE (Open MPI), \
+                 PMI_RANK/SIZE or SLURM_PROCID/NTASKS",
+            ));
+        };
+        if size == 0 || rank >= size {
+            return Err(Error::invalid(format!("{launcher}: rank {rank} is out of range for {size} ranks")));
+        }
+        let text = match (get("OXCCL_ADDR"), get("MASTER_ADDR"), get("MASTER_PORT")) {
+            (Some(a), _, _) => a,
+            (None, Some(h), Some(p)) => format!("{h}:{p}"),
+            _ => {
+                return Err(Error::invalid(format!(
+                    "{launcher} variables found, but no rendezvous address: set OXCCL_ADDR=host:port or MASTER_ADDR and MASTER_PORT"
+                )));
+            }
+        };
+        let addr = text
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| Error::invalid(format!("rendezvous address {text:?} does not resolve")))?;
+        let job = ["OXCCL_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMI_JOBID"]
+            .iter()
+            .find_map(|k| get(k))
+            .unwrap_or_else(|| format!("{addr}/{size}"));
+        Ok(Launch { rank, size, local_rank, addr, job, launcher })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(kv: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn launchers() {
+        let t = Launch::from_vars(vars(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ]))
+        .unwrap();
+        assert_eq!((t.rank, t.size, t.local_rank, t.launcher), (3, 4, Some(1), "torchrun"));
+        assert_eq!(t.addr, "127.0.0.1:29500".parse().unwrap());
+        let o = Launch::from_vars(vars(&[
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("OXCCL_ADDR", "127.0.0.1:5000"),
+        ]))
+        .unwrap();
+        assert_eq!((o.rank, o.size, o.launcher), (0, 2, "Open MPI"));
+        let p =
+            Launch::from_vars(vars(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("OXCCL_ADDR", "127.0.0.1:1")])).unwrap();
+        assert_eq!(p.launcher, "PMI");
+        let s = Launch::from_vars(vars(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_JOB_ID", "77"),
+            ("OXCCL_ADDR", "127.0.0.1:1"),
+        ]))
+        .unwrap();
+        assert_eq!((s.rank, s.local_rank, s.job.as_str(), s.launcher), (5, Some(1), "77", "Slurm"));
+        let e = Launch::from_vars(vars(&[("RANK", "4"), ("WORLD_SIZE", "4"), ("OXCCL_ADDR", "127.0.0.1:1")]));
+        assert!(e.unwrap_err().to_string().contains("rank 4 is out of range for 4"));
+        let e = Launch::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "4")])).unwrap_err().to_string();
+        assert!(e.contains("MASTER_ADDR"), "{e}");
+        assert!(Launch::from_vars(vars(&[])).unwrap_err().to_string().contains("RANK"));
+        let e = Launch::from_vars(vars(&[("RANK", "x"), ("WORLD_SIZE", "4")])).unwrap_err().to_string();
+        assert!(e.contains("RANK=\"x\""), "{e}");
+    }
+}

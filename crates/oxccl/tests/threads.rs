@@ -1,0 +1,233 @@
+//! Every collective × data type × operator × in/out of place, ranks as
+//! threads of this process (the `mem` transport), checked against an
+//! independent reference.
+
+mod common;
+
+use common::{DTYPES, matrix, run_case};
+use oxccl::{CollKind, Communicator, Config, DataType, ReduceOp};
+use std::time::Duration;
+
+fn config() -> Config {
+    Config { timeout: Some(Duration::from_secs(60)), ..Config::default() }
+}
+
+/// Runs `f` on every rank of an `n`-thread communicator; the first failure.
+pub fn on_threads(n: usize, f: impl Fn(&Communicator) -> Result<(), String> + Sync) {
+    let comms = Communicator::init_threads_with(n, config()).expect("init_threads");
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
+        for h in handles {
+            if let Err(e) = h.join().expect("rank thread panicked") {
+                panic!("{e}");
+            }
+        }
+    });
+}
+
+#[test]
+fn every_collective_type_and_op_small_counts() {
+    for n in 1..=8 {
+        on_threads(n, |c| matrix(c, &[0, 1, 7], &DTYPES).map(|_| ()));
+    }
+}
+
+#[test]
+fn every_collective_type_and_op_count_1000() {
+    for n in [2, 3, 5, 8] {
+        on_threads(n, |c| matrix(c, &[1000], &DTYPES).map(|_| ()));
+    }
+}
+
+#[test]
+fn large_counts() {
+    for n in [1, 2, 3, 4, 8] {
+        on_threads(n, |c| {
+            for kind in common::KINDS {
+                for in_place in [false, true] {
+                    run_case::<f32>(c, kind, 1_000_003, ReduceOp::Sum, n / 2, in_place)?;
+                }
+            }
+            run_case::<half::bf16>(c, CollKind::AllReduce, 1_000_003, ReduceOp::Max, 0, false)?;
+            run_case::<i64>(c, CollKind::ReduceScatter, 1_000_003, ReduceOp::Prod, 0, true)
+        });
+    }
+}
+
+#[test]
+fn point_to_point_group_and_alltoallv() {
+    on_threads(4, |c| {
+        let (n, me) = (c.size(), c.rank());
+        // Everyone sends to everyone at once; would deadlock call by call.
+        let outs: Vec<Vec<u32>> = (0..n).map(|p| vec![(me * 100 + p) as u32; 1000 + p]).collect();
+        let mut ins: Vec<Vec<u32>> = (0..n).map(|p| vec![0; 1000 + me]).collect::<Vec<_>>();
+        let _ = &mut ins;
+        c.group(|g| {
+            for (p, (o, i)) in outs.iter().zip(ins.iter_mut()).enumerate() {
+                g.send(o, p);
+                g.recv(i, p);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+        for (p, i) in ins.iter().enumerate() {
+            if i.iter().any(|&x| x != (p * 100 + me) as u32) {
+                return Err(format!("rank {me}: wrong data from {p}"));
+            }
+        }
+        // Ring shift with plain send/recv, odd ranks receive first.
+        let next = (me + 1) % n;
+        let prev = (me + n - 1) % n;
+        let out = vec![me as f64; 12345];
+        let mut inc = vec![0.0f64; 12345];
+        if me % 2 == 0 {
+            c.send(&out, next).map_err(|e| e.to_string())?;
+            c.recv(&mut inc, prev).map_err(|e| e.to_string())?;
+        } else {
+            c.recv(&mut inc, prev).map_err(|e| e.to_string())?;
+            c.send(&out, next).map_err(|e| e.to_string())?;
+        }
+        if inc.iter().any(|&x| x != prev as f64) {
+            return Err(format!("rank {me}: ring shift got the wrong data"));
+        }
+        // all_to_allv: rank r sends j+r+1 elements to rank j.
+        let scounts: Vec<usize> = (0..n).map(|j| j + me + 1).collect();
+        let sdispls: Vec<usize> = scounts
+            .iter()
+            .scan(0, |a, &c| {
+                let d = *a;
+                *a += c;
+                Some(d)
+            })
+            .collect();
+        let rcounts: Vec<usize> = (0..n).map(|j| me + j + 1).collect();
+        let rdispls: Vec<usize> = rcounts
+            .iter()
+            .scan(0, |a, &c| {
+                let d = *a;
+                *a += c;
+                Some(d)
+            })
+            .collect();
+        let send: Vec<i32> = (0..n).flat_map(|j| std::iter::repeat_n((me * 10 + j) as i32, scounts[j])).collect();
+        let mut recv = vec![-1i32; rcounts.iter().sum()];
+        c.all_to_allv(&send, &scounts, &sdispls, &mut recv, &rcounts, &rdispls).map_err(|e| e.to_string())?;
+        for j in 0..n {
+            if recv[rdispls[j]..rdispls[j] + rcounts[j]].iter().any(|&x| x != (j * 10 + me) as i32) {
+                return Err(format!("rank {me}: all_to_allv block from {j} is wrong"));
+            }
+        }
+        c.barrier().map_err(|e| e.to_string())
+    });
+}
+
+#[test]
+fn async_work_and_stats() {
+    on_threads(4, |c| {
+        let n = 1 << 20;
+        let w = c.all_reduce_async(vec![1.0f32; n], ReduceOp::Sum).map_err(|e| e.to_string())?;
+        let w2 = c.all_reduce_async(vec![2i32; 10], ReduceOp::Sum).map_err(|e| e.to_string())?;
+        let a = w.wait().map_err(|e| e.to_string())?;
+        if a.iter().any(|&x| x != 4.0) {
+            return Err("async all_reduce wrong".into());
+        }
+        let b = w2.wait().map_err(|e| e.to_string())?;
+        if b != vec![8; 10] {
+            return Err("second async all_reduce wrong".into());
+        }
+        let s = c.stats();
+        let sent: u64 = s.iter().map(|p| p.sent).sum();
+        // Ring all-reduce of 4 MiB over 4 ranks sends 2·3/4 of it per rank.
+        let ring = 2 * 3 * (n as u64 * 4) / 4;
+        if sent < ring || s.iter().any(|p| p.kind != Some(oxccl::Kind::Mem)) {
+            return Err(format!("rank {}: stats {s:?}, expected at least {ring} bytes over mem", c.rank()));
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn algorithm_override_and_split() {
+    for algo in ["ring", "tree", "rhd", "^ring"] {
+        let cfg = Config { algo: Some(algo.into()), ..config() };
+        let comms = Communicator::init_threads_with(4, cfg).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || run_case::<f32>(c, CollKind::AllReduce, 100_003, ReduceOp::Sum, 0, false).unwrap());
+            }
+        });
+    }
+    on_threads(6, |c| {
+        let color = if c.rank() == 5 { None } else { Some((c.rank() % 2) as u32) };
+        let sub = c.split(color, -(c.rank() as i32)).map_err(|e| e.to_string())?;
+        match (color, sub) {
+            (None, None) => Ok(()),
+            (Some(col), Some(sub)) => {
+                let expect_size = if col == 0 { 3 } else { 2 };
+                if sub.size() != expect_size {
+                    return Err(format!("rank {}: sub size {}", c.rank(), sub.size()));
+                }
+                let mut x = [c.rank() as i64];
+                sub.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                let want = if col == 0 { 6 } else { 4 };
+                if x[0] != want {
+                    return Err(format!("rank {}: sub all_reduce {} not {want}", c.rank(), x[0]));
+                }
+                // Keys are descending ranks: the highest rank is sub-rank 0.
+                let top = if col == 0 { 4 } else { 3 };
+                if (sub.rank() == 0) != (c.rank() == top) {
+                    return Err(format!("rank {}: sub rank {}", c.rank(), sub.rank()));
+                }
+                Ok(())
+            }
+            (c2, s) => Err(format!("color {c2:?} but sub {s:?}")),
+        }
+    });
+}
+
+#[test]
+fn bad_arguments_are_errors_and_change_nothing() {
+    on_threads(3, |c| {
+        let me = c.rank();
+        let send = vec![1.0f32; 10];
+        let mut short = vec![7.0f32; 5];
+        let e = c.all_reduce(&send, &mut short, ReduceOp::Sum).unwrap_err().to_string();
+        if !(e.contains("holds 5 elements") && e.contains("needs 10") && e.contains(&format!("rank {me}"))) {
+            return Err(format!("short buffer: {e}"));
+        }
+        if short != vec![7.0; 5] {
+            return Err("a refused call wrote the buffer".into());
+        }
+        let mut buf = vec![0u8; 4];
+        let e = c.broadcast(&mut buf, 3).unwrap_err().to_string();
+        if !e.contains("root 3 is out of range for 3 ranks") {
+            return Err(format!("root: {e}"));
+        }
+        let e = c.send(&send, 9).unwrap_err().to_string();
+        if !e.contains("peer 9 is out of range") {
+            return Err(format!("peer: {e}"));
+        }
+        let e = c
+            .collective_bytes(
+                CollKind::AllReduce,
+                None,
+                &mut [0u8; 8],
+                usize::MAX / 2,
+                DataType::Float32,
+                ReduceOp::Sum,
+                0,
+            )
+            .unwrap_err()
+            .to_string();
+        if !e.contains("overflow") && !e.contains("holds") {
+            return Err(format!("overflow: {e}"));
+        }
+        let mut b = vec![0i32; 3];
+        let e = c.all_gather_in_place(&mut b[..2]).unwrap_err().to_string();
+        if !e.contains("does not split into 3") {
+            return Err(format!("blocks: {e}"));
+        }
+        let _ = &mut b;
+        // Still usable afterwards.
+        run_case::<f32>(c, CollKind::AllReduce, 10, ReduceOp::Sum, 0, false)
+    });
+}
