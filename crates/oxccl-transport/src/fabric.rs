@@ -95,10 +95,10 @@ impl Fabric {
         // mapped what they need, the names go.
         let mut inbox = None;
         if any(Kind::Shm) {
-            let name = format!("/oxccl-{}-{rank}", hex(&nonce[..8]));
+            let name = format!("oxccl-{}-{rank}", hex(&nonce[..8]));
             inbox = Some(shm::Inbox::create(&name, rank, n, CHANNELS, buffsize)?);
         }
-        let my_name = if inbox.is_some() { format!("/oxccl-{}-{rank}", hex(&nonce[..8])) } else { String::new() };
+        let my_name = if inbox.is_some() { format!("oxccl-{}-{rank}", hex(&nonce[..8])) } else { String::new() };
         let names = boot.all_gather(my_name.as_bytes())?;
         let mut outboxes = HashMap::new();
         let mut watches = Vec::new();
@@ -300,6 +300,30 @@ impl Fabric {
             }
         }
         Ok(())
+    }
+
+    /// The root cause behind a transport error: when a peer dies, its
+    /// neighbours see broken connections (and may fail and close theirs,
+    /// too) before the bootstrap reports who died; wait a moment for that
+    /// report so every rank names the rank that died.
+    pub fn explain(&self, e: Error) -> Error {
+        if !matches!(e, Error::Remote(_)) {
+            return e;
+        }
+        let end = Instant::now() + Duration::from_secs(2);
+        loop {
+            if let Some(f) = self.boot.failure() {
+                return match f {
+                    Error::Remote(m) if e.to_string().contains(&m) => e,
+                    Error::Remote(m) => Error::Remote(format!("{m} (seen here as: {e})")),
+                    other => other,
+                };
+            }
+            if Instant::now() >= end {
+                return e;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Sleeps until the doorbell moves past `seen`, a socket is ready, or

@@ -114,7 +114,8 @@ impl Communicator {
         let (nodes, per_node) = fabric.layout();
         let intra = kinds.iter().flatten().copied().filter(|k| *k != Kind::Tcp).min().unwrap_or(Kind::Shm);
         let tuner = Tuner::new(nodes, per_node, intra, Kind::Tcp, filter, cfg.buffsize);
-        let who = format!("comm {} rank {rank}/{nranks}", &id.to_string()[..8]);
+        let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let who = format!("comm {tag} rank {rank}/{nranks}");
         let shared = Arc::new(Shared {
             queue: Mutex::new(Default::default()),
             bell: fabric.bell(),

@@ -175,7 +175,7 @@ fn main_loop(shared: &Shared, fabric: &mut Fabric) {
         };
         let result = match shared.poisoned() {
             Some(e) => Err(e),
-            None => run_job(shared, fabric, &mut job),
+            None => run_job(shared, fabric, &mut job).map_err(|e| fabric.explain(e)),
         };
         if let Err(e) = &result
             && !matches!(e, Error::InvalidArgument(_) | Error::InvalidUsage(_))

@@ -1,0 +1,114 @@
+//! Failure and bad input at the communicator level (threads): deadlines,
+//! argument checks across ranks, abort, inconsistent init.
+
+use oxccl::{CollKind, Communicator, Config, DataType, ReduceOp, UniqueId};
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_missing_rank_is_a_timeout_not_a_hang() {
+    let cfg = Config { timeout: Some(Duration::from_secs(2)), ..Config::default() };
+    let comms = Communicator::init_threads_with(3, cfg).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for c in comms.iter().filter(|c| c.rank() != 1) {
+            s.spawn(move || {
+                let mut x = vec![1.0f32; 1000];
+                let e = c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err();
+                let m = e.to_string();
+                assert!(matches!(e, oxccl::Error::Timeout(_)), "{m}");
+                assert!(m.contains("all_reduce") && m.contains("OXCCL_TIMEOUT") && m.contains("waits for"), "{m}");
+                // Poisoned: later calls fail at once with the same error.
+                assert_eq!(c.async_error().map(|e| e.to_string()), Some(m.clone()));
+                assert!(c.barrier().is_err());
+            });
+        }
+    });
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn oxccl_check_names_the_rank_that_differs() {
+    let cfg = Config { check: Some(true), timeout: Some(Duration::from_secs(20)), ..Config::default() };
+    let comms = Communicator::init_threads_with(4, cfg).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let count = if c.rank() == 2 { 10 } else { 12 };
+                let mut x = vec![1i32; count];
+                let e = c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err().to_string();
+                assert!(
+                    e.contains("rank 2 called all_reduce count 10") && e.contains("rank 0 called all_reduce count 12"),
+                    "{e}"
+                );
+                assert_eq!(x, vec![1; count], "a refused call changed data");
+                // The mismatch was caught before running: still usable.
+                let mut y = vec![1i32; 5];
+                c.all_reduce_in_place(&mut y, ReduceOp::Sum).unwrap();
+                assert_eq!(y, vec![4; 5]);
+                let kind = if c.rank() == 3 { CollKind::Broadcast } else { CollKind::AllReduce };
+                let mut z = vec![0u8; 8];
+                let e = c.collective_bytes(kind, None, &mut z, 2, DataType::Float32, ReduceOp::Max, 0).unwrap_err();
+                assert!(e.to_string().contains("rank 3 called broadcast"), "{e}");
+            });
+        }
+    });
+}
+
+#[test]
+fn abort_reaches_every_rank() {
+    let cfg = Config { timeout: Some(Duration::from_secs(30)), ..Config::default() };
+    let comms = Communicator::init_threads_with(3, cfg).unwrap();
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                if c.rank() == 0 {
+                    std::thread::sleep(Duration::from_millis(200));
+                    c.abort();
+                    assert!(c.barrier().is_err());
+                } else {
+                    let mut x = vec![1.0f64; 100];
+                    let e = c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err().to_string();
+                    assert!(e.contains("rank 0 aborted"), "{e}");
+                }
+            });
+        }
+    });
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn inconsistent_init_is_an_error() {
+    let id = UniqueId::new().unwrap();
+    let e = Communicator::init(&id, 2, 2, Config::default()).unwrap_err().to_string();
+    assert!(e.contains("rank 2 is out of range for 2 ranks"), "{e}");
+    let cfg = Config { timeout: Some(Duration::from_secs(5)), ..Config::default() };
+    std::thread::scope(|s| {
+        let a = s.spawn(|| Communicator::init(&id, 2, 0, cfg.clone()));
+        let b = s.spawn(|| Communicator::init(&id, 3, 1, cfg.clone()));
+        let dup = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            Communicator::init(&id, 2, 0, cfg.clone())
+        });
+        let c = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(600));
+            Communicator::init(&id, 2, 1, cfg.clone())
+        });
+        let eb = b.join().unwrap().unwrap_err().to_string();
+        assert!(eb.contains('3') && eb.contains('2'), "{eb}");
+        let ed = dup.join().unwrap().unwrap_err().to_string();
+        assert!(ed.contains("rank 0") || ed.contains("port"), "{ed}");
+        let (a, c) = (a.join().unwrap().unwrap(), c.join().unwrap().unwrap());
+        std::thread::scope(|s2| {
+            for comm in [&a, &c] {
+                s2.spawn(move || {
+                    let mut v = vec![comm.rank() as u64 + 1; 3];
+                    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    assert_eq!(v, vec![3; 3]);
+                });
+            }
+        });
+    });
+    let bad = Config { algo: Some("allreduce:spiral".into()), ..Config::default() };
+    assert!(Communicator::init_threads_with(1, bad).unwrap_err().to_string().contains("spiral"));
+}
