@@ -138,7 +138,7 @@ impl Communicator {
             inner: Arc::new(Inner {
                 rank,
                 nranks,
-                id: id.clone(),
+                id: *id,
                 boot,
                 shared,
                 thread: Mutex::new(Some(thread)),
@@ -166,7 +166,7 @@ impl Communicator {
         let id = UniqueId::new()?;
         let handles: Vec<_> = (0..n)
             .map(|r| {
-                let (id, config) = (id.clone(), config.clone());
+                let (id, config) = (id, config.clone());
                 std::thread::spawn(move || Communicator::init(&id, n, r, config))
             })
             .collect();
@@ -482,7 +482,7 @@ impl Communicator {
 
     fn blocks(&self, len: usize, what: &str) -> Result<usize> {
         let n = self.size();
-        if len % n != 0 {
+        if !len.is_multiple_of(n) {
             return Err(Error::invalid(format!(
                 "rank {}: {what}: a buffer of {len} elements does not split into {n} equal blocks",
                 self.rank()

@@ -61,10 +61,13 @@ pub(crate) struct Job {
     pub done: Arc<Completion>,
 }
 
+/// A job's result and the caller's storage it hands back.
+type Outcome = (Result<()>, Option<Box<dyn Any + Send>>);
+
 /// Where a job's outcome lands.
 #[derive(Default)]
 pub struct Completion {
-    state: Mutex<Option<(Result<()>, Option<Box<dyn Any + Send>>)>>,
+    state: Mutex<Option<Outcome>>,
     cv: Condvar,
 }
 

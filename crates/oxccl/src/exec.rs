@@ -196,8 +196,7 @@ impl Turns {
 /// moved. Errors name the task, lane, step and peer.
 pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -> Result<bool> {
     let mut moved = false;
-    for ti in 0..tasks.len() {
-        let task = &mut tasks[ti];
+    for (ti, task) in tasks.iter_mut().enumerate() {
         for li in 0..task.lanes.len() {
             let es = task.dtype.size();
             moved |= drain(fabric, &mut task.lanes[li], es)
@@ -362,8 +361,7 @@ fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Resu
             };
             let r = fabric.receiver(*peer, wire)?;
             let mut moved = false;
-            loop {
-                let Some(piece) = r.peek()? else { break };
+            while let Some(piece) = r.peek()? {
                 let n = usable(&piece, d.len(), lane.got, es, *peer)?;
                 if d.is_empty() {
                     r.consume(0)?;
@@ -445,8 +443,7 @@ fn forward(
         lane.begun = true;
     }
     let mut moved = false;
-    loop {
-        let Some(piece) = r.peek()? else { break };
+    while let Some(piece) = r.peek()? {
         let n = usable(&piece, len, lane.got, es, from)?;
         if len == 0 {
             r.consume(0)?;

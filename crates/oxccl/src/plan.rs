@@ -22,10 +22,13 @@ pub(crate) struct Part {
     pub in_place: bool,
 }
 
+/// A cached program: the collective and a forced algorithm, if any.
+type Key = (Collective, Option<Algorithm>);
+
 /// Recently built programs (a training loop or a benchmark repeats calls).
 #[derive(Default)]
 pub(crate) struct Cache {
-    map: Mutex<(HashMap<(Collective, Option<Algorithm>), Part>, VecDeque<(Collective, Option<Algorithm>)>)>,
+    map: Mutex<(HashMap<Key, Part>, VecDeque<Key>)>,
 }
 
 const CACHE_ENTRIES: usize = 64;

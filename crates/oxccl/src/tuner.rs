@@ -131,7 +131,7 @@ impl Tuner {
                 have.join(", ")
             )));
         }
-        let mut topo = self.topo.clone();
+        let mut topo = self.topo;
         if topo.nranks() != coll.nranks {
             topo = Topology::one_rank_per_node(coll.nranks, topo.bottleneck());
         }

@@ -60,8 +60,7 @@ fn point_to_point_group_and_alltoallv() {
         let (n, me) = (c.size(), c.rank());
         // Everyone sends to everyone at once; would deadlock call by call.
         let outs: Vec<Vec<u32>> = (0..n).map(|p| vec![(me * 100 + p) as u32; 1000 + p]).collect();
-        let mut ins: Vec<Vec<u32>> = (0..n).map(|p| vec![0; 1000 + me]).collect::<Vec<_>>();
-        let _ = &mut ins;
+        let mut ins: Vec<Vec<u32>> = (0..n).map(|_| vec![0; 1000 + me]).collect();
         c.group(|g| {
             for (p, (o, i)) in outs.iter().zip(ins.iter_mut()).enumerate() {
                 g.send(o, p);

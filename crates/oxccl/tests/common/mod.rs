@@ -13,7 +13,7 @@ pub fn value(op: ReduceOp, dtype: DataType, r: usize, i: usize) -> f64 {
     match op {
         ReduceOp::Avg => (i % 3) as f64,
         ReduceOp::Prod => {
-            if (i + r) % 3 == 0 {
+            if (i + r).is_multiple_of(3) {
                 2.0
             } else {
                 1.0
