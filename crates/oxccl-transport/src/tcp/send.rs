@@ -310,7 +310,12 @@ impl Sender for TcpSender {
             let r = self.connect();
             self.fail(r)?;
         }
-        let Some(c) = &self.cur else { return Ok(&mut []) };
+        let Some(c) = &self.cur else {
+            if want > 0 {
+                return Err(Error::InvalidUsage(format!("{}: room({want}) before begin", self.who())));
+            }
+            return Ok(&mut []);
+        };
         if !self.ready {
             return Ok(&mut []);
         }
