@@ -278,7 +278,7 @@ fn misuse_is_an_error() {
     tx.commit(64).unwrap();
     assert_eq!(tx.room(1000).unwrap().len(), 36, "room is capped by what the message lacks");
     tx.commit(36).unwrap();
-    assert!(tx.room(10).unwrap().is_empty(), "no room after the message is complete");
+    assert!(matches!(tx.room(10), Err(Error::InvalidUsage(_))), "room with no message in progress");
     assert!(matches!(rx.consume(1), Err(Error::InvalidUsage(_))), "consume without peek");
     let got = loop {
         assert!(Instant::now() < deadline);
