@@ -337,21 +337,33 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let es = dtype.size();
-        let output = Region::of_mut(recv);
-        let input = match send {
-            Some(s) => Region::of(s),
-            None => {
-                let coll = Collective { kind, nranks: self.size(), count, root, dtype };
-                let l = coll.in_place_layout(self.rank());
-                let ni = coll.input_len(self.rank());
-                check_len("the buffer", kind.name(), self.rank(), output.len() / es, l.len)?;
-                let input = output.sub(l.input_at * es, ni * es)?;
-                let out = output.sub(l.output_at * es, coll.output_len(self.rank()) * es)?;
-                return self.submit_collective(kind, count, dtype, op, root, input, out, None)?.wait().0;
-            }
+        let (input, output) = match send {
+            Some(s) => (Region::of(s), Region::of_mut(recv)),
+            None => self.in_place_regions(kind, count, dtype, op, root, Region::of_mut(recv))?,
         };
         self.submit_collective(kind, count, dtype, op, root, input, output, None)?.wait().0
+    }
+
+    /// The input and output of an in-place call inside `whole`, where NCCL's
+    /// in-place layout puts them; the collective is checked first, so the
+    /// layout's arithmetic cannot overflow.
+    fn in_place_regions(
+        &self,
+        kind: CollKind,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        whole: Region,
+    ) -> Result<(Region, Region)> {
+        let (rank, es) = (self.rank(), dtype.size());
+        let coll = Collective { kind, nranks: self.size(), count, root, dtype };
+        check_collective(&coll, op, rank)?;
+        let l = coll.in_place_layout(rank);
+        check_len("the buffer", kind.name(), rank, whole.len() / es, l.len)?;
+        let input = whole.sub(l.input_at * es, coll.input_len(rank) * es)?;
+        let output = whole.sub(l.output_at * es, coll.output_len(rank) * es)?;
+        Ok((input, output))
     }
 
     /// Sum (or `op`) of every rank's `send` into every rank's `recv`.
@@ -469,13 +481,8 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<Work<Vec<T>>> {
-        let es = T::DTYPE.size();
-        let whole = Region::of_mut(bytes_mut(&mut buf));
-        let coll = Collective { kind, nranks: self.size(), count, root, dtype: T::DTYPE };
-        let l = coll.in_place_layout(self.rank());
-        check_len("the buffer", kind.name(), self.rank(), whole.len() / es, l.len)?;
-        let input = whole.sub(l.input_at * es, coll.input_len(self.rank()) * es)?;
-        let output = whole.sub(l.output_at * es, coll.output_len(self.rank()) * es)?;
+        let (input, output) =
+            self.in_place_regions(kind, count, T::DTYPE, op, root, Region::of_mut(bytes_mut(&mut buf)))?;
         let done = self.submit_collective(kind, count, T::DTYPE, op, root, input, output, Some(Box::new(buf)))?;
         Ok(Work { done, _b: PhantomData })
     }

@@ -43,7 +43,7 @@ fn every_collective_type_and_op_count_1000() {
 fn large_counts() {
     for n in [1, 2, 3, 4, 8] {
         on_threads(n, |c| {
-            for kind in common::KINDS {
+            for kind in common::kinds() {
                 for in_place in [false, true] {
                     run_case::<f32>(c, kind, 1_000_003, ReduceOp::Sum, n / 2, in_place)?;
                 }
@@ -219,6 +219,22 @@ fn bad_arguments_are_errors_and_change_nothing() {
             .to_string();
         if !e.contains("overflow") && !e.contains("holds") {
             return Err(format!("overflow: {e}"));
+        }
+        // In place, the layout's offsets (rank × count) are checked, too.
+        let e = c
+            .collective_bytes(
+                CollKind::AllGather,
+                None,
+                &mut [0u8; 8],
+                usize::MAX / 2,
+                DataType::Float32,
+                ReduceOp::Sum,
+                0,
+            )
+            .unwrap_err()
+            .to_string();
+        if !e.contains("overflows") {
+            return Err(format!("in-place overflow: {e}"));
         }
         let mut b = vec![0i32; 3];
         let e = c.all_gather_in_place(&mut b[..2]).unwrap_err().to_string();
