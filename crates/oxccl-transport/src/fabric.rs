@@ -93,12 +93,11 @@ impl Fabric {
         // Shared memory: every rank creates its inbox if it has a local
         // peer; names travel through the bootstrap; once everyone has
         // mapped what they need, the names go.
+        let my_name = if any(Kind::Shm) { format!("oxccl-{}-{rank}", hex(&nonce[..8])) } else { String::new() };
         let mut inbox = None;
-        if any(Kind::Shm) {
-            let name = format!("oxccl-{}-{rank}", hex(&nonce[..8]));
-            inbox = Some(shm::Inbox::create(&name, rank, n, CHANNELS, buffsize)?);
+        if !my_name.is_empty() {
+            inbox = Some(shm::Inbox::create(&my_name, rank, n, CHANNELS, buffsize)?);
         }
-        let my_name = if inbox.is_some() { format!("oxccl-{}-{rank}", hex(&nonce[..8])) } else { String::new() };
         let names = boot.all_gather(my_name.as_bytes())?;
         let mut outboxes = HashMap::new();
         let mut watches = Vec::new();

@@ -18,7 +18,7 @@ use crate::buf::{self, Operand, Region};
 use oxccl_algo::ir::{Buf, Slice, Step};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_transport::fabric::Fabric;
-use oxccl_transport::{Channel, P2P_CHANNEL, Piece};
+use oxccl_transport::{Channel, P2P_CHANNEL, Piece, Sender};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -101,22 +101,29 @@ fn written(step: &Step) -> Option<&Slice> {
     }
 }
 
+/// Copies `src[*put..]` into the connection as far as room allows, whole
+/// elements at a time; true if anything moved.
+fn pump(s: &mut dyn Sender, src: &Region, put: &mut usize, es: usize) -> Result<bool> {
+    let mut moved = false;
+    while *put < src.len() {
+        let room = s.room(src.len() - *put)?;
+        let n = room.len() / es * es;
+        if n == 0 {
+            break;
+        }
+        src.sub(*put, n)?.read(|b| room[..n].copy_from_slice(b));
+        s.commit(n)?;
+        *put += n;
+        moved = true;
+    }
+    Ok(moved)
+}
+
 /// Drains a lane's deferred sends as far as room allows.
 fn drain(fabric: &mut Fabric, lane: &mut Lane, es: usize) -> Result<bool> {
     let mut moved = false;
     for d in &mut lane.deferred {
-        let s = fabric.sender(d.peer, lane.wire)?;
-        while d.put < d.src.len() {
-            let room = s.room(d.src.len() - d.put)?;
-            let n = room.len() / es * es;
-            if n == 0 {
-                break;
-            }
-            d.src.sub(d.put, n)?.read(|b| room[..n].copy_from_slice(b));
-            s.commit(n)?;
-            d.put += n;
-            moved = true;
-        }
+        moved |= pump(fabric.sender(d.peer, lane.wire)?, &d.src, &mut d.put, es)?;
     }
     lane.deferred.retain(|d| d.put < d.src.len());
     Ok(moved)
@@ -339,18 +346,7 @@ fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Resu
                 s.begin(src.len())?;
                 lane.begun = true;
             }
-            let mut moved = false;
-            while lane.put < src.len() {
-                let room = s.room(src.len() - lane.put)?;
-                let n = room.len() / es * es;
-                if n == 0 {
-                    break;
-                }
-                src.sub(lane.put, n)?.read(|b| room[..n].copy_from_slice(b));
-                s.commit(n)?;
-                lane.put += n;
-                moved = true;
-            }
+            let moved = pump(s, &src, &mut lane.put, es)?;
             Ok((moved, lane.put == src.len()))
         }
         Step::Recv { peer, dst } | Step::RecvReduce { peer, dst, .. } => {

@@ -118,23 +118,16 @@ macro_rules! for_dtype {
     };
 }
 
-/// The collectives a communicator runs as calls.
-pub const KINDS: [CollKind; 8] = [
-    CollKind::AllReduce,
-    CollKind::ReduceScatter,
-    CollKind::AllGather,
-    CollKind::AllToAll,
-    CollKind::Broadcast,
-    CollKind::Reduce,
-    CollKind::Gather,
-    CollKind::Scatter,
-];
+/// The collectives a communicator runs as calls (send/recv is not one).
+pub fn kinds() -> impl Iterator<Item = CollKind> {
+    CollKind::ALL.into_iter().filter(|k| *k != CollKind::SendRecv)
+}
 
 /// Every (kind, dtype, op, in_place) case for `counts`, run on this rank;
 /// the first failure.
 pub fn matrix(comm: &Communicator, counts: &[usize], dtypes: &[DataType]) -> Result<usize, String> {
     let mut cases = 0;
-    for kind in KINDS {
+    for kind in kinds() {
         for &dtype in dtypes {
             let ops: Vec<ReduceOp> = if kind.reduces() {
                 ReduceOp::ALL
