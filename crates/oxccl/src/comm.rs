@@ -10,6 +10,7 @@ use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
 use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
 use oxccl_transport::fabric::{Fabric, FabricOptions};
 use oxccl_transport::id::UniqueId;
+use oxccl_transport::futex::Doorbell;
 use oxccl_transport::{Kind, PeerStats};
 use parking_lot::Mutex;
 use std::any::Any;
@@ -119,11 +120,13 @@ impl Communicator {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Default::default()),
             bell: fabric.bell(),
+            fabric: Mutex::new(fabric),
+            kick: Doorbell::heap(),
             poison: Mutex::new(None),
             abort: Default::default(),
             shutdown: Default::default(),
-            stats: Mutex::new(Vec::new()),
             timeout: cfg.timeout,
+            spin: cfg.spin,
             who: who.clone(),
         });
         let bell = shared.bell.clone();
@@ -131,7 +134,7 @@ impl Communicator {
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("oxccl-r{rank}"))
-            .spawn(move || engine::run(s2, fabric))
+            .spawn(move || engine::run(s2))
             .map_err(|e| Error::System(format!("{who}: cannot start the progress thread: {e}")))?;
         tracing::info!("{who}: ready ({:?})", kinds.iter().flatten().collect::<std::collections::BTreeSet<_>>());
         Ok(Communicator {
@@ -203,10 +206,10 @@ impl Communicator {
         self.inner.shared.poisoned().or_else(|| self.inner.boot.failure())
     }
 
-    /// Bytes sent and received per peer and transport, as of the last
-    /// completed call.
+    /// Bytes sent and received per peer and transport (waits for a call
+    /// that is running to end).
     pub fn stats(&self) -> Vec<PeerStats> {
-        self.inner.shared.stats.lock().clone()
+        self.inner.shared.fabric.lock().stats()
     }
 
     /// Stops everything now: pending and later calls fail, every other
@@ -229,6 +232,7 @@ impl Communicator {
     fn stop(&self) {
         let inner = &self.inner;
         inner.shared.shutdown.store(true, Ordering::Release);
+        inner.shared.kick.ring();
         inner.shared.bell.ring();
         if let Some(t) = inner.thread.lock().take() {
             let _ = t.join();
@@ -281,9 +285,9 @@ impl Communicator {
         Ok((task, label))
     }
 
-    /// Submits one planned collective.
+    /// Plans one collective into a job.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn submit_collective(
+    pub(crate) fn collective_job(
         &self,
         kind: CollKind,
         count: usize,
@@ -293,32 +297,43 @@ impl Communicator {
         input: Region,
         output: Region,
         keep: Option<Box<dyn Any + Send>>,
-    ) -> Result<Arc<Completion>> {
+    ) -> Result<Job> {
         let mut extras = Extras::default();
         let (task, label) = self.plan_collective(kind, count, dtype, op, root, input, output, &mut extras)?;
-        Ok(self.submit(label, vec![vec![task]], extras, keep))
+        Ok(self.job(label, vec![vec![task]], extras, keep))
     }
 
-    pub(crate) fn submit(
+    /// A job of planned batches.
+    pub(crate) fn job(
         &self,
         label: String,
         batches: Vec<Vec<crate::exec::Task>>,
         extras: Extras,
         keep: Option<Box<dyn Any + Send>>,
-    ) -> Arc<Completion> {
-        let done = Arc::new(Completion::default());
-        let seq = self.inner.seq.load(Ordering::Relaxed);
-        self.inner.shared.submit(Job {
-            seq,
+    ) -> Job {
+        Job {
+            seq: self.inner.seq.load(Ordering::Relaxed),
             label,
             pre: extras.pre,
             batches,
             post: extras.post,
             owned: extras.owned,
             keep,
-            done: done.clone(),
-        });
+            done: Arc::new(Completion::default()),
+        }
+    }
+
+    /// Queues a job for the progress thread (async calls).
+    pub(crate) fn submit(&self, job: Job) -> Arc<Completion> {
+        let done = job.done.clone();
+        self.inner.shared.submit(job);
         done
+    }
+
+    /// Runs a job to its end (blocking calls): on this thread when nothing
+    /// is queued ahead of it.
+    pub(crate) fn run(&self, job: Job) -> Result<()> {
+        self.inner.shared.run(job)
     }
 
     /// Runs a collective on byte buffers described by `count` elements of
@@ -341,7 +356,7 @@ impl Communicator {
             Some(s) => (Region::of(s), Region::of_mut(recv)),
             None => self.in_place_regions(kind, count, dtype, op, root, Region::of_mut(recv))?,
         };
-        self.submit_collective(kind, count, dtype, op, root, input, output, None)?.wait().0
+        self.run(self.collective_job(kind, count, dtype, op, root, input, output, None)?)
     }
 
     /// The input and output of an in-place call inside `whole`, where NCCL's
@@ -464,7 +479,7 @@ impl Communicator {
     pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Work<Vec<T>>> {
         let n = buf.len();
         let r = Region::of_mut(bytes_mut(&mut buf));
-        let done = self.submit_collective(CollKind::AllReduce, n, T::DTYPE, op, 0, r, r, Some(Box::new(buf)))?;
+        let done = self.submit(self.collective_job(CollKind::AllReduce, n, T::DTYPE, op, 0, r, r, Some(Box::new(buf)))?);
         Ok(Work { done, _b: PhantomData })
     }
 
@@ -483,7 +498,7 @@ impl Communicator {
     ) -> Result<Work<Vec<T>>> {
         let (input, output) =
             self.in_place_regions(kind, count, T::DTYPE, op, root, Region::of_mut(bytes_mut(&mut buf)))?;
-        let done = self.submit_collective(kind, count, T::DTYPE, op, root, input, output, Some(Box::new(buf)))?;
+        let done = self.submit(self.collective_job(kind, count, T::DTYPE, op, root, input, output, Some(Box::new(buf)))?);
         Ok(Work { done, _b: PhantomData })
     }
 

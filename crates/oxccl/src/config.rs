@@ -25,6 +25,10 @@ pub struct Config {
     pub buffsize: Option<usize>,
     /// Sockets per TCP connection (`OXCCL_NSOCKS`; default 2).
     pub nsocks: Option<usize>,
+    /// How long a waiting rank polls (yielding the core to anyone
+    /// runnable) before it sleeps until a peer rings (`OXCCL_SPIN_US`,
+    /// microseconds; default 2000; 0 sleeps at once).
+    pub spin: Option<Duration>,
 }
 
 /// A [`Config`] with every field decided.
@@ -44,6 +48,8 @@ pub struct Resolved {
     pub buffsize: usize,
     /// See [`Config::nsocks`].
     pub nsocks: usize,
+    /// See [`Config::spin`].
+    pub spin: Duration,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -107,6 +113,13 @@ impl Config {
         if !(1..=16).contains(&nsocks) {
             return Err(Error::invalid(format!("sockets per connection {nsocks} must be 1 to 16")));
         }
+        let spin = match self.spin {
+            Some(s) => s,
+            None => Duration::from_micros(parse_num("OXCCL_SPIN_US")?.unwrap_or(2000)),
+        };
+        if spin > Duration::from_secs(1) {
+            return Err(Error::invalid(format!("spin time {spin:?} must be at most 1 s")));
+        }
         Ok(Resolved {
             timeout,
             transport,
@@ -115,6 +128,7 @@ impl Config {
             check,
             buffsize: buffsize.next_power_of_two(),
             nsocks,
+            spin,
         })
     }
 }

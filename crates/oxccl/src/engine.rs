@@ -11,7 +11,6 @@
 use crate::buf::{self, Owned, Region};
 use crate::exec::{self, Task, Turns};
 use oxccl_core::{DataType, Error, Result, kernels};
-use oxccl_transport::PeerStats;
 use oxccl_transport::fabric::Fabric;
 use oxccl_transport::futex::Doorbell;
 use parking_lot::{Condvar, Mutex};
@@ -104,21 +103,53 @@ impl Completion {
 }
 
 /// State shared by the API and the engine.
+///
+/// The fabric sits behind a mutex: the progress thread holds it while it
+/// runs a job, and a blocking call that finds nothing queued runs its job
+/// on the calling thread instead of handing it over ([`Shared::run`]),
+/// which saves two thread wake-ups per call. Both take the fabric's lock
+/// before the queue's.
 pub(crate) struct Shared {
     pub queue: Mutex<VecDeque<Job>>,
+    pub fabric: Mutex<Fabric>,
+    /// The fabric's doorbell: peers ring it when data or room arrives.
     pub bell: Doorbell,
+    /// Wakes the progress thread (a job queued, a shutdown).
+    pub kick: Doorbell,
     pub poison: Mutex<Option<Error>>,
     pub abort: AtomicBool,
     pub shutdown: AtomicBool,
-    pub stats: Mutex<Vec<PeerStats>>,
     pub timeout: Duration,
+    /// How long a waiting rank polls before it sleeps.
+    pub spin: Duration,
     pub who: String,
 }
 
 impl Shared {
+    /// Queues a job for the progress thread.
     pub fn submit(&self, job: Job) {
         self.queue.lock().push_back(job);
-        self.bell.ring();
+        self.kick.ring();
+    }
+
+    /// Runs a job to its end: on the calling thread when nothing is queued
+    /// ahead of it (calls stay in order), else through the queue.
+    pub fn run(&self, mut job: Job) -> Result<()> {
+        {
+            let mut fabric = self.fabric.lock();
+            if self.queue.lock().is_empty() && !self.shutdown.load(Ordering::Acquire) {
+                let r = self.execute(&mut fabric, &mut job);
+                if !fabric.flushed() {
+                    // Bytes still queued in a transport: the progress
+                    // thread pushes them out.
+                    self.kick.ring();
+                }
+                return r;
+            }
+        }
+        let done = job.done.clone();
+        self.submit(job);
+        done.wait().0
     }
 
     pub fn poisoned(&self) -> Option<Error> {
@@ -132,11 +163,27 @@ impl Shared {
             *p = Some(e.clone());
         }
     }
+
+    /// Runs one job (or fails it at once if the communicator is poisoned);
+    /// a failure other than bad arguments poisons the communicator.
+    fn execute(&self, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
+        let result = match self.poisoned() {
+            Some(e) => Err(e),
+            None => run_job(self, fabric, job).map_err(|e| fabric.explain(e)),
+        };
+        if let Err(e) = &result
+            && !matches!(e, Error::InvalidArgument(_) | Error::InvalidUsage(_))
+        {
+            self.set_poison(e);
+        }
+        tracing::debug!("{} op #{} {}: {:?}", self.who, job.seq, job.label, result.as_ref().map(|_| "done"));
+        result
+    }
 }
 
 /// The engine thread's body.
-pub(crate) fn run(shared: Arc<Shared>, mut fabric: Fabric) {
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| main_loop(&shared, &mut fabric)));
+pub(crate) fn run(shared: Arc<Shared>) {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| main_loop(&shared)));
     if outcome.is_err() {
         shared.set_poison(&Error::Internal(format!("{}: the progress thread panicked", shared.who)));
     }
@@ -146,6 +193,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut fabric: Fabric) {
     for job in left {
         job.done.finish(Err(err.clone()), job.keep);
     }
+    let mut fabric = shared.fabric.lock();
     if shared.poisoned().is_none() {
         // A clean shutdown: let the last bytes reach the peers.
         let end = Instant::now() + shared.timeout.min(Duration::from_secs(10));
@@ -156,39 +204,32 @@ pub(crate) fn run(shared: Arc<Shared>, mut fabric: Fabric) {
             fabric.wait(Duration::from_millis(1));
         }
     }
-    *shared.stats.lock() = fabric.stats();
 }
 
-fn main_loop(shared: &Shared, fabric: &mut Fabric) {
+fn main_loop(shared: &Shared) {
     loop {
+        let seen = shared.kick.seq();
+        let mut fabric = shared.fabric.lock();
         let job = shared.queue.lock().pop_front();
-        let Some(mut job) = job else {
-            if shared.shutdown.load(Ordering::Acquire) {
-                return;
-            }
-            let seen = shared.bell.seq();
-            if shared.queue.lock().is_empty() {
-                // Idle: keep flushing. A peer that is gone by now (it may
-                // have finished and exited cleanly) is not an error until a
-                // call needs it; the bootstrap still reports deaths through
-                // async_error.
-                let _ = fabric.progress();
-                fabric.wait_bell(seen, Duration::from_millis(if fabric.flushed() { 100 } else { 1 }));
-            }
+        if let Some(mut job) = job {
+            let result = shared.execute(&mut fabric, &mut job);
+            drop(fabric);
+            job.done.finish(result, job.keep.take());
             continue;
-        };
-        let result = match shared.poisoned() {
-            Some(e) => Err(e),
-            None => run_job(shared, fabric, &mut job).map_err(|e| fabric.explain(e)),
-        };
-        if let Err(e) = &result
-            && !matches!(e, Error::InvalidArgument(_) | Error::InvalidUsage(_))
-        {
-            shared.set_poison(e);
         }
-        *shared.stats.lock() = fabric.stats();
-        tracing::debug!("{} op #{} {}: {:?}", shared.who, job.seq, job.label, result.as_ref().map(|_| "done"));
-        job.done.finish(result, job.keep.take());
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        // Idle: keep flushing. A peer that is gone by now (it may have
+        // finished and exited cleanly) is not an error until a call needs
+        // it; the bootstrap still reports deaths through async_error.
+        let _ = fabric.progress();
+        let flushed = fabric.flushed();
+        drop(fabric);
+        // Sleep on the kick, not on the fabric's doorbell: peers ring that
+        // for whichever thread runs a job, and waking this one for nothing
+        // would take a core from it.
+        shared.kick.wait(seen, if flushed { Duration::from_millis(100) } else { Duration::from_micros(200) });
     }
 }
 
@@ -200,6 +241,7 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
     for batch in &mut job.batches {
         let mut turns = Turns::book(batch);
         let mut last = Instant::now();
+        let mut idle_polls = 0u32;
         loop {
             if shared.abort.load(Ordering::Acquire) {
                 return Err(Error::Remote(format!("{} op #{} {}: aborted", shared.who, job.seq, job.label)));
@@ -211,11 +253,24 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
                 break;
             }
             if moved {
+                idle_polls = 0;
+                continue;
+            }
+            // Nothing moved: poll again at once for a moment, then yield
+            // the core to whoever is runnable (on a full machine, likely
+            // the peer this rank waits for), and after `spin` sleep until
+            // a peer rings.
+            idle_polls += 1;
+            if idle_polls == 1 {
                 last = Instant::now();
+            }
+            if idle_polls < SPIN_POLLS {
+                std::hint::spin_loop();
                 continue;
             }
             fabric.check()?;
-            if last.elapsed() > shared.timeout {
+            let idle = last.elapsed();
+            if idle > shared.timeout {
                 return Err(Error::Timeout(format!(
                     "{} op #{} {}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
                     shared.who,
@@ -225,7 +280,11 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
                     exec::waiting_for(batch)
                 )));
             }
-            fabric.wait_bell(seen, Duration::from_millis(20));
+            if idle < shared.spin {
+                std::thread::yield_now();
+            } else {
+                fabric.wait_bell(seen, Duration::from_millis(20));
+            }
         }
     }
     for a in &job.post {
@@ -233,3 +292,6 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
     }
     Ok(())
 }
+
+/// Polls without yielding before a waiting rank starts to yield.
+const SPIN_POLLS: u32 = 64;

@@ -167,7 +167,7 @@ impl Communicator {
         if batches.is_empty() && extras.pre.is_empty() {
             return Ok(());
         }
-        self.submit(labels.join(" + "), batches, extras, None).wait().0
+        self.run(self.job(labels.join(" + "), batches, extras, None))
     }
 
     /// All-to-all with per-peer counts and displacements (elements):
@@ -241,6 +241,6 @@ impl Communicator {
         }
         let own = whole.sub(recvs[me].start * es, recv_counts[me] * es)?;
         extras.pre.push(Action::Copy { dst: own, src: src.sub(sends[me].start * es, send_counts[me] * es)? });
-        self.submit(format!("all_to_allv #{seq}"), vec![tasks], extras, None).wait().0
+        self.run(self.job(format!("all_to_allv #{seq}"), vec![tasks], extras, None))
     }
 }
