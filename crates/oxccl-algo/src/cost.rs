@@ -389,6 +389,19 @@ pub fn rhd_all_reduce(n: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
     if p == n { core } else { core + 2.0 * link.time(s) + s * gamma }
 }
 
+/// Recursive-doubling all-reduce: `log2 p` rounds that each move and
+/// reduce the whole buffer, `log2 p·(α + S·β + S·γ)`, plus the fold of
+/// ranks beyond the power of two as for [`rhd_all_reduce`].
+pub fn doubling_all_reduce(n: usize, bytes: usize, link: Link, gamma: f64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let p = if n.is_power_of_two() { n } else { n.next_power_of_two() / 2 };
+    let s = nf(bytes);
+    let core = log2_ceil(p) * (link.time(s) + s * gamma);
+    if p == n { core } else { core + 2.0 * link.time(s) + s * gamma }
+}
+
 /// Pipelined (double) binary tree all-reduce in the limit of many chunks:
 /// the reduction climbs and the broadcast descends `log2 n` levels, and in
 /// steady state every rank's ports carry about `S` each way per phase:
@@ -431,6 +444,7 @@ pub fn estimate(algo: Algorithm, coll: &Collective, topo: &Topology) -> Option<f
             ring_all_gather(n, s, link) - nf(n.saturating_sub(1)) * link.lat + log2_ceil(n) * link.lat
         }
         (Algorithm::Rhd, CollKind::AllReduce) => rhd_all_reduce(n, s, link, g),
+        (Algorithm::Doubling, CollKind::AllReduce) => doubling_all_reduce(n, s, link, g),
         (Algorithm::Tree, CollKind::AllReduce) => tree_all_reduce(n, s, link, g),
         (Algorithm::Ring, CollKind::Broadcast | CollKind::Reduce) => pipelined_rooted(n.saturating_sub(1), s, link, g),
         (Algorithm::Tree, CollKind::Broadcast | CollKind::Reduce) => {

@@ -62,6 +62,7 @@ matrix! {
     rhd_all_reduce: Rhd AllReduce;
     rhd_reduce_scatter: Rhd ReduceScatter;
     rhd_all_gather: Rhd AllGather;
+    doubling_all_reduce: Doubling AllReduce;
     oneshot_all_reduce: OneShot AllReduce;
     twoshot_all_reduce: TwoShot AllReduce;
     direct_reduce_scatter: Direct ReduceScatter;

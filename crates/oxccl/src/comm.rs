@@ -9,8 +9,8 @@ use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
 use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
 use oxccl_transport::fabric::{Fabric, FabricOptions};
-use oxccl_transport::id::UniqueId;
 use oxccl_transport::futex::Doorbell;
+use oxccl_transport::id::UniqueId;
 use oxccl_transport::{Kind, PeerStats};
 use parking_lot::Mutex;
 use std::any::Any;
@@ -479,7 +479,8 @@ impl Communicator {
     pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Work<Vec<T>>> {
         let n = buf.len();
         let r = Region::of_mut(bytes_mut(&mut buf));
-        let done = self.submit(self.collective_job(CollKind::AllReduce, n, T::DTYPE, op, 0, r, r, Some(Box::new(buf)))?);
+        let done =
+            self.submit(self.collective_job(CollKind::AllReduce, n, T::DTYPE, op, 0, r, r, Some(Box::new(buf)))?);
         Ok(Work { done, _b: PhantomData })
     }
 
@@ -498,7 +499,8 @@ impl Communicator {
     ) -> Result<Work<Vec<T>>> {
         let (input, output) =
             self.in_place_regions(kind, count, T::DTYPE, op, root, Region::of_mut(bytes_mut(&mut buf)))?;
-        let done = self.submit(self.collective_job(kind, count, T::DTYPE, op, root, input, output, Some(Box::new(buf)))?);
+        let done =
+            self.submit(self.collective_job(kind, count, T::DTYPE, op, root, input, output, Some(Box::new(buf)))?);
         Ok(Work { done, _b: PhantomData })
     }
 

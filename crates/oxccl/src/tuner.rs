@@ -27,8 +27,8 @@ pub fn link_of(kind: Kind) -> Link {
 /// Algorithms the host executor runs: those whose programs are two-sided
 /// (`oneshot`, `twoshot` and `direct` read and write peers' buffers, which
 /// needs the one-sided transports of the GPU path).
-const HOST_ALGOS: [Algorithm; 5] =
-    [Algorithm::Ring, Algorithm::Tree, Algorithm::Rhd, Algorithm::Pairwise, Algorithm::Linear];
+const HOST_ALGOS: [Algorithm; 6] =
+    [Algorithm::Ring, Algorithm::Tree, Algorithm::Rhd, Algorithm::Doubling, Algorithm::Pairwise, Algorithm::Linear];
 
 /// Which algorithms each collective may use.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -146,9 +146,9 @@ fn async_work_and_stats() {
 
 #[test]
 fn algorithm_override_and_split() {
-    for algo in ["ring", "tree", "rhd", "^ring"] {
+    for (algo, n) in [("ring", 4), ("tree", 4), ("rhd", 4), ("doubling", 4), ("doubling", 3), ("^ring", 4)] {
         let cfg = Config { algo: Some(algo.into()), ..config() };
-        let comms = Communicator::init_threads_with(4, cfg).unwrap();
+        let comms = Communicator::init_threads_with(n, cfg).unwrap();
         std::thread::scope(|s| {
             for c in &comms {
                 s.spawn(move || run_case::<f32>(c, CollKind::AllReduce, 100_003, ReduceOp::Sum, 0, false).unwrap());

@@ -52,6 +52,7 @@ fn estimate_steps(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> u6
         (Algorithm::Ring, _) => 2 * n * n * chunks(c) + n,
         (Algorithm::Tree, _) => 8 * n * chunks(c / 2) + n,
         (Algorithm::Rhd, _) => 4 * n * log,
+        (Algorithm::Doubling, _) => 2 * n * log + 4 * n,
         _ => 4 * n * n,
     }
 }

@@ -5,6 +5,7 @@
 //! | `ring`     | all-reduce, reduce-scatter, all-gather; broadcast and reduce as a pipelined chain |
 //! | `tree`     | all-reduce (NCCL's double binary tree); broadcast and reduce (binary tree) |
 //! | `rhd`      | all-reduce (Rabenseifner), reduce-scatter (recursive halving), all-gather (recursive doubling) |
+//! | `doubling` | all-reduce: recursive doubling of the whole buffer (fewest messages, for small ones) |
 //! | `oneshot`  | all-reduce: every rank reads every peer's whole input |
 //! | `twoshot`  | all-reduce: reduce-scatter then all-gather by direct reads |
 //! | `direct`   | reduce-scatter, all-gather, all-to-all over one-sided access; send/recv |
@@ -40,6 +41,8 @@ pub enum Algorithm {
     Tree,
     /// Recursive halving / doubling.
     Rhd,
+    /// Recursive doubling of whole buffers (all-reduce).
+    Doubling,
     /// Direct one-shot all-reduce.
     OneShot,
     /// Direct two-shot all-reduce.
@@ -54,10 +57,11 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 8] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::Ring,
         Algorithm::Tree,
         Algorithm::Rhd,
+        Algorithm::Doubling,
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::Direct,
@@ -71,6 +75,7 @@ impl Algorithm {
             Algorithm::Ring => "ring",
             Algorithm::Tree => "tree",
             Algorithm::Rhd => "rhd",
+            Algorithm::Doubling => "doubling",
             Algorithm::OneShot => "oneshot",
             Algorithm::TwoShot => "twoshot",
             Algorithm::Direct => "direct",
@@ -86,7 +91,7 @@ impl Algorithm {
             Algorithm::Ring => &[AllReduce, ReduceScatter, AllGather, Broadcast, Reduce],
             Algorithm::Tree => &[AllReduce, Broadcast, Reduce],
             Algorithm::Rhd => &[AllReduce, ReduceScatter, AllGather],
-            Algorithm::OneShot | Algorithm::TwoShot => &[AllReduce],
+            Algorithm::Doubling | Algorithm::OneShot | Algorithm::TwoShot => &[AllReduce],
             Algorithm::Direct => &[ReduceScatter, AllGather, AllToAll, SendRecv],
             Algorithm::Pairwise => &[AllToAll],
             Algorithm::Linear => &[Gather, Scatter],
@@ -118,12 +123,13 @@ impl FromStr for Algorithm {
             "halving_doubling" | "rabenseifner" | "recursive" => "rhd",
             "one_shot" => "oneshot",
             "two_shot" => "twoshot",
+            "recursive_doubling" | "rd" => "doubling",
             "chain" => "ring",
             other => other,
         };
         Algorithm::ALL.into_iter().find(|a| a.name() == alias).ok_or_else(|| {
             Error::invalid(format!(
-                "unknown algorithm {s:?}; expected one of ring tree rhd oneshot twoshot direct pairwise linear"
+                "unknown algorithm {s:?}; expected one of ring tree rhd doubling oneshot twoshot direct pairwise linear"
             ))
         })
     }
@@ -201,6 +207,7 @@ pub fn build_into(algo: Algorithm, coll: &Collective, opts: &BuildOptions, progr
         (Algorithm::Rhd, CollKind::AllReduce) => rhd::all_reduce(p, c),
         (Algorithm::Rhd, CollKind::ReduceScatter) => rhd::reduce_scatter(p, c),
         (Algorithm::Rhd, CollKind::AllGather) => rhd::all_gather(p, c),
+        (Algorithm::Doubling, _) => rhd::all_reduce_doubling(p, c),
         (Algorithm::OneShot, _) => direct::one_shot(p, c),
         (Algorithm::TwoShot, _) => direct::two_shot(p, c),
         (Algorithm::Direct, CollKind::ReduceScatter) => direct::reduce_scatter(p, c),

@@ -150,6 +150,47 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective) {
     }
 }
 
+/// Recursive-doubling all-reduce: in round `k` every virtual rank
+/// exchanges its whole partial result with the partner at distance `2^k`
+/// and reduces, so after `log2 p` rounds every rank holds the total.
+/// `log2 p` messages of the whole buffer (Rabenseifner sends `2·log2 p`
+/// smaller ones): the fewest latencies, for small buffers. Both partners
+/// reduce the same two operands, so every rank ends with the same bits.
+pub(crate) fn all_reduce_doubling(p: &mut Program, c: Collective) {
+    let (n, count) = (c.nranks, c.count);
+    let vr = Virtual::new(n);
+    p.reset("doubling", c);
+    p.in_place = true;
+    let (input, output) = (Slice::input(0, count), Slice::output(0, count));
+    for r in 0..n {
+        if n == 1 {
+            copy_nonempty(p, r, input, output);
+            continue;
+        }
+        let Some(v) = vr.of(r) else {
+            push_nonempty(p, r, count, Step::Send { peer: r + 1, src: input });
+            push_nonempty(p, r, count, Step::Recv { peer: r + 1, dst: output });
+            continue;
+        };
+        let mut acc = input;
+        if vr.doubled(r) {
+            push_nonempty(p, r, count, Step::RecvReduce { peer: r - 1, src: acc, dst: output });
+            acc = output;
+        }
+        let mut d = 1;
+        while d < vr.p {
+            let peer = vr.real(v ^ d);
+            push_nonempty(p, r, count, Step::Send { peer, src: acc });
+            push_nonempty(p, r, count, Step::RecvReduce { peer, src: acc, dst: output });
+            acc = output;
+            d *= 2;
+        }
+        if vr.doubled(r) {
+            push_nonempty(p, r, count, Step::Send { peer: r - 1, src: output });
+        }
+    }
+}
+
 /// Element offset of virtual rank `v`'s blocks when rank `r` owns block
 /// `r` of `c` elements (a virtual rank with two real ranks owns two).
 fn vstart(v: usize, vr: &Virtual, c: usize) -> usize {

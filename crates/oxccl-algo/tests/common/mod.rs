@@ -21,6 +21,9 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
         (Algorithm::Rhd, CollKind::AllReduce) if n.is_power_of_two() && c.count.is_multiple_of(n) => {
             vec![2 * (nn - 1) * s / nn; n]
         }
+        (Algorithm::Doubling, CollKind::AllReduce) if n.is_power_of_two() => {
+            vec![u64::from(n.trailing_zeros()) * s; n]
+        }
         (Algorithm::Pairwise | Algorithm::Direct, CollKind::AllToAll) => vec![(nn - 1) * s; n],
         (Algorithm::OneShot, _) => vec![(nn - 1) * s; n],
         (Algorithm::Tree, CollKind::AllReduce) if n > 1 => (0..n)
@@ -64,6 +67,10 @@ pub fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
         (Algorithm::Rhd, CollKind::AllGather) => {
             let p = 1u64 << (63 - n.leading_zeros());
             (p - 1) * n * s + (n - p) * (s + (n - 1) * s)
+        }
+        (Algorithm::Doubling, CollKind::AllReduce) => {
+            let p = 1u64 << (63 - n.leading_zeros());
+            p * u64::from(p.trailing_zeros()) * s + 2 * (n - p) * s
         }
         (_, CollKind::AllReduce) if algo == Algorithm::OneShot => n * (n - 1) * s,
         (_, CollKind::AllReduce) => 2 * (n - 1) * s,
