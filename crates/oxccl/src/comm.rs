@@ -3,6 +3,7 @@
 use crate::buf::Region;
 use crate::config::{Config, Resolved, init_logging};
 use crate::engine::{self, Completion, Job, Shared};
+use crate::exec::Label;
 use crate::plan::{self, Cache, Extras, check_collective, check_len};
 use crate::tuner::{AlgoFilter, Tuner};
 use oxccl_algo::collective::{CollKind, Collective};
@@ -265,7 +266,7 @@ impl Communicator {
         input: Region,
         output: Region,
         extras: &mut Extras,
-    ) -> Result<(crate::exec::Task, String)> {
+    ) -> Result<(crate::exec::Task, Label)> {
         self.usable()?;
         let inner = &self.inner;
         let coll = Collective { kind, nranks: inner.nranks, count, root, dtype };
@@ -279,9 +280,8 @@ impl Communicator {
             crate::check::compare(self, &coll, op)?;
         }
         let seq = self.next_seq();
-        let label = format!("{kind} #{seq}");
-        let task =
-            plan::collective(&inner.cache, &inner.tuner, &coll, inner.rank, op, input, output, label.clone(), extras)?;
+        let label = Label::new(kind.name(), seq);
+        let task = plan::collective(&inner.cache, &inner.tuner, &coll, inner.rank, op, input, output, label, extras)?;
         Ok((task, label))
     }
 
@@ -306,13 +306,13 @@ impl Communicator {
     /// A job of planned batches.
     pub(crate) fn job(
         &self,
-        label: String,
+        label: Label,
         batches: Vec<Vec<crate::exec::Task>>,
         extras: Extras,
         keep: Option<Box<dyn Any + Send>>,
     ) -> Job {
         Job {
-            seq: self.inner.seq.load(Ordering::Relaxed),
+            seq: label.seq,
             label,
             pre: extras.pre,
             batches,

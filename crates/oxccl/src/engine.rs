@@ -9,7 +9,7 @@
 //! error, which [`Shared::poison`] keeps for `async_error`.
 
 use crate::buf::{self, Owned, Region};
-use crate::exec::{self, Task, Turns};
+use crate::exec::{self, Label, Task, Turns};
 use oxccl_core::{DataType, Error, Result, kernels};
 use oxccl_transport::fabric::Fabric;
 use oxccl_transport::futex::Doorbell;
@@ -46,7 +46,7 @@ impl Action {
 /// another, the tasks of a batch concurrently.
 pub(crate) struct Job {
     pub seq: u64,
-    pub label: String,
+    pub label: Label,
     pub pre: Vec<Action>,
     pub batches: Vec<Vec<Task>>,
     pub post: Vec<Action>,

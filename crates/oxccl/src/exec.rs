@@ -15,6 +15,7 @@
 //! issued.
 
 use crate::buf::{self, Operand, Region};
+use oxccl_algo::algos::Algorithm;
 use oxccl_algo::ir::{Buf, Slice, Step};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_transport::fabric::Fabric;
@@ -146,6 +147,37 @@ fn blocked_by_deferred(lane: &Lane, step: &Step, bufs: &Bufs, es: usize) -> Resu
     Ok(false)
 }
 
+/// What a task or a job is, for messages ("all_reduce #12 (ring)", "p2p
+/// #13 send to 2"); formatted only when a message needs it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Label {
+    pub what: &'static str,
+    pub seq: u64,
+    pub algo: Option<Algorithm>,
+    /// A point-to-point task's direction (true: send) and peer.
+    pub p2p: Option<(bool, usize)>,
+}
+
+impl Label {
+    pub fn new(what: &'static str, seq: u64) -> Label {
+        Label { what, seq, algo: None, p2p: None }
+    }
+}
+
+impl std::fmt::Display for Label {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} #{}", self.what, self.seq)?;
+        if let Some(a) = self.algo {
+            write!(f, " ({a})")?;
+        }
+        match self.p2p {
+            Some((true, p)) => write!(f, " send to {p}"),
+            Some((false, p)) => write!(f, " recv from {p}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// One operation's lanes and buffers.
 pub(crate) struct Task {
     pub lanes: Vec<Lane>,
@@ -153,8 +185,8 @@ pub(crate) struct Task {
     pub dtype: DataType,
     /// The kernel's operator (Avg and PreMulSum reduce as Sum).
     pub op: ReduceOp,
-    /// What the task is, for messages ("all_reduce #12").
-    pub label: String,
+    /// What the task is, for messages.
+    pub label: Label,
 }
 
 /// The point-to-point turn book: which lane may use (direction, peer)

@@ -4,7 +4,7 @@
 use crate::buf::Region;
 use crate::comm::Communicator;
 use crate::engine::Action;
-use crate::exec::Task;
+use crate::exec::{Label, Task};
 use crate::plan::{self, Extras};
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
@@ -109,21 +109,20 @@ impl Communicator {
         let mut extras = Extras::default();
         let mut batches: Vec<Vec<Task>> = Vec::new();
         let mut p2p = Vec::new();
-        let mut labels = Vec::new();
+        let mut label: Option<Label> = None;
         for op in g.ops {
             match op {
                 Op::Coll { kind, count, dtype, op, root, input, output } => {
-                    let (task, label) =
+                    let (task, task_label) =
                         self.plan_collective(kind, count, dtype, op, root, input, output, &mut extras)?;
-                    labels.push(label);
+                    label = Some(label.map_or(task_label, |l| Label::new("group", l.seq)));
                     batches.push(vec![task]);
                 }
                 Op::P2p { send, peer, region, dtype } => {
                     if region.len() % dtype.size() != 0 {
                         return Err(Error::invalid("p2p buffer is not whole elements"));
                     }
-                    let what = if send { format!("send to {peer}") } else { format!("recv from {peer}") };
-                    p2p.push((send, peer, region, dtype, what));
+                    p2p.push((send, peer, region, dtype));
                 }
             }
         }
@@ -131,7 +130,7 @@ impl Communicator {
             let seq = self.next_seq();
             let mut tasks = Vec::new();
             let mut selfs: (Vec<Region>, Vec<Region>) = (Vec::new(), Vec::new());
-            for (send, peer, region, dtype, what) in p2p {
+            for (send, peer, region, dtype) in p2p {
                 if peer == self.rank() {
                     if send {
                         selfs.0.push(region)
@@ -140,7 +139,7 @@ impl Communicator {
                     }
                     continue;
                 }
-                tasks.push(plan::p2p(send, peer, region, dtype, format!("{what} #{seq}")));
+                tasks.push(plan::p2p(send, peer, region, dtype, Label::new("p2p", seq)));
             }
             if selfs.0.len() != selfs.1.len() {
                 return Err(Error::invalid(format!(
@@ -161,13 +160,14 @@ impl Communicator {
                 }
                 extras.pre.push(Action::Copy { dst: r, src: s });
             }
-            labels.push(format!("p2p #{seq}"));
+            label = Some(label.map_or(Label::new("p2p", seq), |l| Label::new("group", l.seq)));
             batches.push(tasks);
         }
         if batches.is_empty() && extras.pre.is_empty() {
             return Ok(());
         }
-        self.run(self.job(labels.join(" + "), batches, extras, None))
+        let label = label.unwrap_or(Label::new("group", self.inner.seq.load(std::sync::atomic::Ordering::Relaxed)));
+        self.run(self.job(label, batches, extras, None))
     }
 
     /// All-to-all with per-peer counts and displacements (elements):
@@ -235,12 +235,12 @@ impl Communicator {
             let to = (me + k) % n;
             let from = (me + n - k) % n;
             let s = src.sub(sends[to].start * es, send_counts[to] * es)?;
-            tasks.push(plan::p2p(true, to, s, T::DTYPE, format!("all_to_allv #{seq} send to {to}")));
+            tasks.push(plan::p2p(true, to, s, T::DTYPE, Label::new("all_to_allv", seq)));
             let r = whole.sub(recvs[from].start * es, recv_counts[from] * es)?;
-            tasks.push(plan::p2p(false, from, r, T::DTYPE, format!("all_to_allv #{seq} recv from {from}")));
+            tasks.push(plan::p2p(false, from, r, T::DTYPE, Label::new("all_to_allv", seq)));
         }
         let own = whole.sub(recvs[me].start * es, recv_counts[me] * es)?;
         extras.pre.push(Action::Copy { dst: own, src: src.sub(sends[me].start * es, send_counts[me] * es)? });
-        self.run(self.job(format!("all_to_allv #{seq}"), vec![tasks], extras, None))
+        self.run(self.job(Label::new("all_to_allv", seq), vec![tasks], extras, None))
     }
 }

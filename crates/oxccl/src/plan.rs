@@ -2,7 +2,7 @@
 
 use crate::buf::{Owned, Region};
 use crate::engine::Action;
-use crate::exec::{Bufs, Lane, Task};
+use crate::exec::{Bufs, Label, Lane, Task};
 use crate::tuner::Tuner;
 use oxccl_algo::algos::{Algorithm, BuildOptions, build};
 use oxccl_algo::collective::{CollKind, Collective};
@@ -25,10 +25,13 @@ pub(crate) struct Part {
 /// A cached program: the collective and a forced algorithm, if any.
 type Key = (Collective, Option<Algorithm>);
 
+/// The cached parts and their keys, oldest first.
+type Entries = (HashMap<Key, Arc<Part>>, VecDeque<Key>);
+
 /// Recently built programs (a training loop or a benchmark repeats calls).
 #[derive(Default)]
 pub(crate) struct Cache {
-    map: Mutex<(HashMap<Key, Part>, VecDeque<Key>)>,
+    map: Mutex<Entries>,
 }
 
 const CACHE_ENTRIES: usize = 64;
@@ -36,7 +39,7 @@ const CACHE_ENTRIES: usize = 64;
 impl Cache {
     /// This rank's part of the program for `coll`, with `algo` or the
     /// tuner's choice.
-    pub fn part(&self, tuner: &Tuner, coll: &Collective, rank: usize, algo: Option<Algorithm>) -> Result<Part> {
+    pub fn part(&self, tuner: &Tuner, coll: &Collective, rank: usize, algo: Option<Algorithm>) -> Result<Arc<Part>> {
         let key = (*coll, algo);
         if let Some(p) = self.map.lock().0.get(&key) {
             return Ok(p.clone());
@@ -48,12 +51,12 @@ impl Cache {
         let opts = BuildOptions { chunk_bytes: tuner.chunk_bytes(), max_chunks: usize::MAX };
         let mut prog = build(algo_used, coll, &opts)?;
         let rp = std::mem::take(&mut prog.ranks[rank]);
-        let part = Part {
+        let part = Arc::new(Part {
             algo: algo_used,
             channels: rp.channels.into_iter().map(Arc::new).collect(),
             scratch: rp.scratch,
             in_place: prog.in_place,
-        };
+        });
         let mut g = self.map.lock();
         if g.1.len() >= CACHE_ENTRIES
             && let Some(old) = g.1.pop_front()
@@ -95,7 +98,7 @@ pub(crate) fn collective(
     op: ReduceOp,
     mut input: Region,
     output: Region,
-    label: String,
+    mut label: Label,
     extras: &mut Extras,
 ) -> Result<Task> {
     let es = coll.dtype.size();
@@ -118,7 +121,7 @@ pub(crate) fn collective(
     if coll.kind.reduces() && op == ReduceOp::Avg && !output.is_empty() {
         extras.post.push(Action::Avg { dtype: coll.dtype, buf: output, n: coll.nranks });
     }
-    let scratch = extras.temp(part.scratch * es);
+    let scratch = if part.scratch == 0 { Region::empty() } else { extras.temp(part.scratch * es) };
     let kop = match op {
         ReduceOp::Avg | ReduceOp::PreMulSum { .. } => ReduceOp::Sum,
         o => o,
@@ -129,12 +132,16 @@ pub(crate) fn collective(
         bufs: Bufs { input, output, scratch },
         dtype: coll.dtype,
         op: kop,
-        label: format!("{label} ({})", part.algo),
+        label: {
+            label.algo = Some(part.algo);
+            label
+        },
     })
 }
 
 /// A point-to-point task: one send or one receive on [`P2P_CHANNEL`].
-pub(crate) fn p2p(send: bool, peer: usize, region: Region, dtype: DataType, label: String) -> Task {
+pub(crate) fn p2p(send: bool, peer: usize, region: Region, dtype: DataType, mut label: Label) -> Task {
+    label.p2p = Some((send, peer));
     let n = region.len() / dtype.size();
     let step =
         if send { Step::Send { peer, src: Slice::input(0, n) } } else { Step::Recv { peer, dst: Slice::output(0, n) } };
