@@ -45,12 +45,61 @@ pub struct Fabric {
     inbox: Option<shm::Inbox>,
     outboxes: HashMap<usize, shm::Outbox>,
     tcp: Option<tcp::Tcp>,
-    senders: HashMap<(usize, Channel), (Kind, Box<dyn Sender>)>,
-    receivers: HashMap<(usize, Channel), (Kind, Box<dyn Receiver>)>,
+    senders: Table<dyn Sender>,
+    receivers: Table<dyn Receiver>,
     watches: Vec<(usize, shm::PidWatch)>,
     layout: (usize, usize),
     buffsize: usize,
     last_check: Instant,
+}
+
+/// One direction's connections, indexed by (peer, channel) without
+/// hashing: the executor looks one up for every piece it moves.
+struct Table<T: ?Sized> {
+    slots: Vec<Option<(Kind, Box<T>)>>,
+    /// Indices of the slots in use, in the order they were made.
+    live: Vec<usize>,
+}
+
+impl<T: ?Sized> Table<T> {
+    fn new(nranks: usize) -> Table<T> {
+        Table { slots: (0..nranks * (CHANNELS + 1)).map(|_| None).collect(), live: Vec::new() }
+    }
+
+    /// The slot of (peer, ch); both already checked.
+    fn index(peer: usize, ch: Channel) -> usize {
+        peer * (CHANNELS + 1) + if ch == P2P_CHANNEL { CHANNELS } else { ch as usize }
+    }
+
+    fn get(&mut self, i: usize) -> &mut T {
+        self.slots[i].as_mut().expect("made").1.as_mut()
+    }
+
+    fn insert(&mut self, i: usize, c: (Kind, Box<T>)) {
+        self.slots[i] = Some(c);
+        self.live.push(i);
+    }
+
+    /// Every connection, with its peer.
+    fn iter(&self) -> impl Iterator<Item = (usize, Kind, &T)> {
+        self.live.iter().map(|&i| {
+            let (k, c) = self.slots[i].as_ref().expect("live");
+            (i / (CHANNELS + 1), *k, c.as_ref())
+        })
+    }
+
+    /// Calls `f` on every connection of kind `kind`; true if any call was.
+    fn each_of_kind(&mut self, kind: Kind, mut f: impl FnMut(&mut T) -> Result<bool>) -> Result<bool> {
+        let mut any = false;
+        for &i in &self.live {
+            if let Some((k, c)) = &mut self.slots[i]
+                && *k == kind
+            {
+                any |= f(c.as_mut())?;
+            }
+        }
+        Ok(any)
+    }
 }
 
 fn hex(b: &[u8]) -> String {
@@ -172,8 +221,8 @@ impl Fabric {
             inbox,
             outboxes,
             tcp,
-            senders: HashMap::new(),
-            receivers: HashMap::new(),
+            senders: Table::new(n),
+            receivers: Table::new(n),
             watches,
             layout,
             buffsize,
@@ -238,28 +287,32 @@ impl Fabric {
 
     /// The sending end to `peer` on `ch`, made on first use.
     pub fn sender(&mut self, peer: usize, ch: Channel) -> Result<&mut dyn Sender> {
-        if !self.senders.contains_key(&(peer, ch)) {
+        self.check_peer(peer, ch)?;
+        let i = Table::<dyn Sender>::index(peer, ch);
+        if self.senders.slots[i].is_none() {
             let c = self.connect_send(peer, ch)?;
-            self.senders.insert((peer, ch), c);
+            self.senders.insert(i, c);
         }
-        Ok(self.senders.get_mut(&(peer, ch)).expect("inserted").1.as_mut())
+        Ok(self.senders.get(i))
     }
 
     /// The receiving end from `peer` on `ch`, made on first use.
     pub fn receiver(&mut self, peer: usize, ch: Channel) -> Result<&mut dyn Receiver> {
-        if !self.receivers.contains_key(&(peer, ch)) {
+        self.check_peer(peer, ch)?;
+        let i = Table::<dyn Receiver>::index(peer, ch);
+        if self.receivers.slots[i].is_none() {
             let c = self.connect_recv(peer, ch)?;
-            self.receivers.insert((peer, ch), c);
+            self.receivers.insert(i, c);
         }
-        Ok(self.receivers.get_mut(&(peer, ch)).expect("inserted").1.as_mut())
+        Ok(self.receivers.get(i))
     }
 
     /// Both ends a forwarding step needs: from `from` and to `to`, on `ch`.
     pub fn pair(&mut self, from: usize, to: usize, ch: Channel) -> Result<(&mut dyn Receiver, &mut dyn Sender)> {
         self.receiver(from, ch)?;
         self.sender(to, ch)?;
-        let r = self.receivers.get_mut(&(from, ch)).expect("made").1.as_mut();
-        let s = self.senders.get_mut(&(to, ch)).expect("made").1.as_mut();
+        let r = self.receivers.get(Table::<dyn Receiver>::index(from, ch));
+        let s = self.senders.get(Table::<dyn Sender>::index(to, ch));
         Ok((r, s))
     }
 
@@ -269,19 +322,15 @@ impl Fabric {
         let mut moved = false;
         if let Some(t) = &mut self.tcp {
             moved |= t.progress()?;
-            for (_, s) in self.senders.values_mut().filter(|(k, _)| *k == Kind::Tcp) {
-                moved |= s.progress()?;
-            }
-            for (_, r) in self.receivers.values_mut().filter(|(k, _)| *k == Kind::Tcp) {
-                moved |= r.progress()?;
-            }
+            moved |= self.senders.each_of_kind(Kind::Tcp, |s| s.progress())?;
+            moved |= self.receivers.each_of_kind(Kind::Tcp, |r| r.progress())?;
         }
         Ok(moved)
     }
 
     /// Whether every committed byte has left this rank.
     pub fn flushed(&self) -> bool {
-        self.senders.values().all(|(_, s)| s.flushed())
+        self.senders.iter().all(|(_, _, s)| s.flushed())
     }
 
     /// An error if a peer died or aborted.
@@ -363,12 +412,12 @@ impl Fabric {
     /// Payload bytes per peer and provider.
     pub fn stats(&self) -> Vec<PeerStats> {
         let mut by: BTreeMap<usize, PeerStats> = BTreeMap::new();
-        for ((p, _), (k, s)) in &self.senders {
-            let e = by.entry(*p).or_insert(PeerStats { peer: *p, kind: Some(*k), sent: 0, recv: 0 });
+        for (p, k, s) in self.senders.iter() {
+            let e = by.entry(p).or_insert(PeerStats { peer: p, kind: Some(k), sent: 0, recv: 0 });
             e.sent += s.bytes();
         }
-        for ((p, _), (k, r)) in &self.receivers {
-            let e = by.entry(*p).or_insert(PeerStats { peer: *p, kind: Some(*k), sent: 0, recv: 0 });
+        for (p, k, r) in self.receivers.iter() {
+            let e = by.entry(p).or_insert(PeerStats { peer: p, kind: Some(k), sent: 0, recv: 0 });
             e.recv += r.bytes();
         }
         by.into_values().collect()
