@@ -78,6 +78,34 @@ fn rank_infos(comm: &Communicator, device: usize) -> oxccl::Result<Vec<RankInfo>
         .collect())
 }
 
+/// Bytes each of a rank's two buffers may take: three quarters of the
+/// available memory shared by this process's `threads` ranks (`None`
+/// when /proc/meminfo does not say).
+fn memory_budget(threads: usize) -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: usize = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb.saturating_mul(1024) / 4 * 3 / (2 * threads.max(1)))
+}
+
+/// The options with `-e` lowered to what every rank's memory allows (the
+/// smallest budget over ranks, as nccl-tests takes the smallest GPU).
+fn fitted(comm: &Communicator, o: &Options) -> oxccl::Result<Options> {
+    let mine = memory_budget(o.nthreads).unwrap_or(usize::MAX).saturating_sub(8 * o.unalign + 64);
+    let mut m = [mine as u64];
+    comm.all_reduce_in_place(&mut m, oxccl::ReduceOp::Min)?;
+    let mut fit = o.clone();
+    fit.max_bytes = o.max_bytes.min(usize::try_from(m[0]).unwrap_or(usize::MAX));
+    fit.min_bytes = fit.min_bytes.min(fit.max_bytes);
+    Ok(fit)
+}
+
 /// This process's communicators: (communicator, device index) per thread.
 fn communicators(o: &Options, launch: Option<&Launch>) -> Result<Vec<(Communicator, usize)>, String> {
     let config = Config { timeout: (o.timeout > 0).then(|| Duration::from_secs(o.timeout)), ..Config::default() };
@@ -124,10 +152,11 @@ fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, 
                 let mut mine = if comm.rank() == 0 { slot.take() } else { None };
                 s.spawn(move || {
                     let r = rank_infos(comm, *device).and_then(|infos| {
+                        let fit = fitted(comm, o)?;
                         if let Some(rep) = mine.as_deref_mut() {
-                            rep.preamble(o, &infos);
+                            rep.preamble(o, &infos, (fit.max_bytes < o.max_bytes).then_some(fit.max_bytes));
                         }
-                        Bench::new(comm, o, kind, mine).run()
+                        Bench::new(comm, &fit, kind, mine).run()
                     });
                     if r.is_err() {
                         comm.abort();
@@ -213,6 +242,13 @@ mod tests {
         // A one-process Slurm allocation without an address runs threads.
         let one = |k: &str| (k == "SLURM_NTASKS" || k == "SLURM_PROCID").then(|| "1".to_string());
         assert!(detect(|k| if k == "SLURM_PROCID" { Some("0".into()) } else { one(k) }).unwrap().is_none());
+    }
+
+    #[test]
+    fn memory_budget_shares_available_memory() {
+        if let (Some(one), Some(four)) = (memory_budget(1), memory_budget(4)) {
+            assert!(one > 0 && four <= one / 4 + 1, "{one} {four}");
+        }
     }
 
     #[test]

@@ -110,8 +110,9 @@ impl Reporter {
         let _ = self.out.write_all(s.as_bytes());
     }
 
-    /// The version and parameter lines and the device list.
-    pub fn preamble(&mut self, o: &Options, ranks: &[RankInfo]) {
+    /// The version and parameter lines and the device list; `reduced`:
+    /// the maximum size memory allows, when below `-e`.
+    pub fn preamble(&mut self, o: &Options, ranks: &[RankInfo], reduced: Option<usize>) {
         let (step, how) = if o.step_factor > 1 { (o.step_factor, "factor") } else { (o.step_bytes, "bytes") };
         let mut s = format!("# nccl-tests version oxccl-perf-{v} oxccl={v}\n", v = env!("CARGO_PKG_VERSION"));
         s += &format!("# Collective test starting: {}\n", self.prog);
@@ -135,6 +136,9 @@ impl Reporter {
         for r in ranks {
             s += &r.line();
             s.push('\n');
+        }
+        if let Some(m) = reduced {
+            s += &format!("#\n# Reducing maxBytes to {m} due to memory limitation\n");
         }
         self.print(&s);
         if let Some(j) = &mut self.json {
