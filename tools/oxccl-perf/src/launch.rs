@@ -136,7 +136,7 @@ fn communicators(o: &Options, launch: Option<&Launch>) -> Result<Vec<(Communicat
 fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, String> {
     let launch = detect(|k| std::env::var(k).ok())?;
     let main_proc = launch.as_ref().is_none_or(|l| l.rank == 0);
-    let mut reporter = if main_proc { Some(Reporter::new(prog, o, argv)?) } else { None };
+    let mut reporter = main_proc.then(|| Reporter::new(prog, o, argv));
     let comms = communicators(o, launch.as_ref()).map_err(|e| format!("cannot create the communicators: {e}"))?;
     let n = comms[0].0.size();
     if let (true, Some(r)) = (kind.is_rooted(), o.root)

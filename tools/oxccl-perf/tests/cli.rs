@@ -96,6 +96,11 @@ fn json_record() {
     assert!(r.stdout.contains(second.to_str().unwrap()), "{}", r.stdout);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&second).unwrap()).unwrap();
     assert_eq!(v["results"].as_array().unwrap().len(), 1);
+    // An unwritable place: said, and the run goes on (as in nccl-tests).
+    let nowhere = dir.join("no-such-dir").join("x.json");
+    let r = run_threads("reduce", &["-t", "2", "-b", "8", "-e", "8", "-J", nowhere.to_str().unwrap()]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(r.stdout.starts_with("# skipping json output;"), "{}", r.stdout);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
