@@ -1,0 +1,354 @@
+//! One rank's benchmark, as nccl-tests' `TimeTest` and `BenchTime` run it:
+//! per (type, op, root), warm-up over the sizes, then per size an
+//! out-of-place and an in-place measurement: a synchronising call,
+//! `-n` timed iterations of `-m` operations, the time combined over
+//! ranks (`-a`), then untimed check runs on fresh data.
+//!
+//! The timed loop neither allocates nor formats: buffers are allocated
+//! once at `-e` bytes, every call's slices are computed in place.
+
+use crate::args::{Average, Options};
+use crate::buffer::Buffer;
+use crate::data::{Pattern, premul_scalar};
+use crate::report::Reporter;
+use crate::shape::{Shape, bandwidth, sweep, warmup_sizes};
+use oxccl::{CollKind, Communicator, DataType, ReduceOp, Result};
+use oxccl_algo::collective::Collective;
+use std::time::Instant;
+
+/// What a rank reports when its benchmark is over.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Outcome {
+    /// Failed checks, summed over ranks (nccl-tests' out-of-bounds count).
+    pub errors: u64,
+    /// Sum of every block's bus bandwidth.
+    pub bw_sum: f64,
+    /// Number of blocks.
+    pub bw_count: u64,
+}
+
+/// One measurement's geometry, computed once per size.
+struct Step {
+    coll: Collective,
+    shape: Shape,
+    /// The operator this rank passes (mulsum carries its own scalar).
+    op: ReduceOp,
+    es: usize,
+    /// Bytes each iteration moves on from the last (nccl-tests' `shift`).
+    total: usize,
+    /// How many distinct `total`-byte places fit in the buffers.
+    steps: usize,
+    /// First byte of the buffers (`-u`).
+    base: usize,
+    /// In place: where oxccl's buffer starts in the receive buffer (bytes
+    /// from `base`) and its length.
+    slice_at: usize,
+    slice_len: usize,
+}
+
+/// One rank's state.
+pub struct Bench<'a> {
+    comm: &'a Communicator,
+    opts: &'a Options,
+    kind: CollKind,
+    send: Buffer,
+    recv: Buffer,
+    report: Option<&'a mut Reporter>,
+    rep: u64,
+    failed: u64,
+    out: Outcome,
+    iter_times: Vec<f64>,
+}
+
+impl<'a> Bench<'a> {
+    /// A rank's benchmark of `kind`; `report` is `Some` on global rank 0.
+    pub fn new(
+        comm: &'a Communicator,
+        opts: &'a Options,
+        kind: CollKind,
+        report: Option<&'a mut Reporter>,
+    ) -> Bench<'a> {
+        let bytes = opts.max_bytes + 8 * opts.unalign;
+        let times = if opts.per_iter_timing { opts.iters } else { 0 };
+        Bench {
+            comm,
+            opts,
+            kind,
+            send: Buffer::new(bytes),
+            recv: Buffer::new(bytes),
+            report,
+            rep: 0,
+            failed: 0,
+            out: Outcome::default(),
+            iter_times: vec![0.0; times],
+        }
+    }
+
+    /// Runs every (type, op, root) the options name; the outcome is the
+    /// same on every rank except `bw_*` (rank 0's are the ones printed).
+    pub fn run(mut self) -> Result<Outcome> {
+        let n = self.comm.size();
+        let types: Vec<DataType> = self.opts.dtype.map_or(DataType::ALL.to_vec(), |t| vec![t]);
+        let ops: Vec<Option<ReduceOp>> = if self.kind.reduces() || self.kind == CollKind::SendRecv {
+            self.opts.op.map_or(ReduceOp::ALL.map(Some).to_vec(), |o| vec![Some(o)])
+        } else {
+            vec![None]
+        };
+        let roots: Vec<Option<usize>> = if self.kind.is_rooted() {
+            self.opts.root.map_or((0..n).map(Some).collect(), |r| vec![Some(r)])
+        } else {
+            vec![None]
+        };
+        for &t in &types {
+            for &op in &ops {
+                for &root in &roots {
+                    self.time_test(t, op, root)?;
+                }
+            }
+        }
+        let mut e = [self.failed];
+        self.comm.all_reduce_in_place(&mut e, ReduceOp::Sum)?;
+        self.out.errors = e[0];
+        Ok(self.out)
+    }
+
+    fn step(&self, bytes: usize, dtype: DataType, op: Option<ReduceOp>, root: Option<usize>) -> Result<Step> {
+        let (n, rank, es) = (self.comm.size(), self.comm.rank(), dtype.size());
+        let shape = Shape::new(self.kind, bytes, dtype, n);
+        let coll = Collective { kind: self.kind, nranks: n, count: shape.param, root: root.unwrap_or(0), dtype };
+        let op = match op {
+            Some(ReduceOp::PreMulSum { .. }) => ReduceOp::PreMulSum { scalar: premul_scalar(rank) },
+            Some(o) if self.kind.reduces() => o,
+            _ => ReduceOp::Sum,
+        };
+        let total = shape.size_bytes(dtype);
+        let steps = self.opts.max_bytes.checked_div(total).unwrap_or(1).max(1);
+        // Place oxccl's in-place buffer so that its layout is nccl-tests'
+        // (input at send_inplace·rank, output at recv_inplace·rank).
+        let l = coll.in_place_layout(rank);
+        let (ni, no) = (coll.input_len(rank), coll.output_len(rank));
+        let from_out = (shape.recv_inplace * rank).checked_sub(l.output_at);
+        let from_in = (shape.send_inplace * rank).checked_sub(l.input_at);
+        let at = match (ni > 0, no > 0) {
+            (true, true) if from_in != from_out => None,
+            (_, true) => from_out,
+            _ => from_in,
+        };
+        let at = at.ok_or_else(|| {
+            oxccl::Error::Internal(format!(
+                "{}: oxccl's in-place layout differs from nccl-tests' on rank {rank}",
+                self.kind
+            ))
+        })?;
+        let base = self.opts.unalign * es;
+        Ok(Step { coll, shape, op, es, total, steps, base, slice_at: at * es, slice_len: l.len * es })
+    }
+
+    fn time_test(&mut self, dtype: DataType, op: Option<ReduceOp>, root: Option<usize>) -> Result<()> {
+        self.comm.barrier()?;
+        let o = self.opts;
+        for size in warmup_sizes(o.min_bytes, o.max_bytes) {
+            let st = self.step(size, dtype, op, root)?;
+            for iter in 0..o.warmup_iters {
+                self.issue(&st, iter, false)?;
+            }
+        }
+        let op_name = op.map_or("none", |o| o.name());
+        let root_col = root.map_or(-1, |r| r as i64);
+        let mut cycle = 0;
+        while o.run_cycles == 0 || cycle < o.run_cycles {
+            cycle += 1;
+            for size in sweep(o.min_bytes, o.max_bytes, o.step_bytes, o.step_factor) {
+                let st = self.step(size, dtype, op, root)?;
+                if let Some(r) = self.report.as_deref_mut() {
+                    r.row_start(st.shape.size_bytes(dtype), st.shape.param, dtype.name(), op_name, root_col);
+                }
+                self.bench_time(&st, false)?;
+                self.bench_time(&st, true)?;
+                if let Some(r) = self.report.as_deref_mut() {
+                    r.row_end(o.iters);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn bench_time(&mut self, st: &Step, in_place: bool) -> Result<()> {
+        let (o, n) = (self.opts, self.comm.size());
+        let check = o.check > 0 && !(in_place && self.kind == CollKind::SendRecv);
+        if o.check > 0 {
+            self.init_data(st, &self.pattern(st, 99), in_place);
+        }
+        self.issue(st, 0, in_place)?;
+        self.comm.barrier()?;
+        let agg = o.agg_iters;
+        let t0 = Instant::now();
+        let mut last = t0;
+        for iter in 0..o.iters {
+            self.start(st, iter, in_place)?;
+            if let Some(slot) = self.iter_times.get_mut(iter) {
+                let now = Instant::now();
+                *slot = (now - last).as_secs_f64() / agg as f64;
+                last = now;
+            }
+        }
+        let sec = t0.elapsed().as_secs_f64() / (o.iters * agg) as f64;
+        let sec = self.combine_time(sec)?;
+        let (alg, bus) = bandwidth(self.kind, st.shape.size_bytes(st.coll.dtype), sec, n);
+        if !self.iter_times.is_empty() {
+            self.comm.all_reduce_in_place(&mut self.iter_times, ReduceOp::Max)?;
+        }
+        self.comm.barrier()?;
+        let mut wrong = None;
+        for _ in 0..if check { o.check } else { 0 } {
+            self.rep += 1;
+            let p = self.pattern(st, self.rep);
+            self.init_data(st, &p, in_place);
+            self.issue(st, 0, in_place)?;
+            let local = self.count_wrong(st, &p, in_place);
+            self.failed += u64::from(local > 0);
+            let mut w = [local];
+            self.comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
+            wrong = Some(w[0]);
+            if w[0] > 0 {
+                break;
+            }
+        }
+        if let Some(r) = self.report.as_deref_mut() {
+            let times = (!self.iter_times.is_empty()).then_some(&self.iter_times[..]);
+            r.block(in_place, sec * 1e6, alg, bus, wrong, times);
+        }
+        self.out.bw_sum += bus;
+        self.out.bw_count += 1;
+        Ok(())
+    }
+
+    fn pattern(&self, st: &Step, seed: u64) -> Pattern {
+        Pattern::new(self.kind, st.coll.dtype, st.op, self.comm.size(), seed)
+    }
+
+    /// The time of one operation as `-a` combines the ranks' times.
+    fn combine_time(&self, sec: f64) -> Result<f64> {
+        let mut t = [sec];
+        match self.opts.average {
+            Average::Rank0 => self.comm.broadcast(&mut t, 0)?,
+            Average::Mean => {
+                self.comm.all_reduce_in_place(&mut t, ReduceOp::Sum)?;
+                t[0] /= self.comm.size() as f64;
+            }
+            Average::Min => self.comm.all_reduce_in_place(&mut t, ReduceOp::Min)?,
+            Average::Max => self.comm.all_reduce_in_place(&mut t, ReduceOp::Max)?,
+        }
+        Ok(t[0])
+    }
+
+    /// Zeroes what the check will examine and writes this rank's input
+    /// where the call reads it.
+    fn init_data(&mut self, st: &Step, p: &Pattern, in_place: bool) {
+        let (rank, es) = (self.comm.rank(), st.es);
+        let s = &st.shape;
+        let input = st.coll.input_len(rank) * es;
+        let window_end = (if in_place { s.recv_inplace * rank } else { 0 } + s.recv) * es;
+        let end = window_end.max(if in_place { st.slice_at + st.slice_len } else { 0 });
+        self.recv.bytes_mut()[st.base..st.base + end].fill(0);
+        let dst = if in_place {
+            let at = st.base + s.send_inplace * rank * es;
+            &mut self.recv.bytes_mut()[at..at + input]
+        } else {
+            &mut self.send.bytes_mut()[st.base..st.base + input]
+        };
+        p.fill(rank, dst);
+    }
+
+    fn count_wrong(&self, st: &Step, p: &Pattern, in_place: bool) -> u64 {
+        let (rank, es) = (self.comm.rank(), st.es);
+        let s = &st.shape;
+        let w0 = if in_place { s.recv_inplace * rank } else { 0 };
+        let window = &self.recv.bytes()[st.base + w0 * es..][..s.recv * es];
+        if in_place {
+            let l = st.coll.in_place_layout(rank);
+            let input_at = (s.send_inplace * rank) as isize - w0 as isize;
+            let output_at = (st.slice_at / es + l.output_at) as isize - w0 as isize;
+            p.count_wrong(&st.coll, rank, window, Some(input_at), output_at)
+        } else {
+            p.count_wrong(&st.coll, rank, window, None, 0)
+        }
+    }
+
+    /// One timed iteration: `-m` operations, grouped when out of place.
+    fn start(&mut self, st: &Step, iter: usize, in_place: bool) -> Result<()> {
+        let agg = self.opts.agg_iters;
+        if agg == 1 {
+            return self.issue(st, iter, in_place);
+        }
+        let mut a = 0;
+        while a < agg {
+            let first = (iter * agg + a) % st.steps;
+            let run = (st.steps - first).min(agg - a);
+            if in_place {
+                for k in 0..run {
+                    self.issue(st, first + k, true)?;
+                }
+            } else {
+                self.group(st, first, run)?;
+            }
+            a += run;
+        }
+        Ok(())
+    }
+
+    /// Operations `first..first+run` (at distinct places) in one group.
+    fn group(&mut self, st: &Step, first: usize, run: usize) -> Result<()> {
+        let (kind, c) = (self.kind, &st.coll);
+        let (sb, rb) = (st.shape.send * st.es, st.shape.recv * st.es);
+        let (n, rank) = (self.comm.size(), self.comm.rank());
+        let send = self.send.bytes();
+        let mut rest = &mut self.recv.bytes_mut()[st.base + first * st.total..];
+        self.comm.group(|g| {
+            for k in 0..run {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(st.total.max(rb));
+                let at = st.base + (first + k) * st.total;
+                let src = &send[at..at + sb];
+                if kind == CollKind::SendRecv {
+                    g.send(src, (rank + 1) % n);
+                    g.recv(&mut head[..rb], (rank + n - 1) % n);
+                } else {
+                    g.collective_bytes(kind, src, &mut head[..rb], c.count, c.dtype, st.op, c.root);
+                }
+                rest = tail;
+            }
+        })?;
+        if self.opts.blocking == 1 {
+            self.comm.barrier()?;
+        }
+        Ok(())
+    }
+
+    /// One operation at place `iter % steps`.
+    fn issue(&mut self, st: &Step, iter: usize, in_place: bool) -> Result<()> {
+        let c = &st.coll;
+        let at = st.base + st.total * (iter % st.steps);
+        let (sb, rb) = (st.shape.send * st.es, st.shape.recv * st.es);
+        let (n, rank) = (self.comm.size(), self.comm.rank());
+        if self.kind == CollKind::SendRecv {
+            // In place, the send and receive buffers swap roles: oxccl's
+            // safe API cannot send from and receive into one buffer.
+            let (src, dst) = if in_place { (&self.recv, &mut self.send) } else { (&self.send, &mut self.recv) };
+            let (src, dst) = (&src.bytes()[at..at + sb], &mut dst.bytes_mut()[at..at + rb]);
+            self.comm.group(|g| {
+                g.send(src, (rank + 1) % n);
+                g.recv(dst, (rank + n - 1) % n);
+            })?;
+        } else if in_place {
+            let buf = &mut self.recv.bytes_mut()[at + st.slice_at..][..st.slice_len];
+            self.comm.collective_bytes(self.kind, None, buf, c.count, c.dtype, st.op, c.root)?;
+        } else {
+            let (src, dst) = (&self.send.bytes()[at..at + sb], &mut self.recv.bytes_mut()[at..at + rb]);
+            self.comm.collective_bytes(self.kind, Some(src), dst, c.count, c.dtype, st.op, c.root)?;
+        }
+        if self.opts.blocking == 1 {
+            self.comm.barrier()?;
+        }
+        Ok(())
+    }
+}

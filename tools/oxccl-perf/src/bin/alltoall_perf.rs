@@ -1,0 +1,5 @@
+//! nccl-tests' `alltoall_perf` on oxccl.
+
+fn main() {
+    oxccl_perf::main(oxccl_perf::CollKind::AllToAll)
+}

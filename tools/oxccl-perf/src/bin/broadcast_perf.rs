@@ -1,0 +1,5 @@
+//! nccl-tests' `broadcast_perf` on oxccl.
+
+fn main() {
+    oxccl_perf::main(oxccl_perf::CollKind::Broadcast)
+}

@@ -1,0 +1,262 @@
+//! Ranks: `-t N` ranks as threads of this process, or, under a launcher
+//! (torchrun, mpirun, PMI, Slurm, oxccl-run variables), `-t` ranks per
+//! process with global rank `process rank × t + thread`. Global rank 0
+//! prints; the exit status is non-zero when a check failed or a rank
+//! failed.
+
+use crate::args::{self, Command, Options};
+use crate::bench::{Bench, Outcome};
+use crate::report::{RankInfo, Reporter};
+use oxccl::{CollKind, Communicator, Config, Launch, UniqueId};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// Exit status of a usage error.
+pub const USAGE: i32 = 2;
+
+/// The launcher's description of this process, or `None` to run every
+/// rank in this process. A launcher that says there is more than one
+/// process but is missing something (the rendezvous address) is an error.
+fn detect(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, String> {
+    match Launch::from_vars(&get) {
+        Ok(l) => Ok(Some(l)),
+        Err(e) => {
+            let sizes = ["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"];
+            let many = sizes.iter().any(|k| get(k).and_then(|v| v.trim().parse::<usize>().ok()).is_some_and(|n| n > 1));
+            if many { Err(format!("launcher variables found but unusable: {e}")) } else { Ok(None) }
+        }
+    }
+}
+
+/// This host's name up to the first dot, as nccl-tests prints it.
+fn hostname() -> String {
+    let h = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let h = h.trim().split('.').next().unwrap_or("").to_string();
+    if h.is_empty() { "localhost".into() } else { h }
+}
+
+const FIELD: usize = 64;
+const RECORD: usize = 8 + 2 * FIELD;
+
+fn put(dst: &mut [u8], s: &str) {
+    let b = &s.as_bytes()[..s.len().min(FIELD - 1)];
+    dst[..b.len()].copy_from_slice(b);
+}
+
+fn get(src: &[u8]) -> String {
+    let end = src.iter().position(|&b| b == 0).unwrap_or(src.len());
+    String::from_utf8_lossy(&src[..end]).into_owned()
+}
+
+/// Every rank's `# Using devices` line, gathered through the communicator
+/// (fixed-size records: pid, device, host, transports).
+fn rank_infos(comm: &Communicator, device: usize) -> oxccl::Result<Vec<RankInfo>> {
+    let me = comm.rank();
+    let kinds: BTreeSet<&str> =
+        (0..comm.size()).filter(|&p| p != me).filter_map(|p| comm.transport_to(p)).map(|k| k.name()).collect();
+    let transport = if kinds.is_empty() { "self".to_string() } else { kinds.into_iter().collect::<Vec<_>>().join("+") };
+    let mut rec = [0u8; RECORD];
+    rec[..4].copy_from_slice(&std::process::id().to_le_bytes());
+    rec[4..8].copy_from_slice(&(device as u32).to_le_bytes());
+    put(&mut rec[8..8 + FIELD], &hostname());
+    put(&mut rec[8 + FIELD..], &transport);
+    let mut all = vec![0u8; RECORD * comm.size()];
+    comm.all_gather(&rec, &mut all)?;
+    Ok(all
+        .chunks_exact(RECORD)
+        .enumerate()
+        .map(|(rank, r)| RankInfo {
+            rank,
+            pid: u32::from_le_bytes(r[..4].try_into().expect("4 bytes")),
+            device: u32::from_le_bytes(r[4..8].try_into().expect("4 bytes")) as usize,
+            host: get(&r[8..8 + FIELD]),
+            transport: get(&r[8 + FIELD..]),
+        })
+        .collect())
+}
+
+/// Bytes each of a rank's two buffers may take: three quarters of the
+/// available memory shared by this process's `threads` ranks (`None`
+/// when /proc/meminfo does not say).
+fn memory_budget(threads: usize) -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: usize = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb.saturating_mul(1024) / 4 * 3 / (2 * threads.max(1)))
+}
+
+/// The options with `-e` lowered to what every rank's memory allows (the
+/// smallest budget over ranks, as nccl-tests takes the smallest GPU).
+fn fitted(comm: &Communicator, o: &Options) -> oxccl::Result<Options> {
+    let mine = memory_budget(o.nthreads).unwrap_or(usize::MAX).saturating_sub(8 * o.unalign + 64);
+    let mut m = [mine as u64];
+    comm.all_reduce_in_place(&mut m, oxccl::ReduceOp::Min)?;
+    let mut fit = o.clone();
+    fit.max_bytes = o.max_bytes.min(usize::try_from(m[0]).unwrap_or(usize::MAX));
+    fit.min_bytes = fit.min_bytes.min(fit.max_bytes);
+    Ok(fit)
+}
+
+/// This process's communicators: (communicator, device index) per thread.
+fn communicators(o: &Options, launch: Option<&Launch>) -> Result<Vec<(Communicator, usize)>, String> {
+    let config = Config { timeout: (o.timeout > 0).then(|| Duration::from_secs(o.timeout)), ..Config::default() };
+    let t = o.nthreads;
+    let comms = match launch {
+        None => Communicator::init_threads_with(t, config).map_err(|e| e.to_string())?,
+        Some(l) => {
+            let id = UniqueId::for_env(l.addr, &l.job);
+            let nranks = l.size * t;
+            let handles: Vec<_> = (0..t)
+                .map(|i| {
+                    let (cfg, rank) = (config.clone(), l.rank * t + i);
+                    std::thread::spawn(move || Communicator::init(&id, nranks, rank, cfg))
+                })
+                .collect();
+            let mut v = Vec::with_capacity(t);
+            for h in handles {
+                v.push(h.join().map_err(|_| "a rank's init panicked".to_string())?.map_err(|e| e.to_string())?);
+            }
+            v
+        }
+    };
+    let first = launch.and_then(|l| l.local_rank).unwrap_or(0) * t;
+    Ok(comms.into_iter().enumerate().map(|(i, c)| (c, first + i)).collect())
+}
+
+/// Runs the benchmark; the exit status.
+fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, String> {
+    let launch = detect(|k| std::env::var(k).ok())?;
+    let main_proc = launch.as_ref().is_none_or(|l| l.rank == 0);
+    let mut reporter = main_proc.then(|| Reporter::new(prog, o, argv));
+    let comms = communicators(o, launch.as_ref()).map_err(|e| format!("cannot create the communicators: {e}"))?;
+    let n = comms[0].0.size();
+    if let (true, Some(r)) = (kind.is_rooted(), o.root)
+        && r >= n
+    {
+        return Err(format!("-r {r}: root out of range for {n} ranks"));
+    }
+    let mut slot = reporter.as_mut();
+    let results: Vec<oxccl::Result<Outcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|(comm, device)| {
+                let mut mine = if comm.rank() == 0 { slot.take() } else { None };
+                s.spawn(move || {
+                    let r = rank_infos(comm, *device).and_then(|infos| {
+                        let fit = fitted(comm, o)?;
+                        if let Some(rep) = mine.as_deref_mut() {
+                            rep.preamble(o, &infos, (fit.max_bytes < o.max_bytes).then_some(fit.max_bytes));
+                        }
+                        Bench::new(comm, &fit, kind, mine).run()
+                    });
+                    if r.is_err() {
+                        comm.abort();
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(oxccl::Error::Internal("a rank panicked".into()))))
+            .collect()
+    });
+    let mut failures = Vec::new();
+    for ((comm, _), r) in comms.iter().zip(&results) {
+        if let Err(e) = r {
+            failures.push(format!("rank {}: {e}", comm.rank()));
+        }
+    }
+    drop(comms);
+    for f in &failures {
+        eprintln!("{prog}: {f}");
+    }
+    let mut status = i32::from(!failures.is_empty());
+    if let Some(mut rep) = reporter {
+        if let Some(Ok(out)) = results.first() {
+            let min_bw = std::env::var("NCCL_TESTS_MIN_BW").ok().and_then(|v| v.trim().parse::<f64>().ok());
+            let avg = out.bw_sum / out.bw_count as f64;
+            rep.footer(out.errors, avg, min_bw);
+            if out.errors > 0 || min_bw.is_some_and(|m| avg < m * 0.9) {
+                status = 1;
+            }
+        }
+        rep.finish(&failures)?;
+    } else if let Some(Ok(out)) = results.first()
+        && out.errors > 0
+    {
+        status = 1;
+    }
+    Ok(status)
+}
+
+/// Parses `rest` (the options) and runs `kind`; the exit status.
+pub fn cli(kind: CollKind, prog: &str, rest: &[String], argv: &[String]) -> i32 {
+    match args::parse(rest) {
+        Err(e) => {
+            eprintln!("{prog}: {e}\n{prog}: '{prog} -h' lists the options");
+            USAGE
+        }
+        Ok(Command::Help) => {
+            print!("{}", args::usage(prog));
+            0
+        }
+        Ok(Command::Run(o)) => run(kind, &o, prog, argv).unwrap_or_else(|e| {
+            eprintln!("{prog}: {e}");
+            1
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launcher_detection() {
+        let none = detect(|_| None).unwrap();
+        assert!(none.is_none());
+        let env = |k: &str| match k {
+            "RANK" => Some("1".to_string()),
+            "WORLD_SIZE" => Some("2".to_string()),
+            "OXCCL_ADDR" => Some("127.0.0.1:5000".to_string()),
+            _ => None,
+        };
+        let l = detect(env).unwrap().unwrap();
+        assert_eq!((l.rank, l.size), (1, 2));
+        let partial = |k: &str| match k {
+            "RANK" => Some("1".to_string()),
+            "WORLD_SIZE" => Some("2".to_string()),
+            _ => None,
+        };
+        assert!(detect(partial).unwrap_err().contains("OXCCL_ADDR"));
+        // A one-process Slurm allocation without an address runs threads.
+        let one = |k: &str| (k == "SLURM_NTASKS" || k == "SLURM_PROCID").then(|| "1".to_string());
+        assert!(detect(|k| if k == "SLURM_PROCID" { Some("0".into()) } else { one(k) }).unwrap().is_none());
+    }
+
+    #[test]
+    fn memory_budget_shares_available_memory() {
+        if let (Some(one), Some(four)) = (memory_budget(1), memory_budget(4)) {
+            assert!(one > 0 && four <= one / 4 + 1, "{one} {four}");
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let mut rec = [0u8; RECORD];
+        put(&mut rec[8..8 + FIELD], "host-with-a-very-long-name-that-does-not-fit-in-the-sixty-four-byte-field");
+        let h = get(&rec[8..8 + FIELD]);
+        assert_eq!(h.len(), FIELD - 1);
+        assert!(!hostname().is_empty() && !hostname().contains('.'));
+    }
+}

@@ -1,0 +1,94 @@
+//! Every benchmark binary with ranks as threads: every type and operator
+//! (`-d all -o all -r all`) on 2 ranks, other rank counts and sizes on 3
+//! and 4; the output parsed as a script parses nccl-tests output.
+
+mod common;
+
+use common::{Expect, OPS, TYPES, combos, run_threads, sizes, verify};
+
+fn check(stem: &str, nranks: usize, args: &[&str], e: Expect) {
+    let t = nranks.to_string();
+    let mut all = vec!["-t", t.as_str()];
+    all.extend_from_slice(args);
+    let run = run_threads(stem, &all);
+    assert_eq!(run.code, Some(0), "{stem} {all:?} failed:\n{}\n{}", run.stdout, run.stderr);
+    if let Err(err) = verify(&run.stdout, &e) {
+        panic!("{stem} {all:?}: {err}\n{}", run.stdout);
+    }
+}
+
+#[test]
+fn every_type_op_and_root_on_two_threads() {
+    for stem in common::KINDS {
+        let e = Expect {
+            stem,
+            nranks: 2,
+            sizes: sizes(64, 4096, 8),
+            combos: combos(stem, &TYPES, &OPS, &[0, 1]),
+            checked: true,
+        };
+        check(stem, 2, &["-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-d", "all", "-o", "all", "-r", "all"], e);
+    }
+}
+
+#[test]
+fn three_and_four_threads() {
+    for stem in common::KINDS {
+        // Three ranks: sizes that do not split evenly, stepping by bytes.
+        let e = Expect {
+            stem,
+            nranks: 3,
+            sizes: vec![1000, 5000, 9000],
+            combos: combos(stem, &["int32"], &["max"], &[2]),
+            checked: true,
+        };
+        check(
+            stem,
+            3,
+            &["-b", "1000", "-e", "9000", "-i", "4000", "-n", "3", "-d", "int32", "-o", "max", "-r", "2"],
+            e,
+        );
+        // Four ranks: bandwidths large enough to test busbw = algbw × factor.
+        let e = Expect {
+            stem,
+            nranks: 4,
+            sizes: sizes(8, 1 << 20, 32),
+            combos: combos(stem, &["half"], &["sum"], &[3]),
+            checked: true,
+        };
+        check(stem, 4, &["-b", "8", "-e", "1M", "-f", "32", "-n", "4", "-d", "half", "-r", "3", "-c", "2"], e);
+    }
+}
+
+#[test]
+fn aggregation_blocking_and_averaging_flags() {
+    let e = Expect {
+        stem: "all_reduce",
+        nranks: 2,
+        sizes: sizes(1024, 1 << 16, 4),
+        combos: combos("all_reduce", &["double"], &["avg"], &[0]),
+        checked: true,
+    };
+    check(
+        "all_reduce",
+        2,
+        &["-b", "1K", "-e", "64K", "-f", "4", "-m", "3", "-z", "1", "-a", "3", "-o", "avg", "-d", "double", "-u", "1"],
+        e,
+    );
+    let e = Expect {
+        stem: "sendrecv",
+        nranks: 3,
+        sizes: sizes(4096, 4096, 2),
+        combos: combos("sendrecv", &["uint8"], &["sum"], &[0]),
+        checked: true,
+    };
+    check("sendrecv", 3, &["-b", "4K", "-e", "4K", "-m", "4", "-a", "0", "-d", "uint8", "-w", "0", "-N", "1"], e);
+    let e = Expect {
+        stem: "gather",
+        nranks: 2,
+        sizes: sizes(256, 256, 2),
+        combos: combos("gather", &["float"], &[], &[1]),
+        checked: false,
+    };
+    check("gather", 2, &["-b", "256", "-e", "256", "-m", "5", "-a", "2", "-r", "1", "-z", "2", "-c", "0"], e)
+}
