@@ -297,3 +297,120 @@ fn real_communicators_over_shm() {
 fn real_communicators_over_tcp() {
     real_communicators("tcp");
 }
+
+fn tools_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn have(program: &str, arg: &str) -> bool {
+    Command::new(program).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// tools/compare-peers parses nccl-tests output and builds its tables
+/// (its embedded samples), where python3 exists.
+#[test]
+fn compare_peers_selftest() {
+    if !have("python3", "--version") {
+        println!("SKIPPED compare_peers_selftest: no python3");
+        return;
+    }
+    let c = Command::new("python3")
+        .arg(tools_dir().join("compare-peers"))
+        .arg("--selftest")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_for(c, Duration::from_secs(60), "compare-peers --selftest");
+    assert!(o.status.success() && o.stdout.contains("selftest: ok"), "{}\n{}", o.stdout, o.stderr);
+}
+
+/// tools/peers/mpi_perf.c builds and checks every collective at 3 ranks,
+/// where Open MPI is installed.
+#[test]
+fn mpi_peer_benchmark() {
+    if !have("mpicc", "--showme:version") || !have("mpirun", "--version") {
+        println!("SKIPPED mpi_peer_benchmark: no Open MPI (apt-get install openmpi-bin libopenmpi-dev)");
+        return;
+    }
+    let dir = scratch("mpi");
+    let bin = dir.join("mpi_perf");
+    let ok = Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&bin)
+        .arg(tools_dir().join("peers/mpi_perf.c"))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "mpicc failed");
+    for coll in [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "alltoall",
+        "broadcast",
+        "reduce",
+        "gather",
+        "scatter",
+        "sendrecv",
+    ] {
+        let c = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,vader"])
+            .arg(&bin)
+            .args([coll, "-b", "8", "-e", "40K", "-f", "9", "-n", "2", "-w", "1", "-r", "1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let o = wait_for(c, Duration::from_secs(60), coll);
+        assert!(o.status.success(), "{coll}:\n{}\n{}", o.stdout, o.stderr);
+        assert!(o.stdout.contains("Out of bounds values : 0 OK"), "{coll}:\n{}", o.stdout);
+        let rows: Vec<&str> = o.stdout.lines().filter(|l| !l.starts_with('#')).collect();
+        // 8, 72, 648, 5832 and 52488 > 40K: four sizes.
+        assert_eq!(rows.len(), 4, "{coll}:\n{}", o.stdout);
+        for r in rows {
+            let f: Vec<&str> = r.split_whitespace().collect();
+            assert_eq!(f.len(), 13, "{r}");
+            assert_eq!((f[8], f[12]), ("0", "0"), "{coll}: {r}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// tools/peers/gloo_perf.py at 2 ranks, where a python3 with torch exists:
+/// all_reduce checks out, and reduce_scatter either does too or says that
+/// Gloo lacks it (status 3).
+#[test]
+fn gloo_peer_benchmark() {
+    let torch = |py: &str| {
+        Command::new(py)
+            .args(["-c", "import torch.distributed as d; assert d.is_gloo_available()"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let Some(py) = ["python3", "/usr/bin/python3"].into_iter().find(|p| torch(p)) else {
+        println!("SKIPPED gloo_peer_benchmark: no python3 with torch (apt-get install python3-torch)");
+        return;
+    };
+    let run = |coll: &str| {
+        let c = Command::new(py)
+            .arg(tools_dir().join("peers/gloo_perf.py"))
+            .args([coll, "-np", "2", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "--timeout", "100"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(c, Duration::from_secs(120), coll)
+    };
+    let o = run("all_reduce");
+    assert!(o.status.success() && o.stdout.contains("Out of bounds values : 0 OK"), "{}\n{}", o.stdout, o.stderr);
+    assert_eq!(o.stdout.lines().filter(|l| !l.starts_with('#')).count(), 4, "{}", o.stdout);
+    let o = run("reduce_scatter");
+    let unsupported = o.status.code() == Some(3) && o.stdout.contains("# unsupported: reduce_scatter");
+    assert!(unsupported || o.stdout.contains("Out of bounds values : 0 OK"), "{}\n{}", o.stdout, o.stderr);
+}
