@@ -147,7 +147,7 @@ fn a_failing_rank_stops_the_others() {
     // rank 1 waits until they have, then exits 3.
     let script = format!(
         "d={}; if [ \"$RANK\" = 1 ]; then while [ $(ls $d | wc -l) -lt 3 ]; do sleep 0.05; done; exit 3; fi; \
-         sleep 30 & echo $! > $d/$RANK; wait",
+         sleep 30 & echo $! > $d/.$RANK; mv $d/.$RANK $d/$RANK; wait",
         dir.display()
     );
     let o = oxccl_run(&["-np", "4", "--timeout", "50", "sh", "-c", &script]);
