@@ -14,7 +14,7 @@
 //! [`P2P_CHANNEL`], so they take turns per peer in the order they were
 //! issued.
 
-use crate::buf::{self, Operand, Region};
+use crate::buf::{self, Operand, Owned, Region};
 use oxccl_algo::algos::Algorithm;
 use oxccl_algo::ir::{Buf, Slice, Step};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
@@ -65,6 +65,9 @@ struct Deferred {
     peer: usize,
     src: Region,
     put: usize,
+    /// The rest of the message, copied aside when a later step overwrote
+    /// its source (`src` then points here).
+    _copy: Option<Owned>,
 }
 
 /// How many unfinished sends a lane may leave behind.
@@ -74,10 +77,11 @@ struct Deferred {
 /// (recursive halving/doubling, pairwise all-to-all) can be bigger than the
 /// FIFO, and two ranks that each send such a message before receiving the
 /// other's would wait for each other forever. So a lane does not wait for a
-/// plain send to drain: it goes on with the next steps, as long as they
-/// neither write what is still being sent nor send on the same connection
-/// (messages stay in order), and it ends only when every send has drained.
-/// The data sent is what sequential execution sends.
+/// plain send to drain: it goes on with the next steps, as long as they do
+/// not send on the same connection (messages stay in order); a step that
+/// writes what is still to be sent first copies that rest aside. The lane
+/// ends only when every send has drained, and the data sent is what
+/// sequential execution sends.
 const MAX_DEFERRED: usize = 8;
 
 impl Lane {
@@ -130,8 +134,13 @@ fn drain(fabric: &mut Fabric, lane: &mut Lane, es: usize) -> Result<bool> {
     Ok(moved)
 }
 
-/// Whether `step` must wait for the lane's deferred sends.
-fn blocked_by_deferred(lane: &Lane, step: &Step, bufs: &Bufs, es: usize) -> Result<bool> {
+/// Whether `step` must wait for the lane's deferred sends: a send on the
+/// same connection must (messages stay in order). A step that writes what
+/// a deferred send has yet to send need not: the rest of that send is
+/// copied aside first, so the message carries what the buffer held when
+/// the send step ran (two ranks that each send a message bigger than the
+/// FIFO and then overwrite it would otherwise wait for each other).
+fn blocked_by_deferred(lane: &mut Lane, step: &Step, bufs: &Bufs, es: usize) -> Result<bool> {
     if lane.deferred.is_empty() {
         return Ok(false);
     }
@@ -142,7 +151,13 @@ fn blocked_by_deferred(lane: &Lane, step: &Step, bufs: &Bufs, es: usize) -> Resu
     }
     if let Some(w) = written(step) {
         let w = bufs.region(w, es)?;
-        return Ok(lane.deferred.iter().any(|d| d.src.overlaps(&w)));
+        for d in lane.deferred.iter_mut().filter(|d| d.src.overlaps(&w)) {
+            let rest = d.src.sub(d.put, d.src.len() - d.put)?;
+            let mut copy = Owned::zeroed(rest.len());
+            let to = copy.region();
+            buf::copy(&to, &rest)?;
+            *d = Deferred { peer: d.peer, src: to, put: 0, _copy: Some(copy) };
+        }
     }
     Ok(false)
 }
@@ -241,7 +256,7 @@ pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -
             moved |= drain(fabric, &mut task.lanes[li], es)
                 .map_err(|e| annotate(e, &format!("{}: channel {li}, a deferred send", task.label)))?;
             loop {
-                let lane = &task.lanes[li];
+                let lane = &mut task.lanes[li];
                 if lane.pc >= lane.steps.len() {
                     break;
                 }
@@ -270,7 +285,7 @@ pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -
                         && lane.deferred.len() < MAX_DEFERRED
                     {
                         let src = task.bufs.region(src, es)?;
-                        lane.deferred.push(Deferred { peer: *peer, src, put: lane.put });
+                        lane.deferred.push(Deferred { peer: *peer, src, put: lane.put, _copy: None });
                     } else {
                         break;
                     }

@@ -24,6 +24,11 @@ pub fn link_of(kind: Kind) -> Link {
     }
 }
 
+/// Bytes per second a host core reduces (about what it copies): whole-buffer
+/// algorithms (recursive doubling) pay for reducing everything on every
+/// rank, which only small messages can afford.
+const HOST_REDUCE_BW: f64 = 10e9;
+
 /// Algorithms the host executor runs: those whose programs are two-sided
 /// (`oneshot`, `twoshot` and `direct` read and write peers' buffers, which
 /// needs the one-sided transports of the GPU path).
@@ -114,7 +119,8 @@ impl Tuner {
     /// (1 host per rank when uneven), linked by `intra` inside a host and
     /// `inter` between hosts.
     pub fn new(nodes: usize, per_node: usize, intra: Kind, inter: Kind, filter: AlgoFilter, fifo: usize) -> Tuner {
-        let topo = Topology::new(nodes.max(1), per_node.max(1), link_of(intra), link_of(inter));
+        let topo =
+            Topology::new(nodes.max(1), per_node.max(1), link_of(intra), link_of(inter)).with_reduce_bw(HOST_REDUCE_BW);
         Tuner { topo, filter, fifo }
     }
 
@@ -133,7 +139,7 @@ impl Tuner {
         }
         let mut topo = self.topo;
         if topo.nranks() != coll.nranks {
-            topo = Topology::one_rank_per_node(coll.nranks, topo.bottleneck());
+            topo = Topology::one_rank_per_node(coll.nranks, topo.bottleneck()).with_reduce_bw(HOST_REDUCE_BW);
         }
         let best = allowed
             .iter()
@@ -181,7 +187,12 @@ mod tests {
         // not the ring's 2(n-1) latencies for tiny ones.
         let big = Collective::new(CollKind::AllReduce, 8, 64 << 20);
         assert!(matches!(t.pick(&big).unwrap(), Algorithm::Ring | Algorithm::Rhd));
-        assert_ne!(t.pick(&Collective::new(CollKind::AllReduce, 8, 2)).unwrap(), Algorithm::Ring);
+        assert_eq!(t.pick(&Collective::new(CollKind::AllReduce, 8, 2)).unwrap(), Algorithm::Doubling);
+        // Two ranks: one exchange of the whole buffer while it is small,
+        // halves (each rank reduces half) once reduction time dominates.
+        let t2 = Tuner::new(1, 2, Kind::Shm, Kind::Tcp, AlgoFilter::default(), 4 << 20);
+        assert_eq!(t2.pick(&Collective::new(CollKind::AllReduce, 2, 256)).unwrap(), Algorithm::Doubling);
+        assert_ne!(t2.pick(&Collective::new(CollKind::AllReduce, 2, 2 << 20)).unwrap(), Algorithm::Doubling);
         let t = Tuner::new(1, 8, Kind::Shm, Kind::Tcp, AlgoFilter::parse("tree").unwrap(), 4 << 20);
         assert_eq!(t.pick(&big).unwrap(), Algorithm::Tree);
         let none = t.pick(&Collective::new(CollKind::AllGather, 8, 4)).unwrap_err().to_string();

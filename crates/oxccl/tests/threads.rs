@@ -144,6 +144,31 @@ fn async_work_and_stats() {
     });
 }
 
+/// Recursive doubling and halving send whole (unchunked) buffers: with a
+/// 16 KiB FIFO every message is far bigger than the FIFO, both partners
+/// send before they receive, and in place a round's reduction overwrites
+/// what its send has not finished sending. This hung before the executor
+/// copied the rest of such a send aside.
+#[test]
+fn unchunked_messages_bigger_than_the_fifo() {
+    for algo in ["doubling", "rhd"] {
+        for n in [2, 3, 4] {
+            let cfg = Config { algo: Some(algo.into()), buffsize: Some(16 << 10), ..config() };
+            let comms = Communicator::init_threads_with(n, cfg).unwrap();
+            std::thread::scope(|s| {
+                for c in &comms {
+                    s.spawn(move || {
+                        for in_place in [false, true] {
+                            run_case::<f32>(c, CollKind::AllReduce, 100_003, ReduceOp::Sum, 0, in_place)
+                                .unwrap_or_else(|e| panic!("{algo} n={n} in_place={in_place}: {e}"));
+                        }
+                    });
+                }
+            });
+        }
+    }
+}
+
 #[test]
 fn algorithm_override_and_split() {
     for (algo, n) in [("ring", 4), ("tree", 4), ("rhd", 4), ("doubling", 4), ("doubling", 3), ("^ring", 4)] {

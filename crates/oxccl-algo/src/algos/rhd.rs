@@ -156,12 +156,18 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective) {
 /// `log2 p` messages of the whole buffer (Rabenseifner sends `2·log2 p`
 /// smaller ones): the fewest latencies, for small buffers. Both partners
 /// reduce the same two operands, so every rank ends with the same bits.
+///
+/// A round reduces into a buffer other than the one it sends (output and
+/// scratch take turns, the last round lands in the output), so a message
+/// bigger than a connection's FIFO can drain while the partner's arrives
+/// without the executor copying what is left of it.
 pub(crate) fn all_reduce_doubling(p: &mut Program, c: Collective) {
     let (n, count) = (c.nranks, c.count);
     let vr = Virtual::new(n);
     p.reset("doubling", c);
     p.in_place = true;
     let (input, output) = (Slice::input(0, count), Slice::output(0, count));
+    let rounds = vr.p.trailing_zeros() as usize;
     for r in 0..n {
         if n == 1 {
             copy_nonempty(p, r, input, output);
@@ -172,17 +178,30 @@ pub(crate) fn all_reduce_doubling(p: &mut Program, c: Collective) {
             push_nonempty(p, r, count, Step::Recv { peer: r + 1, dst: output });
             continue;
         };
+        // Reductions left, the fold's included: the k-th from the end
+        // writes the output when k is odd (the last one), else scratch.
+        let mut left = rounds + usize::from(vr.doubled(r));
+        if left > 1 && count > 0 {
+            p.need_scratch(r, count);
+        }
+        let mut dst = || {
+            let d = if left % 2 == 1 { output } else { Slice::scratch(0, count) };
+            left -= 1;
+            d
+        };
         let mut acc = input;
         if vr.doubled(r) {
-            push_nonempty(p, r, count, Step::RecvReduce { peer: r - 1, src: acc, dst: output });
-            acc = output;
+            let d = dst();
+            push_nonempty(p, r, count, Step::RecvReduce { peer: r - 1, src: acc, dst: d });
+            acc = d;
         }
         let mut d = 1;
         while d < vr.p {
             let peer = vr.real(v ^ d);
+            let to = dst();
             push_nonempty(p, r, count, Step::Send { peer, src: acc });
-            push_nonempty(p, r, count, Step::RecvReduce { peer, src: acc, dst: output });
-            acc = output;
+            push_nonempty(p, r, count, Step::RecvReduce { peer, src: acc, dst: to });
+            acc = to;
             d *= 2;
         }
         if vr.doubled(r) {
