@@ -107,7 +107,12 @@ struct State {
     receivers: HashSet<(usize, Channel)>,
     /// Every connection socket, for `poll_fds` and `close`.
     sockets: Vec<Weak<Socket>>,
+    /// When the listener was last asked for connections.
+    last_accept: Option<Instant>,
 }
+
+/// How often the listener is asked for new connections.
+const ACCEPT_EVERY: Duration = Duration::from_micros(200);
 
 /// What a [`Tcp`] shares with its senders and receivers.
 struct Shared {
@@ -186,6 +191,7 @@ impl Tcp {
             senders: HashSet::new(),
             receivers: HashSet::new(),
             sockets: Vec::new(),
+            last_accept: None,
         };
         Ok(Tcp {
             shared: Arc::new(Shared {
@@ -346,7 +352,15 @@ impl Shared {
     fn poll(&self) -> bool {
         let mut st = self.state.lock();
         let mut moved = false;
-        for _ in 0..64 {
+        // accept() on an empty backlog is no cheap syscall (the kernel
+        // allocates a socket and frees it again): the executor polls in a
+        // tight loop, so ask at most every ACCEPT_EVERY.
+        let now = Instant::now();
+        let accept = st.last_accept.is_none_or(|t| now.duration_since(t) >= ACCEPT_EVERY);
+        if accept {
+            st.last_accept = Some(now);
+        }
+        for _ in 0..if accept { 64 } else { 0 } {
             match self.listener.accept() {
                 Ok((sock, from)) => {
                     moved = true;

@@ -259,17 +259,19 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
             // Nothing moved: poll again at once for a moment, then yield
             // the core to whoever is runnable (on a full machine, likely
             // the peer this rank waits for), and after `spin` sleep until
-            // a peer rings.
+            // a peer rings. The first phase is timed, not counted: a poll
+            // over sockets costs syscalls, one over shared memory does not.
             idle_polls += 1;
             if idle_polls == 1 {
                 last = Instant::now();
+                continue;
             }
-            if idle_polls < SPIN_POLLS {
+            let idle = last.elapsed();
+            if idle < HOT_SPIN {
                 std::hint::spin_loop();
                 continue;
             }
             fabric.check()?;
-            let idle = last.elapsed();
             if idle > shared.timeout {
                 return Err(Error::Timeout(format!(
                     "{} op #{} {}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
@@ -293,5 +295,5 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
     Ok(())
 }
 
-/// Polls without yielding before a waiting rank starts to yield.
-const SPIN_POLLS: u32 = 64;
+/// How long a waiting rank polls without yielding its core.
+const HOT_SPIN: Duration = Duration::from_micros(3);
