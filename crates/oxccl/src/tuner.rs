@@ -125,9 +125,16 @@ impl Tuner {
     }
 
     /// The algorithm for `coll`, or an error when the filter leaves none.
+    /// A list for all collectives (`OXCCL_ALGO=tree`) applies to those it
+    /// names an algorithm of; the others keep every algorithm (a tree-only
+    /// run still needs its all-gathers). A list for one collective
+    /// (`allgather:tree`) is strict.
     pub fn pick(&self, coll: &Collective) -> Result<Algorithm> {
-        let allowed: Vec<Algorithm> =
-            HOST_ALGOS.into_iter().filter(|a| a.supports(coll.kind) && self.filter.allows(coll.kind, *a)).collect();
+        let supported = || HOST_ALGOS.into_iter().filter(|a| a.supports(coll.kind));
+        let mut allowed: Vec<Algorithm> = supported().filter(|a| self.filter.allows(coll.kind, *a)).collect();
+        if allowed.is_empty() && !self.filter.per.contains_key(&coll.kind) {
+            allowed = supported().collect();
+        }
         if allowed.is_empty() {
             let have: Vec<&str> =
                 HOST_ALGOS.into_iter().filter(|a| a.supports(coll.kind)).map(Algorithm::name).collect();
@@ -195,6 +202,10 @@ mod tests {
         assert_ne!(t2.pick(&Collective::new(CollKind::AllReduce, 2, 2 << 20)).unwrap(), Algorithm::Doubling);
         let t = Tuner::new(1, 8, Kind::Shm, Kind::Tcp, AlgoFilter::parse("tree").unwrap(), 4 << 20);
         assert_eq!(t.pick(&big).unwrap(), Algorithm::Tree);
+        // A global list leaves collectives it has nothing for alone ...
+        assert!(t.pick(&Collective::new(CollKind::AllGather, 8, 4)).is_ok());
+        // ... a list for one collective is strict.
+        let t = Tuner::new(1, 8, Kind::Shm, Kind::Tcp, AlgoFilter::parse("allgather:tree").unwrap(), 4 << 20);
         let none = t.pick(&Collective::new(CollKind::AllGather, 8, 4)).unwrap_err().to_string();
         assert!(none.contains("all_gather") && none.contains("ring"), "{none}");
         assert_eq!(t.chunk_bytes(), (2 << 20) - 128);
