@@ -27,6 +27,8 @@ pub struct FabricOptions {
     pub transport: Option<Kind>,
     /// Bytes of each connection's FIFO.
     pub buffsize: usize,
+    /// Bytes of each TCP connection's FIFO.
+    pub tcp_buffsize: usize,
     /// Sockets per TCP connection.
     pub nsocks: usize,
     /// Interface for TCP (NCCL's `NCCL_SOCKET_IFNAME` syntax).
@@ -175,7 +177,7 @@ impl Fabric {
             };
             let topts = tcp::TcpOptions {
                 streams: opts.nsocks,
-                buffer: buffsize,
+                buffer: opts.tcp_buffsize,
                 connect_timeout: opts.timeout.min(Duration::from_secs(30)),
                 ..tcp::TcpOptions::default()
             };

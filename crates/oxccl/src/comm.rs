@@ -107,6 +107,7 @@ impl Communicator {
         let opts = FabricOptions {
             transport: cfg.transport,
             buffsize: cfg.buffsize,
+            tcp_buffsize: cfg.tcp_buffsize,
             nsocks: cfg.nsocks,
             ifname: cfg.socket_ifname.clone(),
             timeout: cfg.timeout,
@@ -115,7 +116,8 @@ impl Communicator {
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let (nodes, per_node) = fabric.layout();
         let intra = kinds.iter().flatten().copied().filter(|k| *k != Kind::Tcp).min().unwrap_or(Kind::Shm);
-        let tuner = Tuner::new(nodes, per_node, intra, Kind::Tcp, filter, cfg.buffsize);
+        let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
+        let tuner = Tuner::new(nodes, per_node, intra, Kind::Tcp, filter, fifo);
         let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
         let who = format!("comm {tag} rank {rank}/{nranks}");
         let shared = Arc::new(Shared {

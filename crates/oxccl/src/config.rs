@@ -21,7 +21,9 @@ pub struct Config {
     /// Compare every collective's arguments across ranks first
     /// (`OXCCL_CHECK=1`).
     pub check: Option<bool>,
-    /// Bytes of each connection's FIFO (`OXCCL_BUFFSIZE`; default 4 MiB).
+    /// Bytes of each connection's FIFO (`OXCCL_BUFFSIZE`; default 4 MiB
+    /// for memory and shared memory, 512 KiB for TCP, whose smaller
+    /// chunks pipeline better through the kernel's socket buffers).
     pub buffsize: Option<usize>,
     /// Sockets per TCP connection (`OXCCL_NSOCKS`; default 2).
     pub nsocks: Option<usize>,
@@ -46,6 +48,8 @@ pub struct Resolved {
     pub check: bool,
     /// See [`Config::buffsize`].
     pub buffsize: usize,
+    /// The FIFO of TCP connections (the same as `buffsize` when set).
+    pub tcp_buffsize: usize,
     /// See [`Config::nsocks`].
     pub nsocks: usize,
     /// See [`Config::spin`].
@@ -99,9 +103,12 @@ impl Config {
             Some(c) => c,
             None => env("OXCCL_CHECK").is_some_and(|v| v != "0"),
         };
-        let buffsize = match self.buffsize {
-            Some(b) => b,
-            None => parse_num("OXCCL_BUFFSIZE")?.unwrap_or(4 << 20),
+        let (buffsize, tcp_buffsize) = match self.buffsize {
+            Some(b) => (b, b),
+            None => match parse_num("OXCCL_BUFFSIZE")? {
+                Some(b) => (b, b),
+                None => (4 << 20, 512 << 10),
+            },
         };
         if !(16 << 10..=1 << 30).contains(&buffsize) {
             return Err(Error::invalid(format!("buffer size {buffsize} must be between 16 KiB and 1 GiB")));
@@ -127,6 +134,7 @@ impl Config {
             algo: self.algo.clone().or_else(|| env("OXCCL_ALGO")),
             check,
             buffsize: buffsize.next_power_of_two(),
+            tcp_buffsize: tcp_buffsize.next_power_of_two(),
             nsocks,
             spin,
         })
