@@ -108,40 +108,33 @@ pub fn header(c: Columns) -> String {
     let t = if c.cputime { "cputime" } else { "time" };
     let (pad, lbl, fmt) = if c.timestamps { (19, "timestamp", "%Y-%m-%d %H:%M:%S") } else { (0, "", "") };
     let lead = |a: &str, b: &str| format!("# {a:>10}  {b:>12}  {:>8}  {:>6}  {:>6}", "", "", "");
-    let mut s = String::from("#\n");
-    if c.per_iter {
-        s += &lead("", "");
-        s += "              out-of-place (+ per-iteration)                                in-place (+ per-iteration)\n";
-        let names = format!(
-            "  {t:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>7}  {:>7}  {:>7}",
-            "algbw", "busbw", "#wrong", "i_min", "i_max", "i_p99", "i_cv%"
-        );
-        let units = format!(
-            "  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>7}  {:>7}  {:>7}",
-            "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(%)"
-        );
-        s += &format!(
-            "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{names}{names} {lbl:>pad$}\n",
-            "size", "count", "type", "redop", "root"
-        );
-        s += &format!(
-            "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{units}{units} {fmt:>pad$}\n",
-            "(B)", "(elements)", "", "", ""
-        );
+    let (title, names, units) = if c.per_iter {
+        (
+            "              out-of-place (+ per-iteration)                                in-place (+ per-iteration)\n",
+            format!(
+                "  {t:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>7}  {:>7}  {:>7}",
+                "algbw", "busbw", "#wrong", "i_min", "i_max", "i_p99", "i_cv%"
+            ),
+            format!(
+                "  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>7}  {:>7}  {:>7}",
+                "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(%)"
+            ),
+        )
     } else {
-        s += &lead("", "");
-        s += "           out-of-place                       in-place          \n";
-        let names = format!("  {t:>7}  {:>6}  {:>6}  {:>6}", "algbw", "busbw", "#wrong");
-        let units = format!("  {:>7}  {:>6}  {:>6}  {:>6}", "(us)", "(GB/s)", "(GB/s)", "");
-        s += &format!(
-            "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{names}{names} {lbl:>pad$}\n",
-            "size", "count", "type", "redop", "root"
-        );
-        s += &format!(
-            "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{units}{units} {fmt:>pad$}\n",
-            "(B)", "(elements)", "", "", ""
-        );
-    }
+        (
+            "           out-of-place                       in-place          \n",
+            format!("  {t:>7}  {:>6}  {:>6}  {:>6}", "algbw", "busbw", "#wrong"),
+            format!("  {:>7}  {:>6}  {:>6}  {:>6}", "(us)", "(GB/s)", "(GB/s)", ""),
+        )
+    };
+    let mut s = String::from("#\n");
+    s += &lead("", "");
+    s += title;
+    s += &format!(
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{names}{names} {lbl:>pad$}\n",
+        "size", "count", "type", "redop", "root"
+    );
+    s += &format!("# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}{units}{units} {fmt:>pad$}\n", "(B)", "(elements)", "", "", "");
     s
 }
 

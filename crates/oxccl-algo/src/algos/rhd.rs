@@ -117,6 +117,22 @@ fn double(p: &mut Program, r: usize, v: usize, vr: &Virtual, span: &dyn Fn(Block
     }
 }
 
+/// The all-reduce steps of rank `r` that lie outside the power-of-two
+/// core: a lone rank copies, a folded rank hands its input to its odd
+/// neighbour and gets the result back. `None` then, else `r`'s virtual rank.
+fn whole_buffer_edge(p: &mut Program, r: usize, vr: &Virtual, input: Slice, output: Slice) -> Option<usize> {
+    if vr.p == 1 {
+        copy_nonempty(p, r, input, output);
+        return None;
+    }
+    let v = vr.of(r);
+    if v.is_none() {
+        push_nonempty(p, r, input.len, Step::Send { peer: r + 1, src: input });
+        push_nonempty(p, r, output.len, Step::Recv { peer: r + 1, dst: output });
+    }
+    v
+}
+
 /// Rabenseifner all-reduce: the `p` virtual ranks split the count into
 /// `p` balanced blocks.
 pub(crate) fn all_reduce(p: &mut Program, c: Collective) {
@@ -128,15 +144,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective) {
     let span = |(lo, hi): Blocks| (at(lo), at(hi) - at(lo));
     let (input, output) = (Slice::input(0, count), Slice::output(0, count));
     for r in 0..n {
-        if n == 1 {
-            copy_nonempty(p, r, input, output);
-            continue;
-        }
-        let Some(v) = vr.of(r) else {
-            push_nonempty(p, r, count, Step::Send { peer: r + 1, src: input });
-            push_nonempty(p, r, count, Step::Recv { peer: r + 1, dst: output });
-            continue;
-        };
+        let Some(v) = whole_buffer_edge(p, r, &vr, input, output) else { continue };
         let mut acc = input;
         if vr.doubled(r) {
             push_nonempty(p, r, count, Step::RecvReduce { peer: r - 1, src: acc, dst: output });
@@ -169,15 +177,7 @@ pub(crate) fn all_reduce_doubling(p: &mut Program, c: Collective) {
     let (input, output) = (Slice::input(0, count), Slice::output(0, count));
     let rounds = vr.p.trailing_zeros() as usize;
     for r in 0..n {
-        if n == 1 {
-            copy_nonempty(p, r, input, output);
-            continue;
-        }
-        let Some(v) = vr.of(r) else {
-            push_nonempty(p, r, count, Step::Send { peer: r + 1, src: input });
-            push_nonempty(p, r, count, Step::Recv { peer: r + 1, dst: output });
-            continue;
-        };
+        let Some(v) = whole_buffer_edge(p, r, &vr, input, output) else { continue };
         // Reductions left, the fold's included: the k-th from the end
         // writes the output when k is odd (the last one), else scratch.
         let mut left = rounds + usize::from(vr.doubled(r));
