@@ -22,62 +22,6 @@
 use oxccl::{CollKind, DataType, ReduceOp};
 use oxccl_algo::collective::{Collective, Expect};
 
-/// Calls `$body` with `$T` the element type of `$dtype`.
-macro_rules! with_type {
-    ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            DataType::Int8 => {
-                type $T = i8;
-                $body
-            }
-            DataType::Uint8 => {
-                type $T = u8;
-                $body
-            }
-            DataType::Int32 => {
-                type $T = i32;
-                $body
-            }
-            DataType::Uint32 => {
-                type $T = u32;
-                $body
-            }
-            DataType::Int64 => {
-                type $T = i64;
-                $body
-            }
-            DataType::Uint64 => {
-                type $T = u64;
-                $body
-            }
-            DataType::Float16 => {
-                type $T = half::f16;
-                $body
-            }
-            DataType::Float32 => {
-                type $T = f32;
-                $body
-            }
-            DataType::Float64 => {
-                type $T = f64;
-                $body
-            }
-            DataType::Bfloat16 => {
-                type $T = half::bf16;
-                $body
-            }
-            DataType::Float8E4M3 => {
-                type $T = oxccl_core::F8E4M3;
-                $body
-            }
-            DataType::Float8E5M2 => {
-                type $T = oxccl_core::F8E5M2;
-                $body
-            }
-        }
-    };
-}
-
 /// The largest integer below which every integer is exact in `dtype`
 /// (capped: larger budgets add nothing to the check).
 pub fn budget(dtype: DataType) -> u64 {
@@ -214,7 +158,7 @@ impl Pattern {
 
     /// Writes rank `rank`'s input (elements `0..dst.len()/size`) into `dst`.
     pub fn fill(&self, rank: usize, dst: &mut [u8]) {
-        with_type!(self.dtype, T => fill_typed::<T>(dst, |i| self.value(rank, i)))
+        oxccl_core::with_element_type!(self.dtype, T => fill_typed::<T>(dst, |i| self.value(rank, i)))
     }
 
     /// Counts the elements of `window` that differ from what it must hold:
@@ -248,7 +192,7 @@ impl Pattern {
                 _ => 0.0,
             }
         };
-        with_type!(self.dtype, T => count_wrong_typed::<T>(window, want))
+        oxccl_core::with_element_type!(self.dtype, T => count_wrong_typed::<T>(window, want))
     }
 }
 

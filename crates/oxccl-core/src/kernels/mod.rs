@@ -77,33 +77,10 @@ pub use typed::{
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;
-use half::{bf16, f16};
 use loops::Kind;
 use typed::{check_n, check_nranks, check_scalar, mismatch};
 
-/// Runs `$body` with `$T` the [`Element`] type of `$dtype`.
-macro_rules! dispatch {
-    ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            DataType::Int8 => dispatch!(@ i8, $T, $body),
-            DataType::Uint8 => dispatch!(@ u8, $T, $body),
-            DataType::Int32 => dispatch!(@ i32, $T, $body),
-            DataType::Uint32 => dispatch!(@ u32, $T, $body),
-            DataType::Int64 => dispatch!(@ i64, $T, $body),
-            DataType::Uint64 => dispatch!(@ u64, $T, $body),
-            DataType::Float16 => dispatch!(@ f16, $T, $body),
-            DataType::Float32 => dispatch!(@ f32, $T, $body),
-            DataType::Float64 => dispatch!(@ f64, $T, $body),
-            DataType::Bfloat16 => dispatch!(@ bf16, $T, $body),
-            DataType::Float8E4M3 => dispatch!(@ F8E4M3, $T, $body),
-            DataType::Float8E5M2 => dispatch!(@ F8E5M2, $T, $body),
-        }
-    };
-    (@ $ty:ty, $T:ident, $body:expr) => {{
-        type $T = $ty;
-        $body
-    }};
-}
+use crate::with_element_type as dispatch;
 
 /// Checks that byte buffers of lengths `lens` (the first is the destination)
 /// are equal in length and hold whole elements of `dtype`.

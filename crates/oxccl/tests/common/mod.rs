@@ -97,27 +97,6 @@ pub fn run_case<T: Element + PartialEq>(
     Ok(())
 }
 
-/// Calls `$f::<T>(args)` for the element type of `$dtype`.
-#[macro_export]
-macro_rules! for_dtype {
-    ($dtype:expr, $f:ident ( $($arg:expr),* )) => {
-        match $dtype {
-            oxccl::DataType::Int8 => $f::<i8>($($arg),*),
-            oxccl::DataType::Uint8 => $f::<u8>($($arg),*),
-            oxccl::DataType::Int32 => $f::<i32>($($arg),*),
-            oxccl::DataType::Uint32 => $f::<u32>($($arg),*),
-            oxccl::DataType::Int64 => $f::<i64>($($arg),*),
-            oxccl::DataType::Uint64 => $f::<u64>($($arg),*),
-            oxccl::DataType::Float16 => $f::<half::f16>($($arg),*),
-            oxccl::DataType::Float32 => $f::<f32>($($arg),*),
-            oxccl::DataType::Float64 => $f::<f64>($($arg),*),
-            oxccl::DataType::Bfloat16 => $f::<half::bf16>($($arg),*),
-            oxccl::DataType::Float8E4M3 => $f::<oxccl_core::F8E4M3>($($arg),*),
-            oxccl::DataType::Float8E5M2 => $f::<oxccl_core::F8E5M2>($($arg),*),
-        }
-    };
-}
-
 /// The collectives a communicator runs as calls (send/recv is not one).
 pub fn kinds() -> impl Iterator<Item = CollKind> {
     CollKind::ALL.into_iter().filter(|k| *k != CollKind::SendRecv)
@@ -142,7 +121,7 @@ pub fn matrix(comm: &Communicator, counts: &[usize], dtypes: &[DataType]) -> Res
                 for &count in counts {
                     for in_place in [false, true] {
                         let root = if kind.is_rooted() { (count + 1) % comm.size() } else { 0 };
-                        for_dtype!(dtype, run_case(comm, kind, count, op, root, in_place))?;
+                        oxccl_core::with_element_type!(dtype, T => run_case::<T>(comm, kind, count, op, root, in_place))?;
                         cases += 1;
                     }
                 }
