@@ -63,14 +63,14 @@ struct Table<T: ?Sized> {
     live: Vec<usize>,
 }
 
+/// The table slot of (peer, ch); both already checked.
+fn slot(peer: usize, ch: Channel) -> usize {
+    peer * (CHANNELS + 1) + if ch == P2P_CHANNEL { CHANNELS } else { ch as usize }
+}
+
 impl<T: ?Sized> Table<T> {
     fn new(nranks: usize) -> Table<T> {
         Table { slots: (0..nranks * (CHANNELS + 1)).map(|_| None).collect(), live: Vec::new() }
-    }
-
-    /// The slot of (peer, ch); both already checked.
-    fn index(peer: usize, ch: Channel) -> usize {
-        peer * (CHANNELS + 1) + if ch == P2P_CHANNEL { CHANNELS } else { ch as usize }
     }
 
     fn get(&mut self, i: usize) -> &mut T {
@@ -290,7 +290,7 @@ impl Fabric {
     /// The sending end to `peer` on `ch`, made on first use.
     pub fn sender(&mut self, peer: usize, ch: Channel) -> Result<&mut dyn Sender> {
         self.check_peer(peer, ch)?;
-        let i = Table::<dyn Sender>::index(peer, ch);
+        let i = slot(peer, ch);
         if self.senders.slots[i].is_none() {
             let c = self.connect_send(peer, ch)?;
             self.senders.insert(i, c);
@@ -301,7 +301,7 @@ impl Fabric {
     /// The receiving end from `peer` on `ch`, made on first use.
     pub fn receiver(&mut self, peer: usize, ch: Channel) -> Result<&mut dyn Receiver> {
         self.check_peer(peer, ch)?;
-        let i = Table::<dyn Receiver>::index(peer, ch);
+        let i = slot(peer, ch);
         if self.receivers.slots[i].is_none() {
             let c = self.connect_recv(peer, ch)?;
             self.receivers.insert(i, c);
@@ -313,8 +313,8 @@ impl Fabric {
     pub fn pair(&mut self, from: usize, to: usize, ch: Channel) -> Result<(&mut dyn Receiver, &mut dyn Sender)> {
         self.receiver(from, ch)?;
         self.sender(to, ch)?;
-        let r = self.receivers.get(Table::<dyn Receiver>::index(from, ch));
-        let s = self.senders.get(Table::<dyn Sender>::index(to, ch));
+        let r = self.receivers.get(slot(from, ch));
+        let s = self.senders.get(slot(to, ch));
         Ok((r, s))
     }
 

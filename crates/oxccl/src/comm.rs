@@ -314,7 +314,6 @@ impl Communicator {
         keep: Option<Box<dyn Any + Send>>,
     ) -> Job {
         Job {
-            seq: label.seq,
             label,
             pre: extras.pre,
             batches,

@@ -45,7 +45,7 @@ impl Action {
 /// One submitted call (or group): batches of tasks run one batch after
 /// another, the tasks of a batch concurrently.
 pub(crate) struct Job {
-    pub seq: u64,
+    /// What the job is; its `seq` is the call's operation number.
     pub label: Label,
     pub pre: Vec<Action>,
     pub batches: Vec<Vec<Task>>,
@@ -176,7 +176,7 @@ impl Shared {
         {
             self.set_poison(e);
         }
-        tracing::debug!("{} op #{} {}: {:?}", self.who, job.seq, job.label, result.as_ref().map(|_| "done"));
+        tracing::debug!("{} op #{} {}: {:?}", self.who, job.label.seq, job.label, result.as_ref().map(|_| "done"));
         result
     }
 }
@@ -234,17 +234,17 @@ fn main_loop(shared: &Shared) {
 }
 
 fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
-    tracing::trace!("{} op #{} {}: start", shared.who, job.seq, job.label);
+    tracing::trace!("{} op #{} {}: start", shared.who, job.label.seq, job.label);
     for a in &job.pre {
         a.run()?;
     }
     for batch in &mut job.batches {
         let mut turns = Turns::book(batch);
-        let mut last = Instant::now();
-        let mut idle_polls = 0u32;
+        // When the lane last stopped moving (None: it is moving).
+        let mut idle_since: Option<Instant> = None;
         loop {
             if shared.abort.load(Ordering::Acquire) {
-                return Err(Error::Remote(format!("{} op #{} {}: aborted", shared.who, job.seq, job.label)));
+                return Err(Error::Remote(format!("{} op #{} {}: aborted", shared.who, job.label.seq, job.label)));
             }
             let seen = shared.bell.seq();
             let mut moved = fabric.progress()?;
@@ -253,7 +253,7 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
                 break;
             }
             if moved {
-                idle_polls = 0;
+                idle_since = None;
                 continue;
             }
             // Nothing moved: poll again at once for a moment, then yield
@@ -261,12 +261,11 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
             // the peer this rank waits for), and after `spin` sleep until
             // a peer rings. The first phase is timed, not counted: a poll
             // over sockets costs syscalls, one over shared memory does not.
-            idle_polls += 1;
-            if idle_polls == 1 {
-                last = Instant::now();
+            let Some(since) = idle_since else {
+                idle_since = Some(Instant::now());
                 continue;
-            }
-            let idle = last.elapsed();
+            };
+            let idle = since.elapsed();
             if idle < HOT_SPIN {
                 std::hint::spin_loop();
                 continue;
@@ -276,7 +275,7 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
                 return Err(Error::Timeout(format!(
                     "{} op #{} {}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
                     shared.who,
-                    job.seq,
+                    job.label.seq,
                     job.label,
                     shared.timeout,
                     exec::waiting_for(batch)

@@ -109,13 +109,16 @@ impl Communicator {
         let mut extras = Extras::default();
         let mut batches: Vec<Vec<Task>> = Vec::new();
         let mut p2p = Vec::new();
+        // One operation keeps its own label; several are a "group" named by
+        // the first one's number.
         let mut label: Option<Label> = None;
+        let mut name = |l: Label| label = Some(label.map_or(l, |first| Label::new("group", first.seq)));
         for op in g.ops {
             match op {
                 Op::Coll { kind, count, dtype, op, root, input, output } => {
                     let (task, task_label) =
                         self.plan_collective(kind, count, dtype, op, root, input, output, &mut extras)?;
-                    label = Some(label.map_or(task_label, |l| Label::new("group", l.seq)));
+                    name(task_label);
                     batches.push(vec![task]);
                 }
                 Op::P2p { send, peer, region, dtype } => {
@@ -160,7 +163,7 @@ impl Communicator {
                 }
                 extras.pre.push(Action::Copy { dst: r, src: s });
             }
-            label = Some(label.map_or(Label::new("p2p", seq), |l| Label::new("group", l.seq)));
+            name(Label::new("p2p", seq));
             batches.push(tasks);
         }
         if batches.is_empty() && extras.pre.is_empty() {
