@@ -46,6 +46,8 @@ pub(crate) struct Inner {
     pub cache: Cache,
     pub seq: AtomicU64,
     pub kinds: Vec<Option<Kind>>,
+    /// The device side, set up by the first call on device buffers.
+    pub device: Mutex<Option<Arc<crate::device::DeviceComm>>>,
 }
 
 /// A submitted call: wait for it or poll it. Owned-buffer calls hand the
@@ -131,6 +133,7 @@ impl Communicator {
             timeout: cfg.timeout,
             spin: cfg.spin,
             who: who.clone(),
+            on_poison: Default::default(),
         });
         let bell = shared.bell.clone();
         boot.on_failure(Box::new(move || bell.ring()));
@@ -154,6 +157,7 @@ impl Communicator {
                 cache: Cache::default(),
                 seq: AtomicU64::new(0),
                 kinds,
+                device: Mutex::new(None),
             }),
         })
     }
@@ -206,7 +210,7 @@ impl Communicator {
     /// The error that poisoned the communicator, if any (NCCL's
     /// `ncclCommGetAsyncError`): a dead peer, a timeout, an abort.
     pub fn async_error(&self) -> Option<Error> {
-        self.inner.shared.poisoned().or_else(|| self.inner.boot.failure())
+        self.inner.shared.poisoned().or_else(|| self.device_error()).or_else(|| self.inner.boot.failure())
     }
 
     /// Bytes sent and received per peer and transport (waits for a call
@@ -221,12 +225,7 @@ impl Communicator {
     pub fn abort(&self) {
         let inner = &self.inner;
         let e = Error::Remote(format!("rank {} aborted the communicator", inner.rank));
-        {
-            let mut p = inner.shared.poison.lock();
-            if p.is_none() {
-                *p = Some(e);
-            }
-        }
+        inner.shared.set_poison(&e);
         inner.shared.abort.store(true, Ordering::Release);
         inner.boot.abort("the application called abort");
         self.stop();

@@ -9,6 +9,7 @@
 //! error, which [`Shared::poison`] keeps for `async_error`.
 
 use crate::buf::{self, Owned, Region};
+use crate::device::backend::Backend;
 use crate::exec::{self, Label, Task, Turns};
 use oxccl_core::{DataType, Error, Result, kernels};
 use oxccl_transport::fabric::Fabric;
@@ -28,11 +29,20 @@ pub(crate) enum Action {
     Premul { dtype: DataType, dst: Region, src: Region, scalar: f64 },
     /// `buf /= n` (Avg's result).
     Avg { dtype: DataType, buf: Region, n: usize },
+    /// Waits until a device counter reaches `value` (staged device buffers).
+    Await { dev: Arc<dyn Backend>, word: usize, value: u64 },
+    /// Sets a device counter.
+    Signal { dev: Arc<dyn Backend>, word: usize, value: u64 },
 }
 
 impl Action {
-    fn run(&self) -> Result<()> {
+    fn run(&self, shared: &Shared) -> Result<()> {
         match self {
+            Action::Await { dev, word, value } => await_word(shared, &**dev, *word, *value),
+            Action::Signal { dev, word, value } => {
+                dev.words().set(*word, *value);
+                Ok(())
+            }
             Action::Copy { dst, src } => buf::copy(dst, src),
             Action::Premul { dtype, dst, src, scalar } => {
                 src.read(|s| dst.write(|d| kernels::premul(*dtype, d, s, *scalar)))?
@@ -123,6 +133,9 @@ pub(crate) struct Shared {
     /// How long a waiting rank polls before it sleeps.
     pub spin: Duration,
     pub who: String,
+    /// Run once when the communicator is poisoned (device paths abort
+    /// their kernels' waits).
+    pub on_poison: Mutex<Vec<Box<dyn Fn() + Send + Sync>>>,
 }
 
 impl Shared {
@@ -156,11 +169,15 @@ impl Shared {
         self.poison.lock().clone()
     }
 
-    fn set_poison(&self, e: &Error) {
+    pub(crate) fn set_poison(&self, e: &Error) {
         let mut p = self.poison.lock();
         if p.is_none() {
             tracing::warn!("{}: {e}", self.who);
             *p = Some(e.clone());
+            drop(p);
+            for hook in self.on_poison.lock().iter() {
+                hook();
+            }
         }
     }
 
@@ -236,7 +253,7 @@ fn main_loop(shared: &Shared) {
 fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
     tracing::trace!("{} op #{} {}: start", shared.who, job.label.seq, job.label);
     for a in &job.pre {
-        a.run()?;
+        a.run(shared)?;
     }
     for batch in &mut job.batches {
         let mut turns = Turns::book(batch);
@@ -289,7 +306,39 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
         }
     }
     for a in &job.post {
-        a.run()?;
+        a.run(shared)?;
+    }
+    Ok(())
+}
+
+/// Waits until the device's counter `word` reaches `value`: polls for a
+/// moment, then naps; gives up on an abort, a kernel's error or the timeout.
+fn await_word(shared: &Shared, dev: &dyn Backend, word: usize, value: u64) -> Result<()> {
+    let words = dev.words();
+    let start = Instant::now();
+    while words.get(word) < value {
+        if shared.abort.load(Ordering::Acquire) {
+            return Err(Error::Remote(format!("{}: aborted while waiting for the device", shared.who)));
+        }
+        let status = words.status();
+        if status != 0 {
+            return Err(crate::device::status_error(&shared.who, status));
+        }
+        let idle = start.elapsed();
+        if idle > shared.timeout {
+            return Err(Error::Timeout(format!(
+                "{}: the device did not stage its input within {:.0?} (OXCCL_TIMEOUT): counter {word} is {}, \
+                 waiting for {value}",
+                shared.who,
+                shared.timeout,
+                words.get(word)
+            )));
+        }
+        if idle < shared.spin {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
     }
     Ok(())
 }

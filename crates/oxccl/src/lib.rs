@@ -47,6 +47,7 @@ mod buf;
 mod check;
 mod comm;
 pub mod config;
+pub mod device;
 mod engine;
 mod exec;
 mod group;
@@ -56,6 +57,7 @@ pub mod tuner;
 
 pub use comm::{Communicator, Work};
 pub use config::Config;
+pub use device::{CudaStream, DeviceBuf};
 pub use group::Group;
 pub use oxccl_algo::collective::CollKind;
 pub use oxccl_core::{DataType, Element, Error, ReduceOp, Result};

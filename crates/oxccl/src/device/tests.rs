@@ -1,0 +1,139 @@
+//! The device path's host side over the fake device: staged collectives,
+//! checked against the host path on the same communicators.
+
+use super::fake::Fake;
+use super::{CudaStream, DeviceBuf};
+use crate::{Communicator, Config};
+use oxccl_algo::collective::{CollKind, Collective};
+use oxccl_core::{DataType, Error, ReduceOp};
+use std::time::{Duration, Instant};
+
+/// Rank `r`'s input: small integers, exact in every type and any order.
+fn input(rank: usize, elems: usize, dtype: DataType) -> Vec<u8> {
+    let vals: Vec<f64> = (0..elems).map(|i| ((rank * 7 + i * 3) % 5) as f64).collect();
+    oxccl_core::with_element_type!(dtype, T => {
+        let v: Vec<T> = vals.iter().map(|&x| <T as oxccl_core::Element>::from_scalar(x)).collect();
+        bytemuck::cast_slice::<T, u8>(&v).to_vec()
+    })
+}
+
+/// Runs `kind` on every rank, staged through fake devices, in and out of
+/// place, and compares with the host collective.
+fn staged_matches_host(n: usize, kind: CollKind, count: usize, dtype: DataType, op: ReduceOp, root: usize) {
+    let comms = Communicator::init_threads(n).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let fake = Fake::new();
+                // Chunks of 12 bytes: most calls take several.
+                c.use_device_backend(fake.clone(), 12);
+                let coll = Collective { kind, nranks: n, count, root, dtype };
+                let es = dtype.size();
+                let (ni, no) = (coll.input_len(c.rank()), coll.output_len(c.rank()));
+                let send = input(c.rank(), ni.max(count * n), dtype)[..ni * es].to_vec();
+                let mut want = vec![0u8; no * es];
+                c.collective_bytes(kind, Some(&send), &mut want, count, dtype, op, root).unwrap();
+                // Out of place.
+                let (ds, dr) = (fake.alloc(ni * es + 3), fake.alloc(no * es + 5));
+                fake.write(ds, &send);
+                let stream = CudaStream(7);
+                c.collective_device(kind, Some(ds), dr, count, dtype, op, root, stream).unwrap();
+                c.device_synchronize(stream).unwrap();
+                assert_eq!(fake.read(dr.sub(0, no * es).unwrap()), want, "{kind} out of place, rank {}", c.rank());
+                // In place, on another stream.
+                let l = coll.in_place_layout(c.rank());
+                let whole = fake.alloc(l.len * es);
+                fake.write(whole.sub(l.input_at * es, ni * es).unwrap(), &send);
+                c.collective_device(kind, None, whole, count, dtype, op, root, CudaStream(8)).unwrap();
+                c.device_synchronize(CudaStream(8)).unwrap();
+                let got = fake.read(whole.sub(l.output_at * es, no * es).unwrap());
+                assert_eq!(got, want, "{kind} in place, rank {}", c.rank());
+            });
+        }
+    });
+}
+
+#[test]
+fn every_collective_staged_matches_host() {
+    for kind in CollKind::ALL {
+        if kind == CollKind::SendRecv {
+            continue;
+        }
+        for n in [1, 3] {
+            staged_matches_host(n, kind, 10, DataType::Float32, ReduceOp::Sum, n - 1);
+        }
+    }
+}
+
+#[test]
+fn staged_types_and_ops() {
+    for dtype in [DataType::Int8, DataType::Float16, DataType::Bfloat16, DataType::Float64, DataType::Float8E4M3] {
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg, ReduceOp::PreMulSum { scalar: 2.0 }] {
+            staged_matches_host(2, CollKind::AllReduce, 9, dtype, op, 0);
+        }
+    }
+    staged_matches_host(2, CollKind::ReduceScatter, 5, DataType::Int32, ReduceOp::Prod, 0);
+    staged_matches_host(2, CollKind::AllReduce, 0, DataType::Int32, ReduceOp::Sum, 0);
+}
+
+#[test]
+fn many_calls_in_flight_reuse_staging_memory_in_order() {
+    let comms = Communicator::init_threads(2).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let fake = Fake::new();
+                c.use_device_backend(fake.clone(), 64);
+                let bufs: Vec<DeviceBuf> = (0..20).map(|_| fake.alloc(400)).collect();
+                for (i, b) in bufs.iter().enumerate() {
+                    let v: Vec<f32> = (0..100).map(|j| (i * 100 + j + c.rank()) as f32).collect();
+                    fake.write(*b, bytemuck::cast_slice(&v));
+                    // Alternate streams: the calls stay in call order.
+                    let st = CudaStream(1 + (i % 2) as u64);
+                    c.all_reduce_device(None, *b, 100, DataType::Float32, ReduceOp::Sum, st).unwrap();
+                }
+                c.device_synchronize(CudaStream(1)).unwrap();
+                c.device_synchronize(CudaStream(2)).unwrap();
+                for (i, b) in bufs.iter().enumerate() {
+                    let got: Vec<f32> = bytemuck::cast_slice(&fake.read(*b)).to_vec();
+                    let want: Vec<f32> = (0..100).map(|j| (2 * (i * 100 + j) + 1) as f32).collect();
+                    assert_eq!(got, want, "call {i}");
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn bad_device_arguments_are_errors_that_change_nothing() {
+    let comms = Communicator::init_threads(1).unwrap();
+    let c = &comms[0];
+    let fake = Fake::new();
+    c.use_device_backend(fake.clone(), 64);
+    let b = fake.alloc(16);
+    fake.write(b, &[9; 16]);
+    let short = c.all_reduce_device(Some(b), b, 5, DataType::Float32, ReduceOp::Sum, CudaStream(1));
+    assert!(matches!(&short, Err(Error::InvalidArgument(m)) if m.contains("rank 0") && m.contains("all_reduce")), "{short:?}");
+    let wild = c.all_reduce_device(None, DeviceBuf::new(0xdead_0000_0000, 16), 4, DataType::Int32, ReduceOp::Sum, CudaStream(1));
+    assert!(matches!(&wild, Err(Error::InvalidArgument(m)) if m.contains("the buffer") && m.contains("0xdead00000000")), "{wild:?}");
+    let root = c.collective_device(CollKind::Broadcast, None, b, 4, DataType::Int32, ReduceOp::Sum, 3, CudaStream(1));
+    assert!(root.is_err());
+    c.device_synchronize(CudaStream(1)).unwrap();
+    assert_eq!(fake.read(b), vec![9; 16]);
+}
+
+#[test]
+fn a_missing_peer_stops_the_stream_with_an_error_not_a_hang() {
+    let config = Config { timeout: Some(Duration::from_millis(1500)), ..Config::default() };
+    let comms = Communicator::init_threads_with(2, config).unwrap();
+    let c = &comms[0];
+    let fake = Fake::new();
+    c.use_device_backend(fake.clone(), 1 << 20);
+    let b = fake.alloc(64);
+    let start = Instant::now();
+    c.all_reduce_device(None, b, 16, DataType::Float32, ReduceOp::Sum, CudaStream(3)).unwrap();
+    let r = c.device_synchronize(CudaStream(3));
+    assert!(r.is_err(), "rank 1 never called, yet {r:?}");
+    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+    assert!(c.async_error().is_some());
+}
