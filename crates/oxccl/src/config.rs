@@ -31,6 +31,43 @@ pub struct Config {
     /// runnable) before it sleeps until a peer rings (`OXCCL_SPIN_US`,
     /// microseconds; default 2000; 0 sleeps at once).
     pub spin: Option<Duration>,
+    /// How device buffers travel (`OXCCL_DEVICE_PATH`): `auto` (default:
+    /// direct where every rank is on one host and CUDA IPC works, else
+    /// staged), `direct` (an error where it cannot work) or `staged`.
+    pub device_path: Option<DevicePath>,
+    /// Bytes of each rank's device window for the direct path
+    /// (`OXCCL_DEVICE_WINDOW`; default 8 MiB).
+    pub device_window: Option<usize>,
+    /// Thread blocks of a direct collective kernel (`OXCCL_DEVICE_BLOCKS`,
+    /// 1 to 64; default 16). Ranks sharing a GPU must fit on it together.
+    pub device_blocks: Option<usize>,
+    /// Bytes per pipelined chunk of the staged path (`OXCCL_STAGE_CHUNK`;
+    /// default 4 MiB).
+    pub stage_chunk: Option<usize>,
+}
+
+/// How device buffers travel between ranks ([`Config::device_path`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DevicePath {
+    /// Direct where possible, else staged.
+    #[default]
+    Auto,
+    /// Kernels read the peers' GPU memory (CUDA IPC or one process).
+    Direct,
+    /// Through host memory and the host transports.
+    Staged,
+}
+
+impl std::str::FromStr for DevicePath {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<DevicePath> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(DevicePath::Auto),
+            "direct" | "ipc" => Ok(DevicePath::Direct),
+            "staged" | "host" => Ok(DevicePath::Staged),
+            _ => Err(Error::invalid(format!("OXCCL_DEVICE_PATH={s:?}: expected auto, direct or staged"))),
+        }
+    }
 }
 
 /// A [`Config`] with every field decided.
@@ -54,6 +91,14 @@ pub struct Resolved {
     pub nsocks: usize,
     /// See [`Config::spin`].
     pub spin: Duration,
+    /// See [`Config::device_path`].
+    pub device_path: DevicePath,
+    /// See [`Config::device_window`].
+    pub device_window: usize,
+    /// See [`Config::device_blocks`].
+    pub device_blocks: usize,
+    /// See [`Config::stage_chunk`].
+    pub stage_chunk: usize,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -127,7 +172,30 @@ impl Config {
         if spin > Duration::from_secs(1) {
             return Err(Error::invalid(format!("spin time {spin:?} must be at most 1 s")));
         }
+        let device_path = match self.device_path {
+            Some(p) => p,
+            None => env("OXCCL_DEVICE_PATH").map(|v| v.parse()).transpose()?.unwrap_or_default(),
+        };
+        let device_window = self.device_window.map_or_else(|| parse_num("OXCCL_DEVICE_WINDOW"), |w| Ok(Some(w)))?;
+        let device_window = device_window.unwrap_or(8 << 20);
+        if !(64 << 10..=1 << 30).contains(&device_window) {
+            return Err(Error::invalid(format!("device window {device_window} must be between 64 KiB and 1 GiB")));
+        }
+        let device_blocks = self.device_blocks.map_or_else(|| parse_num("OXCCL_DEVICE_BLOCKS"), |b| Ok(Some(b)))?;
+        let device_blocks = device_blocks.unwrap_or(16);
+        if !(1..=64).contains(&device_blocks) {
+            return Err(Error::invalid(format!("device blocks {device_blocks} must be 1 to 64")));
+        }
+        let stage_chunk = self.stage_chunk.map_or_else(|| parse_num("OXCCL_STAGE_CHUNK"), |c| Ok(Some(c)))?;
+        let stage_chunk = stage_chunk.unwrap_or(4 << 20);
+        if stage_chunk == 0 {
+            return Err(Error::invalid("stage chunk must be at least 1 byte"));
+        }
         Ok(Resolved {
+            device_path,
+            device_window: device_window / 256 * 256,
+            device_blocks,
+            stage_chunk,
             timeout,
             transport,
             socket_ifname: self.socket_ifname.clone().or_else(|| env("OXCCL_SOCKET_IFNAME")),

@@ -56,7 +56,7 @@ mod split;
 pub mod tuner;
 
 pub use comm::{Communicator, Work};
-pub use config::Config;
+pub use config::{Config, DevicePath};
 pub use device::{CudaStream, DeviceBuf};
 pub use group::Group;
 pub use oxccl_algo::collective::CollKind;

@@ -31,6 +31,7 @@ mod cuda;
 mod direct;
 #[cfg(test)]
 mod fake;
+mod route;
 pub(crate) mod stage;
 #[cfg(test)]
 mod tests;
