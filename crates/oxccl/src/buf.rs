@@ -51,6 +51,20 @@ impl Region {
         Region { ptr: s.as_mut_ptr(), len: s.len(), writable: true, kind: MemKind::Host }
     }
 
+    /// A writable view of `len` bytes at `ptr`: memory the caller owns
+    /// outside Rust's knowledge (page-locked staging memory of a GPU).
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay allocated and be touched by nothing else
+    /// (no copy engine, no other thread) while a view from the region is
+    /// alive: the staging path reads and writes a chunk only between the
+    /// stream's signal that its copy in is done and the host's signal that
+    /// lets the copy out start.
+    #[cfg(feature = "cuda")]
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Region {
+        Region { ptr, len, writable: true, kind: MemKind::Host }
+    }
+
     /// An empty region.
     pub const fn empty() -> Region {
         Region { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), len: 0, writable: true, kind: MemKind::Host }

@@ -124,6 +124,11 @@ impl Tuner {
         Tuner { topo, filter, fifo }
     }
 
+    /// Whether the filter lets `algo` run `kind`.
+    pub fn allows(&self, kind: CollKind, algo: Algorithm) -> bool {
+        self.filter.allows(kind, algo)
+    }
+
     /// The algorithm for `coll`, or an error when the filter leaves none.
     /// A list for all collectives (`OXCCL_ALGO=tree`) applies to those it
     /// names an algorithm of; the others keep every algorithm (a tree-only

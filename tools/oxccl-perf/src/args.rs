@@ -25,8 +25,14 @@ pub enum Average {
 pub struct Options {
     /// `-t`: ranks per process, as threads.
     pub nthreads: usize,
-    /// `-g`: GPUs per thread; only 1 on host.
+    /// `-g`: GPUs per thread (ranks per thread on device buffers; 1 on host).
     pub ngpus: usize,
+    /// `-H`/`--mem` (oxccl): `gpu` runs on device buffers, `host` (default)
+    /// on host memory.
+    pub gpu: bool,
+    /// `-P`/`--ranks_per_gpu` (oxccl): how many of a process's ranks may
+    /// share one GPU (default 1, as NCCL before 2.30).
+    pub ranks_per_gpu: usize,
     /// `-b`: first size in bytes.
     pub min_bytes: usize,
     /// `-e`: last size in bytes.
@@ -78,6 +84,8 @@ impl Default for Options {
         Options {
             nthreads: 1,
             ngpus: 1,
+            gpu: false,
+            ranks_per_gpu: 1,
             min_bytes: 32 << 20,
             max_bytes: 32 << 20,
             step_bytes: 1 << 20,
@@ -145,13 +153,17 @@ const OPTIONS: &[(char, &str)] = &[
     ('M', "memory"),
     ('u', "unalign"),
     ('I', "per_iter_timing"),
+    ('H', "mem"),
+    ('P', "ranks_per_gpu"),
 ];
 
 /// The usage text, in nccl-tests' shape.
 pub fn usage(prog: &str) -> String {
     let lines = [
         "[-t,--nthreads <num threads>] ranks of this process, as threads",
-        "[-g,--ngpus <gpus per thread>] 1 on host",
+        "[-g,--ngpus <gpus per thread>] ranks per thread on GPUs; 1 on host",
+        "[-H,--mem <host/gpu>] buffers in host memory (default) or on GPUs (oxccl)",
+        "[-P,--ranks_per_gpu <num>] ranks of this process that may share one GPU (default 1; oxccl)",
         "[-b,--minbytes <min size in bytes>] (K/M/G suffixes; default 32M)",
         "[-e,--maxbytes <max size in bytes>] (default 32M)",
         "[-i,--stepbytes <increment size>] (default 1M)",
@@ -244,11 +256,16 @@ fn set(o: &mut Options, flag: char, v: &str) -> Result<(), String> {
     match flag {
         't' => o.nthreads = parse_uint(f, v, 1, 1024)?,
         'g' => {
-            o.ngpus = parse_uint(f, v, 1, i64::MAX)?;
-            if o.ngpus != 1 {
-                return Err(format!("-g {v}: oxccl-perf runs on host memory, one rank per thread; use -g 1 and -t"));
+            o.ngpus = parse_uint(f, v, 1, 1024)?;
+        }
+        'H' => {
+            o.gpu = match v {
+                "gpu" | "device" | "cuda" => true,
+                "host" => false,
+                _ => return Err(format!("-H {v}: expected host or gpu")),
             }
         }
+        'P' => o.ranks_per_gpu = parse_uint(f, v, 1, 1024)?,
         'b' => o.min_bytes = parse_size(f, v)?,
         'e' => o.max_bytes = parse_size(f, v)?,
         'i' => o.step_bytes = parse_size(f, v)?,
@@ -297,7 +314,7 @@ fn set(o: &mut Options, flag: char, v: &str) -> Result<(), String> {
         'G' | 'R' | 'D' | 'M' | 'x' => {
             let off = if flag == 'x' { -1 } else { 0 };
             if parse_int(f, v)? != off {
-                return Err(format!("-{flag} {v}: a GPU option; on host it can only be {off}"));
+                return Err(format!("-{flag} {v}: not implemented by oxccl-perf; it can only be {off}"));
             }
         }
         _ => unreachable!("option table and setter disagree on -{flag}"),
@@ -354,6 +371,12 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
     if o.step_factor > 1 && o.min_bytes == 0 && o.max_bytes > 0 {
         return Err("-b 0 with -f > 1: the sizes would never grow; start at 1 byte or more".into());
     }
+    if !o.gpu && (o.ngpus != 1 || o.ranks_per_gpu != 1) {
+        return Err(format!(
+            "-g {} -P {}: GPU options; on host memory (the default, -H host) use -g 1 and -t for ranks",
+            o.ngpus, o.ranks_per_gpu
+        ));
+    }
     Ok(Command::Run(o))
 }
 
@@ -391,6 +414,10 @@ mod tests {
         assert_eq!(run(&["-r", "-1"]).unwrap().root, None);
         assert_eq!(run(&["-r", "2"]).unwrap().root, Some(2));
         assert_eq!(run(&["-g", "1", "-G", "0", "-x", "-1", "-y", "1"]).unwrap().ngpus, 1);
+        let g = run(&["-H", "gpu", "-g", "2", "--ranks_per_gpu=4"]).unwrap();
+        assert_eq!((g.gpu, g.ngpus, g.ranks_per_gpu), (true, 2, 4));
+        assert!(run(&["-g", "2"]).unwrap_err().contains("-H host"));
+        assert!(run(&["-H", "tpu"]).unwrap_err().contains("host or gpu"));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use crate::args::{Average, Options};
 use crate::buffer::Buffer;
 use crate::data::{Pattern, premul_scalar};
+use crate::gpu::Gpu;
 use crate::report::Reporter;
 use crate::shape::{Shape, bandwidth, sweep, warmup_sizes};
 use oxccl::{CollKind, Communicator, DataType, ReduceOp, Result};
@@ -58,6 +59,9 @@ pub struct Bench<'a> {
     failed: u64,
     out: Outcome,
     iter_times: Vec<f64>,
+    /// `-H gpu`: the device buffers (`send`/`recv` are then their host
+    /// mirrors).
+    gpu: Option<Gpu>,
 }
 
 impl<'a> Bench<'a> {
@@ -67,8 +71,9 @@ impl<'a> Bench<'a> {
         opts: &'a Options,
         kind: CollKind,
         report: Option<&'a mut Reporter>,
+        gpu: Option<Gpu>,
     ) -> Bench<'a> {
-        let bytes = opts.max_bytes + 8 * opts.unalign;
+        let bytes = Self::buffer_bytes(opts);
         let times = if opts.per_iter_timing { opts.iters } else { 0 };
         Bench {
             comm,
@@ -81,7 +86,13 @@ impl<'a> Bench<'a> {
             failed: 0,
             out: Outcome::default(),
             iter_times: vec![0.0; times],
+            gpu,
         }
+    }
+
+    /// Buffer bytes each rank needs (`-e` and `-u`).
+    pub fn buffer_bytes(opts: &Options) -> usize {
+        opts.max_bytes + 8 * opts.unalign
     }
 
     /// Runs every (type, op, root) the options name; the outcome is the
@@ -177,9 +188,10 @@ impl<'a> Bench<'a> {
         let (o, n) = (self.opts, self.comm.size());
         let check = o.check > 0 && !(in_place && self.kind == CollKind::SendRecv);
         if o.check > 0 {
-            self.init_data(st, &self.pattern(st, 99), in_place);
+            self.init_data(st, &self.pattern(st, 99), in_place)?;
         }
         self.issue(st, 0, in_place)?;
+        self.sync()?;
         self.comm.barrier()?;
         let agg = o.agg_iters;
         let t0 = Instant::now();
@@ -187,11 +199,13 @@ impl<'a> Bench<'a> {
         for iter in 0..o.iters {
             self.start(st, iter, in_place)?;
             if let Some(slot) = self.iter_times.get_mut(iter) {
+                self.sync()?;
                 let now = Instant::now();
                 *slot = (now - last).as_secs_f64() / agg as f64;
                 last = now;
             }
         }
+        self.sync()?;
         let sec = t0.elapsed().as_secs_f64() / (o.iters * agg) as f64;
         let sec = self.combine_time(sec)?;
         let (alg, bus) = bandwidth(self.kind, st.shape.size_bytes(st.coll.dtype), sec, n);
@@ -203,8 +217,10 @@ impl<'a> Bench<'a> {
         for _ in 0..if check { o.check } else { 0 } {
             self.rep += 1;
             let p = self.pattern(st, self.rep);
-            self.init_data(st, &p, in_place);
+            self.init_data(st, &p, in_place)?;
             self.issue(st, 0, in_place)?;
+            self.sync()?;
+            self.download(st, in_place)?;
             let local = self.count_wrong(st, &p, in_place);
             self.failed += u64::from(local > 0);
             let mut w = [local];
@@ -242,22 +258,47 @@ impl<'a> Bench<'a> {
         Ok(t[0])
     }
 
+    /// Waits for the device (`-H gpu`) to finish what was enqueued.
+    fn sync(&self) -> Result<()> {
+        match &self.gpu {
+            Some(g) => self.comm.device_synchronize(g.stream()),
+            None => Ok(()),
+        }
+    }
+
+    /// The receive window the check reads, as byte offsets `(at, len)`.
+    fn window(&self, st: &Step, in_place: bool) -> (usize, usize) {
+        let s = &st.shape;
+        let w0 = if in_place { s.recv_inplace * self.comm.rank() } else { 0 };
+        (st.base + w0 * st.es, s.recv * st.es)
+    }
+
+    /// `-H gpu`: copies the receive window down into the host mirror.
+    fn download(&mut self, st: &Step, in_place: bool) -> Result<()> {
+        let (at, len) = self.window(st, in_place);
+        match &self.gpu {
+            Some(g) => g.download(self.recv.bytes_mut(), at, len),
+            None => Ok(()),
+        }
+    }
+
     /// Zeroes what the check will examine and writes this rank's input
-    /// where the call reads it.
-    fn init_data(&mut self, st: &Step, p: &Pattern, in_place: bool) {
+    /// where the call reads it (and, on a GPU, copies both up).
+    fn init_data(&mut self, st: &Step, p: &Pattern, in_place: bool) -> Result<()> {
         let (rank, es) = (self.comm.rank(), st.es);
         let s = &st.shape;
         let input = st.coll.input_len(rank) * es;
         let window_end = (if in_place { s.recv_inplace * rank } else { 0 } + s.recv) * es;
         let end = window_end.max(if in_place { st.slice_at + st.slice_len } else { 0 });
         self.recv.bytes_mut()[st.base..st.base + end].fill(0);
-        let dst = if in_place {
-            let at = st.base + s.send_inplace * rank * es;
-            &mut self.recv.bytes_mut()[at..at + input]
-        } else {
-            &mut self.send.bytes_mut()[st.base..st.base + input]
-        };
-        p.fill(rank, dst);
+        let at = if in_place { st.base + s.send_inplace * rank * es } else { st.base };
+        let dst = if in_place { &mut self.recv } else { &mut self.send };
+        p.fill(rank, &mut dst.bytes_mut()[at..at + input]);
+        if let Some(g) = &self.gpu {
+            g.upload(true, self.recv.bytes(), st.base, end)?;
+            g.upload(in_place, if in_place { self.recv.bytes() } else { self.send.bytes() }, at, input)?;
+        }
+        Ok(())
     }
 
     fn count_wrong(&self, st: &Step, p: &Pattern, in_place: bool) -> u64 {
@@ -297,8 +338,15 @@ impl<'a> Bench<'a> {
         Ok(())
     }
 
-    /// Operations `first..first+run` (at distinct places) in one group.
+    /// Operations `first..first+run` (at distinct places) in one group
+    /// (on a GPU, one after another on the stream).
     fn group(&mut self, st: &Step, first: usize, run: usize) -> Result<()> {
+        if self.gpu.is_some() {
+            for k in 0..run {
+                self.issue(st, first + k, false)?;
+            }
+            return Ok(());
+        }
         let (kind, c) = (self.kind, &st.coll);
         let (sb, rb) = (st.shape.send * st.es, st.shape.recv * st.es);
         let (n, rank) = (self.comm.size(), self.comm.rank());
@@ -330,6 +378,24 @@ impl<'a> Bench<'a> {
         let at = st.base + st.total * (iter % st.steps);
         let (sb, rb) = (st.shape.send * st.es, st.shape.recv * st.es);
         let (n, rank) = (self.comm.size(), self.comm.rank());
+        if let Some(g) = &self.gpu {
+            let s = g.stream();
+            let (kind, op) = (self.kind, st.op);
+            if in_place {
+                let buf = g.buf(true, at + st.slice_at, st.slice_len);
+                self.comm.collective_device(kind, None, buf, c.count, c.dtype, op, c.root, s)?;
+            } else {
+                let (src, dst) = (g.buf(false, at, sb), g.buf(true, at, rb));
+                self.comm.collective_device(kind, Some(src), dst, c.count, c.dtype, op, c.root, s)?;
+            }
+            if self.opts.blocking > 0 {
+                self.sync()?;
+            }
+            if self.opts.blocking == 1 {
+                self.comm.barrier()?;
+            }
+            return Ok(());
+        }
         if self.kind == CollKind::SendRecv {
             // In place, the send and receive buffers swap roles: oxccl's
             // safe API cannot send from and receive into one buffer.

@@ -109,7 +109,9 @@ fn fitted(comm: &Communicator, o: &Options) -> oxccl::Result<Options> {
 /// This process's communicators: (communicator, device index) per thread.
 fn communicators(o: &Options, launch: Option<&Launch>) -> Result<Vec<(Communicator, usize)>, String> {
     let config = Config { timeout: (o.timeout > 0).then(|| Duration::from_secs(o.timeout)), ..Config::default() };
-    let t = o.nthreads;
+    // On GPUs, each of the -t threads drives -g ranks (each its own thread
+    // here: oxccl's calls block only until enqueued, but set-up is collective).
+    let t = o.nthreads * if o.gpu { o.ngpus } else { 1 };
     let comms = match launch {
         None => Communicator::init_threads_with(t, config).map_err(|e| e.to_string())?,
         Some(l) => {
@@ -129,11 +131,22 @@ fn communicators(o: &Options, launch: Option<&Launch>) -> Result<Vec<(Communicat
         }
     };
     let first = launch.and_then(|l| l.local_rank).unwrap_or(0) * t;
+    if o.gpu {
+        let count = oxccl_cuda::Device::count().map_err(|e| e.to_string())?;
+        return comms
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| Ok((c, crate::gpu::ordinal(first + i, o.ranks_per_gpu, count)?)))
+            .collect();
+    }
     Ok(comms.into_iter().enumerate().map(|(i, c)| (c, first + i)).collect())
 }
 
 /// Runs the benchmark; the exit status.
 fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, String> {
+    if o.gpu && kind == CollKind::SendRecv {
+        return Err("sendrecv_perf runs on host memory only (-H host)".into());
+    }
     let launch = detect(|k| std::env::var(k).ok())?;
     let main_proc = launch.as_ref().is_none_or(|l| l.rank == 0);
     let mut reporter = main_proc.then(|| Reporter::new(prog, o, argv));
@@ -156,7 +169,12 @@ fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, 
                         if let Some(rep) = mine.as_deref_mut() {
                             rep.preamble(o, &infos, (fit.max_bytes < o.max_bytes).then_some(fit.max_bytes));
                         }
-                        Bench::new(comm, &fit, kind, mine).run()
+                        let gpu = if o.gpu {
+                            Some(crate::gpu::Gpu::new(*device, Bench::buffer_bytes(&fit))?)
+                        } else {
+                            None
+                        };
+                        Bench::new(comm, &fit, kind, mine, gpu).run()
                     });
                     if r.is_err() {
                         comm.abort();

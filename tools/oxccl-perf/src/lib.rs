@@ -9,6 +9,7 @@
 //! - [`shape`]: per-collective counts, size sweeps, bandwidths;
 //! - [`data`]: exactly reducible inputs and the check;
 //! - [`bench`]: one rank's timing and check loop;
+//! - [`gpu`]: device buffers (`-H gpu`);
 //! - [`format`] and [`report`]: the text output and the JSON record;
 //! - [`launch`]: threads, launcher processes, exit status.
 
@@ -17,6 +18,7 @@ pub mod bench;
 pub mod buffer;
 pub mod data;
 pub mod format;
+pub mod gpu;
 pub mod launch;
 pub mod report;
 pub mod shape;

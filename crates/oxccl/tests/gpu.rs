@@ -1,0 +1,249 @@
+//! Collectives on device buffers, on a real GPU: every collective × type ×
+//! operator against the host path on the same communicator, with ranks as
+//! threads and as processes sharing GPU 0, on the direct and the staged
+//! path, and a rank killed mid-collective.
+//!
+//! Every test here needs a CUDA GPU and is `#[ignore]`d; on the GPU machine:
+//! `test-gpu --ignored --test-threads=1`. Without one, `no_gpu_is_an_error_value`
+//! runs everywhere.
+#![cfg(feature = "cuda")]
+
+use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DevicePath, ReduceOp, UniqueId};
+use oxccl_algo::collective::Collective;
+use oxccl_cuda::Device;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const OPS: [ReduceOp; 6] =
+    [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, ReduceOp::PreMulSum { scalar: 2.0 }];
+
+/// Rank `r`'s input: small integers, exact in every type, sum and order.
+fn input(rank: usize, elems: usize, dtype: DataType) -> Vec<u8> {
+    let vals: Vec<f64> = (0..elems).map(|i| (1 + (rank * 7 + i * 3) % 3) as f64).collect();
+    oxccl_core::with_element_type!(dtype, T => {
+        let v: Vec<T> = vals.iter().map(|&x| <T as oxccl_core::Element>::from_scalar(x)).collect();
+        bytemuck::cast_slice::<T, u8>(&v).to_vec()
+    })
+}
+
+/// One call on device buffers, in or out of place, against the host path.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    c: &Communicator,
+    dev: &Device,
+    kind: CollKind,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+    in_place: bool,
+) -> Result<(), String> {
+    let (n, rank, es) = (c.size(), c.rank(), dtype.size());
+    let coll = Collective { kind, nranks: n, count, root, dtype };
+    let (ni, no) = (coll.input_len(rank), coll.output_len(rank));
+    // PreMulSum: each rank its own scalar.
+    let op = match op {
+        ReduceOp::PreMulSum { .. } => ReduceOp::PreMulSum { scalar: (rank % 2 + 1) as f64 },
+        o => o,
+    };
+    let send = input(rank, ni, dtype);
+    let mut want = vec![0u8; no * es];
+    c.collective_bytes(kind, Some(&send), &mut want, count, dtype, op, root).map_err(|e| e.to_string())?;
+    let stream = dev.new_stream().map_err(|e| e.to_string())?;
+    let s = CudaStream::from_raw(stream.raw() as usize as u64);
+    let got = if in_place {
+        let l = coll.in_place_layout(rank);
+        let whole = dev.alloc_zeroed(l.len * es + 1).map_err(|e| e.to_string())?;
+        whole.write(l.input_at * es, &send).map_err(|e| e.to_string())?;
+        c.collective_device(kind, None, DeviceBuf::new(whole.addr(), l.len * es), count, dtype, op, root, s)
+            .map_err(|e| e.to_string())?;
+        c.device_synchronize(s).map_err(|e| e.to_string())?;
+        let mut out = vec![0u8; no * es];
+        whole.read(l.output_at * es, &mut out).map_err(|e| e.to_string())?;
+        out
+    } else {
+        let (ds, dr) = (dev.alloc_zeroed(ni * es + 1).unwrap(), dev.alloc_zeroed(no * es + 1).unwrap());
+        ds.write(0, &send).map_err(|e| e.to_string())?;
+        let (bs, br) = (DeviceBuf::new(ds.addr(), ni * es), DeviceBuf::new(dr.addr(), no * es));
+        c.collective_device(kind, Some(bs), br, count, dtype, op, root, s).map_err(|e| e.to_string())?;
+        c.device_synchronize(s).map_err(|e| e.to_string())?;
+        let mut out = vec![0u8; no * es];
+        dr.read(0, &mut out).map_err(|e| e.to_string())?;
+        out
+    };
+    if got != want {
+        let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+        return Err(format!(
+            "rank {rank}: {kind} {dtype} {op} count {count} root {root} in_place {in_place}: byte {first} differs"
+        ));
+    }
+    Ok(())
+}
+
+/// Every collective × type × operator on one rank (the others run the same).
+fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
+    let dev = Device::open(0).map_err(|e| e.to_string())?;
+    let mut cases = 0;
+    for kind in CollKind::ALL.into_iter().filter(|k| *k != CollKind::SendRecv) {
+        let dtypes: &[DataType] = if kind.reduces() { &DataType::ALL } else { &[DataType::Float32, DataType::Int8] };
+        for &dtype in dtypes {
+            let ops: &[ReduceOp] = if kind.reduces() { &OPS } else { &OPS[..1] };
+            for &op in ops {
+                for &count in counts {
+                    for in_place in [false, true] {
+                        check(c, &dev, kind, count, dtype, op, c.size() - 1, in_place)?;
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    Ok(cases)
+}
+
+fn threads(n: usize, path: DevicePath) {
+    let cfg = Config { device_path: Some(path), device_window: Some(256 << 10), ..Config::default() };
+    let comms = Communicator::init_threads_with(n, cfg).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                // 100_003 elements: larger than the window, so the kernels iterate.
+                let cases = matrix(c, &[0, 1, 7, 1000, 100_003]).unwrap();
+                assert!(cases > 1000, "{cases}");
+            });
+        }
+    });
+}
+
+#[test]
+fn no_gpu_is_an_error_value() {
+    // Here (CI) there is no driver: the first device call says so, and the
+    // host path keeps working. On a GPU machine the call is checked instead.
+    let comms = Communicator::init_threads(1).unwrap();
+    let c = &comms[0];
+    let r = c.all_reduce_device(None, DeviceBuf::new(0x1000, 64), 16, DataType::Float32, ReduceOp::Sum, CudaStream::DEFAULT);
+    if oxccl_cuda::driver_available().is_err() {
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("CUDA unavailable"), "{e}");
+    } else {
+        assert!(r.is_err(), "0x1000 is not device memory");
+    }
+    let mut v = [1.0f32; 4];
+    c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    assert_eq!(v, [1.0; 4]);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn threads_direct_2_and_4_ranks_on_one_gpu() {
+    threads(2, DevicePath::Direct);
+    threads(4, DevicePath::Direct);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn threads_staged_2_ranks() {
+    threads(2, DevicePath::Staged);
+}
+
+#[test]
+#[ignore = "a rank's body, started by the process tests"]
+fn child() {
+    let Ok(mode) = std::env::var("OXCCL_TEST_MODE") else { return };
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
+    let id: UniqueId = var("OXCCL_TEST_ID").parse().unwrap();
+    let (rank, size): (usize, usize) = (var("OXCCL_TEST_RANK").parse().unwrap(), var("OXCCL_TEST_SIZE").parse().unwrap());
+    let cfg = Config { device_window: Some(256 << 10), timeout: Some(Duration::from_secs(20)), ..Config::default() };
+    let comm = Communicator::init(&id, size, rank, cfg).unwrap();
+    let result = match mode.as_str() {
+        "matrix" => matrix(&comm, &[0, 7, 100_003]).map(|n| println!("CASES {n}")),
+        "loop" => {
+            let dev = Device::open(0).unwrap();
+            let buf = dev.alloc_zeroed(16 << 20).unwrap();
+            let b = DeviceBuf::new(buf.addr(), 16 << 20);
+            let mut i = 0u64;
+            loop {
+                let r = comm
+                    .all_reduce_device(None, b, 4 << 20, DataType::Float32, ReduceOp::Max, CudaStream::DEFAULT)
+                    .and_then(|()| comm.device_synchronize(CudaStream::DEFAULT));
+                if let Err(e) = r {
+                    break Err(e.to_string());
+                }
+                i += 1;
+                if i == 3 {
+                    println!("READY");
+                }
+            }
+        }
+        other => Err(format!("unknown mode {other}")),
+    };
+    match result {
+        Ok(()) => println!("OK"),
+        Err(e) => {
+            println!("ERROR {e}");
+            std::process::exit(3);
+        }
+    }
+}
+
+fn spawn(id: &UniqueId, size: usize, rank: usize, mode: &str, path: &str) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "child", "--nocapture", "--test-threads=1"])
+        .env("OXCCL_TEST_MODE", mode)
+        .env("OXCCL_TEST_ID", id.to_string())
+        .env("OXCCL_TEST_RANK", rank.to_string())
+        .env("OXCCL_TEST_SIZE", size.to_string())
+        .env("OXCCL_DEVICE_PATH", path)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn fresh_id() -> UniqueId {
+    let id = UniqueId::new().unwrap();
+    drop(oxccl_transport::id::take_listener(&id));
+    id
+}
+
+fn processes(n: usize, path: &str) {
+    let id = fresh_id();
+    let kids: Vec<_> = (0..n).map(|r| spawn(&id, n, r, "matrix", path)).collect();
+    for (r, k) in kids.into_iter().enumerate() {
+        let out = k.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("\nOK"), "rank {r} ({path}):\n{text}");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn processes_2_and_4_ranks_on_one_gpu_through_cuda_ipc() {
+    processes(2, "direct");
+    processes(4, "direct");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn processes_staged_through_shared_memory() {
+    processes(2, "staged");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_killed_rank_is_an_error_on_the_others_not_a_hang() {
+    use std::io::{BufRead, BufReader};
+    for path in ["direct", "staged"] {
+        let id = fresh_id();
+        let mut kids: Vec<_> = (0..3).map(|r| spawn(&id, 3, r, "loop", path)).collect();
+        let mut lines = BufReader::new(kids[1].stdout.take().unwrap()).lines();
+        assert!(lines.any(|l| l.unwrap().contains("READY")), "rank 1 never got going");
+        kids[1].kill().unwrap();
+        let start = Instant::now();
+        for r in [0, 2] {
+            let out = kids.remove(if r == 0 { 0 } else { 1 }).wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("ERROR"), "rank {r} ({path}): {text}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "{path}: took {:?}", start.elapsed());
+    }
+}
