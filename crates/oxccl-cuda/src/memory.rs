@@ -122,8 +122,9 @@ impl Device {
         Ok((host.cast(), dev, bytes))
     }
 
-    /// Checks that `addr..addr+bytes` lies inside one allocation the driver
-    /// knows (device memory of this device, or pinned / host-mapped memory),
+    /// Checks that `addr..addr+bytes` lies inside memory the driver knows (one
+    /// allocation, or adjacent mappings; device memory of this device, or
+    /// pinned / host-mapped memory),
     /// with `cuPointerGetAttribute` (range start and size). `bytes == 0` is
     /// always fine. The error names the address, the size and what is wrong.
     pub fn check_device_range(&self, addr: u64, bytes: usize) -> Result<()> {
@@ -137,13 +138,23 @@ impl Device {
                  pinned or registered host memory): {e}"
             ))
         })?;
-        let end = addr.checked_add(bytes as u64);
-        if end.is_none_or(|end| end > start + size as u64) {
-            return Err(invalid(format!(
-                "buffer at {addr:#x} ({bytes} bytes) runs past the end of its allocation \
-                 ({start:#x}, {size} bytes) by {} bytes",
-                (addr - start).saturating_add(bytes as u64).saturating_sub(size as u64)
-            )));
+        let end = addr
+            .checked_add(bytes as u64)
+            .ok_or_else(|| invalid(format!("buffer at {addr:#x} ({bytes} bytes) wraps around the address space")))?;
+        // A buffer may span adjacent mappings (cuMemMap, as PyTorch's
+        // expandable segments make): walk the ranges while they abut.
+        let mut range_end = start + size as u64;
+        while range_end < end {
+            match range_of(range_end) {
+                Ok((next, next_size)) if next == range_end && next_size > 0 => range_end = next + next_size as u64,
+                _ => {
+                    return Err(invalid(format!(
+                        "buffer at {addr:#x} ({bytes} bytes) runs past the end of its allocation \
+                         ({start:#x}, {size} bytes) by {} bytes",
+                        end - range_end
+                    )));
+                }
+            }
         }
         let mut mem_type: u32 = 0;
         // SAFETY: MEMORY_TYPE writes one CUmemorytype (u32) into `mem_type`.
