@@ -1,0 +1,342 @@
+//! Driver availability, devices (primary contexts) and loaded kernel modules.
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{CString, c_int, c_void};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use cudarc::driver::{CudaContext, result, sys};
+use oxccl_core::DataType;
+
+use crate::args::{CollArgs, ReduceArgs};
+use crate::error::{CudaError, Result, describe, drv, invalid};
+use crate::kernels::{self, ENTRY_POINTS, KernelOp, Ptx};
+use crate::stream::Stream;
+
+/// Whether the CUDA driver can be used: libcuda loads and `cuInit`
+/// succeeds. `Err(CudaError::Unavailable)` with the reason otherwise (no
+/// library, `CUDA_ERROR_NO_DEVICE`, …). Never panics; the answer is computed
+/// once per process.
+pub fn driver_available() -> Result<()> {
+    static STATE: OnceLock<Result<()>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            // SAFETY: is_culib_present only tries to dlopen libcuda's candidate
+            // names; it calls nothing in the library.
+            if !unsafe { sys::is_culib_present() } {
+                return Err(CudaError::Unavailable(
+                    "libcuda.so.1 not found (no NVIDIA driver on this machine)".to_string(),
+                ));
+            }
+            result::init().map_err(|e| CudaError::Unavailable(format!("cuInit failed: {}", describe(e))))
+        })
+        .clone()
+}
+
+/// The driver's CUDA version as major × 1000 + minor × 10 (12040 for 12.4).
+pub fn driver_version() -> Result<u32> {
+    driver_available()?;
+    let mut v: c_int = 0;
+    // SAFETY: the driver is loaded and initialised; `v` is valid for writes.
+    unsafe { sys::cuDriverGetVersion(&mut v) }.result().map_err(drv("cuDriverGetVersion"))?;
+    Ok(v as u32)
+}
+
+/// One CUDA device, through its primary context (the one the CUDA runtime,
+/// PyTorch and NCCL use). Cheap to clone; [`Device::open`] of the same
+/// ordinal gives the same device (and its module cache) while one is alive.
+#[derive(Clone)]
+pub struct Device(Arc<DeviceInner>);
+
+struct DeviceInner {
+    ctx: Arc<CudaContext>,
+    ordinal: usize,
+    sm_count: u32,
+    arch: u32,
+    uuid: [u8; 16],
+    name: String,
+    modules: Mutex<HashMap<(DataType, KernelOp), Arc<Module>>>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.0.ordinal)
+            .field("name", &self.0.name)
+            .field("arch", &self.0.arch)
+            .field("sm_count", &self.0.sm_count)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Number of CUDA devices (0 is an error: [`CudaError::Unavailable`]).
+    pub fn count() -> Result<usize> {
+        driver_available()?;
+        let n = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))?;
+        if n <= 0 {
+            return Err(CudaError::Unavailable("the driver sees no CUDA device".into()));
+        }
+        Ok(n as usize)
+    }
+
+    /// Opens device `ordinal` (retains its primary context).
+    pub fn open(ordinal: usize) -> Result<Device> {
+        static OPEN: OnceLock<Mutex<HashMap<usize, Weak<DeviceInner>>>> = OnceLock::new();
+        let count = Device::count()?;
+        if ordinal >= count {
+            return Err(invalid(format!("CUDA device {ordinal} does not exist: this machine has {count}")));
+        }
+        let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(inner) = open.get(&ordinal).and_then(Weak::upgrade) {
+            return Ok(Device(inner));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("cuDevicePrimaryCtxRetain"))?;
+        let attr = |a| ctx.attribute(a).map_err(drv("cuDeviceGetAttribute"));
+        let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let (major, minor) = ctx.compute_capability().map_err(drv("cuDeviceGetAttribute"))?;
+        let uuid = ctx.uuid().map_err(drv("cuDeviceGetUuid"))?.bytes.map(|b| b as u8);
+        let name = ctx.name().map_err(drv("cuDeviceGetName"))?;
+        let inner = Arc::new(DeviceInner {
+            ctx,
+            ordinal,
+            sm_count,
+            arch: (major * 10 + minor) as u32,
+            uuid,
+            name,
+            modules: Mutex::new(HashMap::new()),
+        });
+        open.insert(ordinal, Arc::downgrade(&inner));
+        Ok(Device(inner))
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.0.ordinal
+    }
+    /// Streaming multiprocessors.
+    pub fn sm_count(&self) -> u32 {
+        self.0.sm_count
+    }
+    /// Compute capability as major × 10 + minor (90 for an H100).
+    pub fn arch(&self) -> u32 {
+        self.0.arch
+    }
+    /// The device's UUID (what `nvidia-smi -L` prints), to tell whether two
+    /// ranks share a GPU.
+    pub fn uuid(&self) -> [u8; 16] {
+        self.0.uuid
+    }
+    /// The device's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+    /// The primary context, for callers that also use cudarc directly.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.0.ctx
+    }
+
+    /// Makes this device's context current on the calling thread (every
+    /// method here does so itself; this is for callers making raw driver calls).
+    pub fn bind(&self) -> Result<()> {
+        bind(&self.0.ctx)
+    }
+
+    /// Waits until all work on the device is done (`cuCtxSynchronize`; no
+    /// deadline: prefer [`crate::Event::synchronize`] on a stream).
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    }
+
+    /// The kernels for `dtype` × `op`, compiled for this device (process-wide
+    /// PTX cache, see [`kernels::ptx`]) and loaded into its context (cached per
+    /// device).
+    pub fn module(&self, dtype: DataType, op: KernelOp) -> Result<Arc<Module>> {
+        if let Some(m) = self.0.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&(dtype, op)) {
+            return Ok(m.clone());
+        }
+        let arch = kernels::arch_for_device(self.0.arch)?;
+        let ptx = kernels::ptx(arch, dtype, op)?;
+        let module = Arc::new(Module::load(&self.0.ctx, &ptx, arch, dtype, op)?);
+        let mut modules = self.0.modules.lock().unwrap_or_else(|p| p.into_inner());
+        // Another thread may have loaded it meanwhile: keep the first (ours unloads on drop).
+        Ok(modules.entry((dtype, op)).or_insert(module).clone())
+    }
+}
+
+/// Binds `ctx` to the calling thread.
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
+}
+
+/// The kernels of one (dtype, op) loaded in one context. Launches are
+/// asynchronous on the given stream; the stream must belong to the same device.
+pub struct Module {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+    functions: [sys::CUfunction; 4],
+    arch: u32,
+    dtype: DataType,
+    op: KernelOp,
+}
+
+// SAFETY: a CUmodule and its CUfunctions are plain handles into a context;
+// the driver API is thread-safe and every use binds the context on the
+// calling thread first. The module is unloaded once, in Drop.
+unsafe impl Send for Module {}
+// SAFETY: as above; no method mutates the handles.
+unsafe impl Sync for Module {}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Module(compute_{}, {} {}, device {})", self.arch, self.dtype, self.op, self.ctx.ordinal())
+    }
+}
+
+impl Module {
+    fn load(ctx: &Arc<CudaContext>, ptx: &Ptx, arch: u32, dtype: DataType, op: KernelOp) -> Result<Module> {
+        bind(ctx)?;
+        let image = CString::new(ptx.as_str()).map_err(|_| invalid("PTX contains a NUL byte"))?;
+        // SAFETY: `image` is a NUL-terminated PTX text; the context is current.
+        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(|e| {
+            let mut code = describe(e);
+            if e.0 == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+                let nv = kernels::nvrtc_version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_default();
+                let dv = driver_version().map(|v| format!("{}.{}", v / 1000, v % 1000 / 10)).unwrap_or_default();
+                code.push_str(&format!(
+                    "; the PTX comes from NVRTC {nv} but the driver supports CUDA {dv}: use an NVRTC no newer \
+                     than the driver, or update the driver"
+                ));
+            }
+            CudaError::Driver { call: "cuModuleLoadData", code }
+        })?;
+        let mut m = Module { ctx: ctx.clone(), module, functions: [std::ptr::null_mut(); 4], arch, dtype, op };
+        for (i, name) in ENTRY_POINTS.iter().enumerate() {
+            let cname = CString::new(*name).map_err(|_| invalid("entry point name contains NUL"))?;
+            // SAFETY: `m.module` is a loaded module (unloaded only by m's Drop).
+            m.functions[i] = unsafe { result::module::get_function(m.module, cname) }.map_err(|e| {
+                CudaError::Driver { call: "cuModuleGetFunction", code: format!("{name}: {}", describe(e)) }
+            })?;
+        }
+        Ok(m)
+    }
+
+    /// The module's element type.
+    pub fn dtype(&self) -> DataType {
+        self.dtype
+    }
+    /// The module's operator.
+    pub fn op(&self) -> KernelOp {
+        self.op
+    }
+    /// The `compute_XX` it was compiled for.
+    pub fn arch(&self) -> u32 {
+        self.arch
+    }
+
+    /// Launches entry point `f` with `params` (pointers to each argument).
+    ///
+    /// SAFETY (caller): `params` match the entry point's signature and point
+    /// to live values (the driver copies them before returning).
+    unsafe fn launch(
+        &self,
+        f: usize,
+        stream: &Stream,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(invalid(format!(
+                "stream of device {} used with a module of device {}",
+                stream.context().ordinal(),
+                self.ctx.ordinal()
+            )));
+        }
+        if grid == 0 || block == 0 || block > 1024 {
+            return Err(invalid(format!("{}: launch of {grid} blocks of {block} threads", ENTRY_POINTS[f])));
+        }
+        bind(&self.ctx)?;
+        // SAFETY: the function belongs to this loaded module, the context is
+        // current, and the caller vouches for `params`.
+        unsafe { result::launch_kernel(self.functions[f], (grid, 1, 1), (block, 1, 1), 0, stream.raw(), params) }
+            .map_err(|e| CudaError::Driver {
+                call: "cuLaunchKernel",
+                code: format!("{}: {}", ENTRY_POINTS[f], describe(e)),
+            })
+    }
+
+    /// Launches `oxccl_reduce` (after [`ReduceArgs::validate`]).
+    ///
+    /// # Safety
+    /// Every used address in `args` must be device-accessible memory of at
+    /// least `count` elements of the module's type, staying valid, and not
+    /// written by anyone else, until the kernel has finished.
+    pub unsafe fn launch_reduce(&self, stream: &Stream, grid: u32, block: u32, args: &ReduceArgs) -> Result<()> {
+        args.validate()?;
+        let mut params = [args as *const ReduceArgs as *mut c_void];
+        // SAFETY: oxccl_reduce takes one oxccl_reduce_args by value; `args` mirrors it.
+        unsafe { self.launch(0, stream, grid, block, &mut params) }
+    }
+
+    /// Launches `oxccl_collective` (after [`CollArgs::validate`]). Every rank
+    /// of the collective must launch it with the same grid, block and shape.
+    ///
+    /// # Safety
+    /// The windows, flag areas, status word, send and recv buffers must be
+    /// valid device-accessible memory of the sizes the collective needs, alive
+    /// until the kernel has finished; the flag areas must be zeroed once at
+    /// allocation and used by no other kernel meanwhile.
+    pub unsafe fn launch_collective(&self, stream: &Stream, grid: u32, block: u32, args: &CollArgs) -> Result<()> {
+        args.validate(grid, block)?;
+        let mut params = [args as *const CollArgs as *mut c_void];
+        // SAFETY: oxccl_collective takes one oxccl_coll_args by value; `args` mirrors it.
+        unsafe { self.launch(1, stream, grid, block, &mut params) }
+    }
+
+    /// Enqueues `oxccl_signal_host`: after all earlier work on `stream`,
+    /// stores `value` into the u64 at device address `word` (host-mapped
+    /// memory, see [`crate::HostMapped`]) after a system-wide fence.
+    ///
+    /// # Safety
+    /// `word` must be an 8-byte aligned device address of a live u64.
+    pub unsafe fn signal_host(&self, stream: &Stream, word: u64, value: u64) -> Result<()> {
+        if word == 0 || !word.is_multiple_of(8) {
+            return Err(invalid(format!("signal_host: word address {word:#x} is null or not 8-byte aligned")));
+        }
+        let mut params = [&word as *const u64 as *mut c_void, &value as *const u64 as *mut c_void];
+        // SAFETY: oxccl_signal_host(u64 word, u64 value).
+        unsafe { self.launch(2, stream, 1, 1, &mut params) }
+    }
+
+    /// Enqueues `oxccl_wait_host`: `stream` waits until the u64 at `word` is
+    /// at least `value`, or the abort word (`status[1]`) is set (status code
+    /// 2), or `timeout_ns` passes (status code 1, written to `status[0]` if it
+    /// is 0).
+    ///
+    /// # Safety
+    /// `word` (u64) and `status` (`u32[2]`) must be live device-accessible
+    /// addresses, aligned, until the kernel has finished.
+    pub unsafe fn wait_host(&self, stream: &Stream, word: u64, value: u64, status: u64, timeout_ns: u64) -> Result<()> {
+        if word == 0 || !word.is_multiple_of(8) || status == 0 || !status.is_multiple_of(4) {
+            return Err(invalid(format!(
+                "wait_host: word {word:#x} (8-byte aligned) or status {status:#x} (4-byte aligned) is null or misaligned"
+            )));
+        }
+        if timeout_ns == 0 {
+            return Err(invalid("wait_host: timeout_ns is 0; every wait needs a deadline"));
+        }
+        let mut params = [&word, &value, &status, &timeout_ns].map(|p| p as *const u64 as *mut c_void);
+        // SAFETY: oxccl_wait_host(u64 word, u64 value, u64 status, u64 timeout_ns).
+        unsafe { self.launch(3, stream, 1, 1, &mut params) }
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: the module was loaded in this context and is unloaded once, here.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}

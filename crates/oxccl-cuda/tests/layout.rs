@@ -1,0 +1,111 @@
+//! The Rust mirrors of `cuda/args.h` have the C layout: a small C program
+//! compiled with the system's C compiler (`$CC`, else `cc`) prints every
+//! field's offset and size, both structs' sizes and every constant; they must
+//! equal `offset_of!`/`size_of` and the Rust constants. Skipped with a message
+//! if there is no C compiler.
+
+use std::collections::HashMap;
+use std::mem::{offset_of, size_of};
+use std::path::Path;
+use std::process::Command;
+
+const PROGRAM: &str = r#"
+#include <stddef.h>
+#include <stdio.h>
+#include "args.h"
+#define F(S, f) printf(#S "." #f " %zu %zu\n", offsetof(struct S, f), sizeof(((struct S *)0)->f));
+#define C(name) printf(#name " %lld\n", (long long)(name));
+int main(void) {
+    printf("oxccl_reduce_args %zu %zu\n", sizeof(struct oxccl_reduce_args), _Alignof(struct oxccl_reduce_args));
+    F(oxccl_reduce_args, srcs) F(oxccl_reduce_args, dsts) F(oxccl_reduce_args, count)
+    F(oxccl_reduce_args, scale) F(oxccl_reduce_args, nsrcs) F(oxccl_reduce_args, ndsts)
+    F(oxccl_reduce_args, premul) F(oxccl_reduce_args, avg_div)
+    printf("oxccl_coll_args %zu %zu\n", sizeof(struct oxccl_coll_args), _Alignof(struct oxccl_coll_args));
+    F(oxccl_coll_args, window) F(oxccl_coll_args, flags) F(oxccl_coll_args, send) F(oxccl_coll_args, recv)
+    F(oxccl_coll_args, count) F(oxccl_coll_args, window_bytes) F(oxccl_coll_args, timeout_ns)
+    F(oxccl_coll_args, status) F(oxccl_coll_args, scale) F(oxccl_coll_args, nranks) F(oxccl_coll_args, rank)
+    F(oxccl_coll_args, root) F(oxccl_coll_args, coll) F(oxccl_coll_args, premul) F(oxccl_coll_args, avg)
+    F(oxccl_coll_args, pad0) F(oxccl_coll_args, pad1)
+    C(OXCCL_MAX_SRCS) C(OXCCL_MAX_RANKS) C(OXCCL_MAX_BLOCKS) C(OXCCL_FLAG_BYTES)
+    C(OXCCL_STATUS_OK) C(OXCCL_STATUS_TIMEOUT) C(OXCCL_STATUS_ABORTED)
+    C(OXCCL_COLL_ALL_REDUCE_ONE_SHOT) C(OXCCL_COLL_ALL_REDUCE_TWO_SHOT) C(OXCCL_COLL_REDUCE_SCATTER)
+    C(OXCCL_COLL_ALL_GATHER) C(OXCCL_COLL_BROADCAST) C(OXCCL_COLL_REDUCE) C(OXCCL_COLL_ALL_TO_ALL)
+    return 0;
+}
+"#;
+
+/// Compiles and runs PROGRAM; `None` (after printing why) without a C compiler.
+fn c_layout() -> Option<HashMap<String, Vec<u64>>> {
+    let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cuda");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("layout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (src, exe) = (dir.join("layout.c"), dir.join("layout"));
+    std::fs::write(&src, PROGRAM).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let out = match Command::new(&cc).arg("-std=c11").arg("-I").arg(&cuda).arg(&src).arg("-o").arg(&exe).output() {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("skipped: no C compiler ({cc}: {e})");
+            return None;
+        }
+    };
+    assert!(out.status.success(), "{cc} failed on args.h:\n{}", String::from_utf8_lossy(&out.stderr));
+    let run = Command::new(&exe).output().unwrap();
+    assert!(run.status.success());
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8(run.stdout).unwrap();
+    Some(
+        text.lines()
+            .map(|l| {
+                let mut w = l.split_whitespace();
+                let name = w.next().unwrap().to_string();
+                (name, w.map(|n| n.parse().unwrap()).collect())
+            })
+            .collect(),
+    )
+}
+
+/// (name, [offset, size]) of each listed field of `$t`, named as the C program prints it.
+macro_rules! fields {
+    ($c:literal, $t:ty: $($f:ident),+) => {
+        vec![$((
+            concat!($c, ".", stringify!($f)),
+            vec![offset_of!($t, $f) as u64, std::mem::size_of_val(&<$t>::default().$f) as u64],
+        )),+]
+    };
+}
+
+#[test]
+fn rust_mirrors_match_the_c_header() {
+    use oxccl_cuda::*;
+    let Some(c) = c_layout() else { return };
+    let mut rust: Vec<(&str, Vec<u64>)> = Vec::new();
+    rust.push(("oxccl_reduce_args", vec![size_of::<ReduceArgs>() as u64, align_of::<ReduceArgs>() as u64]));
+    rust.extend(fields!("oxccl_reduce_args", ReduceArgs: srcs, dsts, count, scale, nsrcs, ndsts, premul, avg_div));
+    rust.push(("oxccl_coll_args", vec![size_of::<CollArgs>() as u64, align_of::<CollArgs>() as u64]));
+    rust.extend(fields!("oxccl_coll_args", CollArgs: window, flags, send, recv, count, window_bytes, timeout_ns,
+        status, scale, nranks, rank, root, coll, premul, avg, pad0, pad1));
+    let consts: [(&str, u64); 14] = [
+        ("OXCCL_MAX_SRCS", MAX_SRCS as u64),
+        ("OXCCL_MAX_RANKS", MAX_RANKS as u64),
+        ("OXCCL_MAX_BLOCKS", MAX_BLOCKS as u64),
+        ("OXCCL_FLAG_BYTES", FLAG_BYTES as u64),
+        ("OXCCL_STATUS_OK", STATUS_OK.into()),
+        ("OXCCL_STATUS_TIMEOUT", STATUS_TIMEOUT.into()),
+        ("OXCCL_STATUS_ABORTED", STATUS_ABORTED.into()),
+        ("OXCCL_COLL_ALL_REDUCE_ONE_SHOT", Coll::AllReduceOneShot as u64),
+        ("OXCCL_COLL_ALL_REDUCE_TWO_SHOT", Coll::AllReduceTwoShot as u64),
+        ("OXCCL_COLL_REDUCE_SCATTER", Coll::ReduceScatter as u64),
+        ("OXCCL_COLL_ALL_GATHER", Coll::AllGather as u64),
+        ("OXCCL_COLL_BROADCAST", Coll::Broadcast as u64),
+        ("OXCCL_COLL_REDUCE", Coll::Reduce as u64),
+        ("OXCCL_COLL_ALL_TO_ALL", Coll::AllToAll as u64),
+    ];
+    rust.extend(consts.iter().map(|&(n, v)| (n, vec![v])));
+
+    assert_eq!(rust.len(), c.len(), "C printed {} lines, Rust has {}: {c:?}", c.len(), rust.len());
+    for (name, want) in &rust {
+        let got = c.get(*name).unwrap_or_else(|| panic!("C printed nothing for {name}"));
+        assert_eq!(got, want, "{name}: C says (offset/size or value) {got:?}, Rust {want:?}");
+    }
+}
