@@ -189,6 +189,31 @@ impl Device {
     }
 }
 
+/// The ordinal of the GPU that holds the memory at `addr` (what a
+/// communicator's first device call runs on). An error when the driver
+/// does not know the address.
+pub fn device_of(addr: u64) -> Result<usize> {
+    crate::driver_available()?;
+    Device::open(0)?.bind()?;
+    let mut ordinal: i32 = -1;
+    // SAFETY: DEVICE_ORDINAL writes one int into `ordinal`; a context is
+    // current.
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            addr,
+        )
+    };
+    match (r.result(), usize::try_from(ordinal)) {
+        (Ok(()), Ok(o)) => Ok(o),
+        (r, _) => Err(invalid(format!(
+            "{addr:#x} is not memory CUDA knows (cudaMalloc, cuMemAlloc, pinned or registered host memory){}",
+            r.err().map_or(String::new(), |e| format!(": {}", describe(e)))
+        ))),
+    }
+}
+
 /// Waits for the legacy default stream (where the synchronous copies and
 /// memsets go); a context must be current.
 fn sync_legacy_stream() -> Result<()> {

@@ -446,7 +446,7 @@ mod tests {
             (&["-a", "4"], "-a"),
             (&["-z", "3"], "-z"),
             (&["-b", "1M", "-e", "1K"], "minbytes"),
-            (&["-G", "1"], "GPU option"),
+            (&["-G", "1"], "not implemented"),
             (&["-J", "out.csv"], "JSON"),
             (&["-b", "0", "-e", "8", "-f", "2"], "never grow"),
             (&["stray"], "stray"),

@@ -198,8 +198,10 @@ impl<'a> Bench<'a> {
         let mut last = t0;
         for iter in 0..o.iters {
             self.start(st, iter, in_place)?;
-            if let Some(slot) = self.iter_times.get_mut(iter) {
+            if iter < self.iter_times.len() {
                 self.sync()?;
+            }
+            if let Some(slot) = self.iter_times.get_mut(iter) {
                 let now = Instant::now();
                 *slot = (now - last).as_secs_f64() / agg as f64;
                 last = now;

@@ -7,6 +7,7 @@ use oxccl_cuda::{DevMem, Device, Stream};
 
 /// One rank's GPU, stream and buffers.
 pub struct Gpu {
+    /// The GPU.
     pub dev: Device,
     stream: Stream,
     send: DevMem,

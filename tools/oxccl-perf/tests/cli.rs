@@ -20,13 +20,19 @@ fn bad_flags_are_errors_naming_the_flag() {
         (&["-g", "2"], "-g 2"),
         (&["-b", "1M", "-e", "1K"], "minbytes"),
         (&["-t"], "needs a value"),
-        (&["-G", "2"], "GPU option"),
+        (&["-G", "2"], "-G 2"),
     ];
     for (args, needle) in cases {
         let r = run_threads("all_reduce", args);
         assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
         assert!(r.stderr.contains(needle), "{args:?}: {}", r.stderr);
         assert!(r.stdout.is_empty(), "{args:?} printed {}", r.stdout);
+    }
+    // Device buffers where there is no GPU: an error that says so.
+    if oxccl_cuda::driver_available().is_err() {
+        let r = run_threads("all_reduce", &["-H", "gpu", "-b", "8", "-e", "8"]);
+        assert_eq!(r.code, Some(1), "{r:?}");
+        assert!(r.stderr.contains("CUDA unavailable"), "{}", r.stderr);
     }
     let r = run_threads("broadcast", &["-t", "2", "-r", "2", "-b", "8", "-e", "8"]);
     assert_eq!(r.code, Some(1), "{r:?}");

@@ -43,7 +43,6 @@ use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use stage::{Call, Stager};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// A device buffer: an address in the GPU's unified address space (a
 /// `CUdeviceptr`, what cudarc's `DevicePtr::device_ptr`, CuPy's
@@ -118,7 +117,8 @@ pub(crate) struct DeviceComm {
 }
 
 impl DeviceComm {
-    fn staged_only(dev: Arc<dyn Backend>, chunk: usize, timeout: Duration) -> DeviceComm {
+    #[cfg(test)]
+    fn staged_only(dev: Arc<dyn Backend>, chunk: usize, timeout: std::time::Duration) -> DeviceComm {
         DeviceComm {
             stager: Stager::new(dev.clone(), chunk, timeout),
             dev,
@@ -129,6 +129,7 @@ impl DeviceComm {
 }
 
 /// Collectives that the direct kernels implement.
+#[cfg(feature = "cuda")]
 fn direct_kind(kind: CollKind) -> bool {
     matches!(
         kind,
@@ -198,7 +199,6 @@ impl Communicator {
         {
             return d.run(&call, stream);
         }
-        let _ = direct_kind;
         dc.stager.run(self, &call, stream)
     }
 
