@@ -10,7 +10,7 @@ use crate::comm::Communicator;
 use oxccl_algo::algos::Algorithm;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
-use oxccl_cuda::{CollArgs, Coll, DevMem, IpcMapping, KernelOp, FLAG_BYTES, MAX_RANKS};
+use oxccl_cuda::{CollArgs, Coll, DevMem, Event, IpcMapping, KernelOp, FLAG_BYTES, MAX_RANKS};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -40,8 +40,11 @@ pub(crate) struct Direct {
     timeout_ns: u64,
     one_shot: bool,
     two_shot: bool,
-    /// Launches in call order (the kernels' barrier epochs depend on it).
-    order: Mutex<()>,
+    /// Launches in call order (the kernels' barrier epochs depend on it),
+    /// and the stream of the last launch with an event recorded after it:
+    /// a call on another stream waits for it, because every call uses the
+    /// same window.
+    order: Mutex<Option<(CudaStream, Event)>>,
 }
 
 impl Direct {
@@ -87,7 +90,7 @@ impl Direct {
             timeout_ns: inner.cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
             one_shot: allows(Algorithm::OneShot),
             two_shot: allows(Algorithm::TwoShot),
-            order: Mutex::new(()),
+            order: Mutex::new(None),
         })
     }
 
@@ -140,8 +143,14 @@ impl Direct {
             pad0: 0,
             pad1: 0,
         };
-        let stream = self.gpu.stream(stream);
-        let _order = self.order.lock();
+        let raw = stream;
+        let stream = self.gpu.stream(raw);
+        let mut last = self.order.lock();
+        if let Some((prev, ev)) = &*last
+            && *prev != raw
+        {
+            stream.wait_event(ev)?;
+        }
         // SAFETY: every address in `args` is device memory of the right
         // size: the caller's buffers were checked against the driver's
         // allocation ranges, the windows and flag areas are this
@@ -149,6 +158,12 @@ impl Direct {
         // alive as long as `self`), the status pair is our host-mapped
         // memory; every rank launches the same grid in the same order.
         unsafe { module.launch_collective(&stream, self.blocks, THREADS, &args) }?;
+        let ev = match last.take() {
+            Some((_, ev)) => ev,
+            None => self.gpu.dev.new_event()?,
+        };
+        ev.record(&stream)?;
+        *last = Some((raw, ev));
         Ok(())
     }
 }
