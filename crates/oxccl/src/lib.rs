@@ -34,6 +34,12 @@
 //! that hands it back. [`Communicator::group`] launches matched sends and
 //! receives together.
 //!
+//! ## Device buffers
+//! With the `cuda` feature (default), [`Communicator::collective_device`]
+//! and friends run every collective on GPU buffers, enqueued on the
+//! caller's CUDA stream: kernels over the peers' memory (CUDA IPC) on one
+//! host, staged through host memory otherwise ([`device`]).
+//!
 //! ## Failure
 //! Every wait has a deadline (`OXCCL_TIMEOUT`, 300 s). A dead peer is an
 //! error naming it on every rank within seconds; the communicator is then
