@@ -66,6 +66,7 @@
 #![deny(unsafe_code)]
 
 mod args;
+pub mod bench;
 mod device;
 mod error;
 pub mod kernels;
