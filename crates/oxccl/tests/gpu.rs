@@ -121,7 +121,14 @@ fn no_gpu_is_an_error_value() {
     // host path keeps working. On a GPU machine the call is checked instead.
     let comms = Communicator::init_threads(1).unwrap();
     let c = &comms[0];
-    let r = c.all_reduce_device(None, DeviceBuf::new(0x1000, 64), 16, DataType::Float32, ReduceOp::Sum, CudaStream::DEFAULT);
+    let r = c.all_reduce_device(
+        None,
+        DeviceBuf::new(0x1000, 64),
+        16,
+        DataType::Float32,
+        ReduceOp::Sum,
+        CudaStream::DEFAULT,
+    );
     if oxccl_cuda::driver_available().is_err() {
         let e = r.unwrap_err().to_string();
         assert!(e.contains("CUDA unavailable"), "{e}");
@@ -152,7 +159,8 @@ fn child() {
     let Ok(mode) = std::env::var("OXCCL_TEST_MODE") else { return };
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
     let id: UniqueId = var("OXCCL_TEST_ID").parse().unwrap();
-    let (rank, size): (usize, usize) = (var("OXCCL_TEST_RANK").parse().unwrap(), var("OXCCL_TEST_SIZE").parse().unwrap());
+    let (rank, size): (usize, usize) =
+        (var("OXCCL_TEST_RANK").parse().unwrap(), var("OXCCL_TEST_SIZE").parse().unwrap());
     let cfg = Config { device_window: Some(256 << 10), timeout: Some(Duration::from_secs(20)), ..Config::default() };
     let comm = Communicator::init(&id, size, rank, cfg).unwrap();
     let result = match mode.as_str() {

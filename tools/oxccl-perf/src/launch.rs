@@ -169,11 +169,8 @@ fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, 
                         if let Some(rep) = mine.as_deref_mut() {
                             rep.preamble(o, &infos, (fit.max_bytes < o.max_bytes).then_some(fit.max_bytes));
                         }
-                        let gpu = if o.gpu {
-                            Some(crate::gpu::Gpu::new(*device, Bench::buffer_bytes(&fit))?)
-                        } else {
-                            None
-                        };
+                        let gpu =
+                            if o.gpu { Some(crate::gpu::Gpu::new(*device, Bench::buffer_bytes(&fit))?) } else { None };
                         Bench::new(comm, &fit, kind, mine, gpu).run()
                     });
                     if r.is_err() {

@@ -2,15 +2,15 @@
 //! every rank shares with the others (cuda/README.md has the protocol).
 #![allow(unsafe_code)]
 
+use super::CudaStream;
 use super::cuda::Gpu;
 use super::route::Reach;
 use super::stage::Call;
-use super::CudaStream;
 use crate::comm::Communicator;
 use oxccl_algo::algos::Algorithm;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
-use oxccl_cuda::{CollArgs, Coll, DevMem, Event, IpcMapping, KernelOp, FLAG_BYTES, MAX_RANKS};
+use oxccl_cuda::{Coll, CollArgs, DevMem, Event, FLAG_BYTES, IpcMapping, KernelOp, MAX_RANKS};
 use parking_lot::Mutex;
 use std::sync::Arc;
 

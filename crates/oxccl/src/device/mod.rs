@@ -103,7 +103,9 @@ impl CudaStream {
 pub(crate) fn status_error(who: &str, status: u32) -> Error {
     match status {
         1 => Error::Timeout(format!("{who}: a device kernel waited for a peer or the host past OXCCL_TIMEOUT")),
-        2 => Error::Remote(format!("{who}: device kernels were told to stop (a peer died or the communicator was aborted)")),
+        2 => Error::Remote(format!(
+            "{who}: device kernels were told to stop (a peer died or the communicator was aborted)"
+        )),
         s => Error::Internal(format!("{who}: a device kernel reported status {s}")),
     }
 }

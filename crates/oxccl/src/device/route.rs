@@ -125,9 +125,9 @@ pub(crate) fn decide(me: usize, cards: &[Card], hosts: &[&str]) -> Result<Route,
     };
     match why_not() {
         Some(reason) => match cards.iter().position(|c| c.wants == DevicePath::Direct) {
-            Some(r) => Err(format!(
-                "rank {r} asked for the direct device path (OXCCL_DEVICE_PATH=direct), but {reason}"
-            )),
+            Some(r) => {
+                Err(format!("rank {r} asked for the direct device path (OXCCL_DEVICE_PATH=direct), but {reason}"))
+            }
             None => Ok(Route::Staged(reason)),
         },
         None => {

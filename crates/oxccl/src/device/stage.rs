@@ -180,7 +180,8 @@ impl Stager {
 /// Staging memory of at least `len` bytes: the smallest free one that fits,
 /// else a new one (a power of two from 64 KiB, so that it fits later calls).
 fn take(pool: &mut Pool, dev: &dyn Backend, len: usize) -> Result<Box<dyn Pinned>> {
-    let fits = pool.free.iter().enumerate().filter(|(_, p)| p.region().len() >= len).min_by_key(|(_, p)| p.region().len());
+    let fits =
+        pool.free.iter().enumerate().filter(|(_, p)| p.region().len() >= len).min_by_key(|(_, p)| p.region().len());
     if let Some((i, _)) = fits {
         return Ok(pool.free.swap_remove(i));
     }

@@ -113,9 +113,22 @@ fn bad_device_arguments_are_errors_that_change_nothing() {
     let b = fake.alloc(16);
     fake.write(b, &[9; 16]);
     let short = c.all_reduce_device(Some(b), b, 5, DataType::Float32, ReduceOp::Sum, CudaStream(1));
-    assert!(matches!(&short, Err(Error::InvalidArgument(m)) if m.contains("rank 0") && m.contains("all_reduce")), "{short:?}");
-    let wild = c.all_reduce_device(None, DeviceBuf::new(0xdead_0000_0000, 16), 4, DataType::Int32, ReduceOp::Sum, CudaStream(1));
-    assert!(matches!(&wild, Err(Error::InvalidArgument(m)) if m.contains("the buffer") && m.contains("0xdead00000000")), "{wild:?}");
+    assert!(
+        matches!(&short, Err(Error::InvalidArgument(m)) if m.contains("rank 0") && m.contains("all_reduce")),
+        "{short:?}"
+    );
+    let wild = c.all_reduce_device(
+        None,
+        DeviceBuf::new(0xdead_0000_0000, 16),
+        4,
+        DataType::Int32,
+        ReduceOp::Sum,
+        CudaStream(1),
+    );
+    assert!(
+        matches!(&wild, Err(Error::InvalidArgument(m)) if m.contains("the buffer") && m.contains("0xdead00000000")),
+        "{wild:?}"
+    );
     let root = c.collective_device(CollKind::Broadcast, None, b, 4, DataType::Int32, ReduceOp::Sum, 3, CudaStream(1));
     assert!(root.is_err());
     c.device_synchronize(CudaStream(1)).unwrap();
