@@ -5,6 +5,7 @@ to oxccl-perf.
 
     python3 gloo_perf.py all_reduce -np 4 -b 8 -e 64M -f 4 -n 20 -w 5
     torchrun --nproc-per-node 4 gloo_perf.py all_reduce -b 8 -e 64M   # or any launcher
+    NCCL_MULTI_RANK_GPU_ENABLE=1 python3 gloo_perf.py all_reduce -np 4 --backend nccl   # NCCL, GPU buffers
 
 Without RANK/WORLD_SIZE in the environment it starts -np ranks of itself on
 this machine (rendezvous on 127.0.0.1, GLOO_SOCKET_IFNAME=lo unless set);
@@ -113,6 +114,9 @@ def arg_parser():
     p.add_argument("-o", "--op", default="sum", choices=OPS)
     p.add_argument("-r", "--root", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600, help="seconds before the local ranks are stopped")
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
+                   help="nccl: torch's NCCL on GPU buffers (cuda:LOCAL_RANK mod the GPUs there are; several ranks "
+                        "on one GPU need NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)")
     return p
 
 
@@ -141,7 +145,18 @@ def rank_main(a):
             print(f"gloo_perf: -r {a.root}: root must be 0..{n - 1}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=n, timeout=datetime.timedelta(seconds=120))
+    if a.backend == "nccl":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    dist.init_process_group(a.backend, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=120))
+    backend_name = {"gloo": "Gloo", "nccl": "NCCL"}[a.backend]
     dtype = getattr(torch, DTYPES[a.datatype][0])
     tsize = DTYPES[a.datatype][1]
     op = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
@@ -166,8 +181,8 @@ def rank_main(a):
         return acc
 
     maxel = a.maxbytes // tsize + 1
-    send_all = torch.zeros(maxel, dtype=dtype)
-    recv_all = torch.zeros(maxel, dtype=dtype)
+    send_all = torch.zeros(maxel, dtype=dtype, device=dev)
+    recv_all = torch.zeros(maxel, dtype=dtype, device=dev)
 
     def setup(count, in_place):
         """Buffers and the call for one size; None when there is no such form."""
@@ -239,11 +254,11 @@ def rank_main(a):
     def fill(form, count):
         src = form[0]
         recv_all[:count * n + 1].zero_()
-        src.copy_(inputs(rank, src.numel()).to(dtype))
+        src.copy_(inputs(rank, src.numel()).to(dtype).to(dev))
         # all_gather in place: src is this rank's view of recv, written above.
 
     def reduce_time(t):
-        v = torch.tensor([t], dtype=torch.float64)
+        v = torch.tensor([t], dtype=torch.float64, device=dev)
         if a.average == 0:
             dist.broadcast(v, src=0)
             return v.item()
@@ -257,14 +272,14 @@ def rank_main(a):
     except RuntimeError as e:
         if "support" in str(e):
             if rank == 0:
-                print(f"# unsupported: {coll} on Gloo (torch {torch.__version__}): {e}", flush=True)
+                print(f"# unsupported: {coll} on {backend_name} (torch {torch.__version__}): {e}", flush=True)
             dist.destroy_process_group()
             return UNSUPPORTED
         raise
 
     if rank == 0:
         step = f"{a.stepfactor}(factor)" if a.stepfactor > 1 else f"{a.stepbytes}(bytes)"
-        print(f"# gloo_perf {coll}: Gloo via torch {torch.__version__}")
+        print(f"# gloo_perf {coll}: {backend_name} via torch {torch.__version__}")
         print(f"# nranks {n} minBytes {a.minbytes} maxBytes {a.maxbytes} step: {step} warmup iters: "
               f"{a.warmup_iters} iters: {a.iters} validation: {a.check} average: {a.average}")
         print("#")
@@ -290,18 +305,21 @@ def rank_main(a):
             call = form[1]
             for _ in range(a.warmup_iters):
                 call()
+            sync()
             dist.barrier()
+            sync()
             t0 = time.perf_counter()
             for _ in range(a.iters):
                 call()
+            sync()
             t = reduce_time((time.perf_counter() - t0) / a.iters)
             wrong = "N/A"
             if a.check:
                 fill(form, count)
                 call()
                 want = expected(count)
-                mine = 0 if want is None else int((form[2] != want.to(dtype)).sum().item())
-                w = torch.tensor([mine], dtype=torch.int64)
+                mine = 0 if want is None else int((form[2] != want.to(dtype).to(dev)).sum().item())
+                w = torch.tensor([mine], dtype=torch.int64, device=dev)
                 dist.all_reduce(w)
                 wrong = int(w.item())
                 wrong_total += wrong
