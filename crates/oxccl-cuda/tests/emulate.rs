@@ -164,7 +164,10 @@ fn inputs_for(rng: &mut Rng, dtype: DataType, op: ReduceOp, n: usize) -> Vec<u8>
     }
     let value = |rng: &mut Rng| -> f64 {
         match (op, narrow_float(dtype)) {
-            (ReduceOp::Prod, _) => rng.pick(&[-1.0, 1.0, 2.0, 0.5, -0.5, 1.0]) * if narrow_float(dtype) { 1.0 } else { 1.0 + rng.unit() / 8.0 },
+            (ReduceOp::Prod, _) => {
+                rng.pick(&[-1.0, 1.0, 2.0, 0.5, -0.5, 1.0])
+                    * if narrow_float(dtype) { 1.0 } else { 1.0 + rng.unit() / 8.0 }
+            }
             (_, true) if dtype.size() == 1 => rng.pick(&[-1.0, 0.0, 1.0]),
             (_, true) => (rng.below(33) as f64) - 16.0,
             (_, false) => (rng.unit() - 0.5) * 2000.0,
@@ -222,7 +225,9 @@ fn reference(dtype: DataType, op: ReduceOp, srcs: &[&[u8]], scales: &[f64], avg:
 fn first_diff(dtype: DataType, got: &[u8], want: &[u8]) -> String {
     let e = dtype.size();
     match got.chunks(e).zip(want.chunks(e)).position(|(a, b)| a != b) {
-        Some(i) => format!("element {i}: got {:02x?}, want {:02x?}", &got[i * e..(i + 1) * e], &want[i * e..(i + 1) * e]),
+        Some(i) => {
+            format!("element {i}: got {:02x?}, want {:02x?}", &got[i * e..(i + 1) * e], &want[i * e..(i + 1) * e])
+        }
         None => format!("lengths {} and {}", got.len(), want.len()),
     }
 }
@@ -321,7 +326,8 @@ fn conversions_match_oxccl_core_and_half_bit_for_bit() {
             let (got, want) = match d {
                 DataType::Float16 | DataType::Bfloat16 => {
                     let got = u16::from_ne_bytes(narrowed[i * 2..i * 2 + 2].try_into().unwrap());
-                    let want = if d == DataType::Float16 { f16::from_f32(x).to_bits() } else { bf16::from_f32(x).to_bits() };
+                    let want =
+                        if d == DataType::Float16 { f16::from_f32(x).to_bits() } else { bf16::from_f32(x).to_bits() };
                     (u32::from(got), u32::from(want))
                 }
                 DataType::Float8E4M3 => (u32::from(narrowed[i]), u32::from(F8E4M3::from_f32(x).to_bits())),
@@ -529,10 +535,7 @@ fn rank_results(c: &Coll, a: &Answer) -> Vec<(u32, bool, bool, Vec<u8>)> {
     let bytes = recv * c.dtype.size();
     let word = |d: &[u8], i: usize| u32::from_ne_bytes(d[i * 4..i * 4 + 4].try_into().unwrap());
     assert_eq!(a.data.len(), c.n * (16 + bytes), "answer size of {}", c.header().trim());
-    a.data
-        .chunks(16 + bytes)
-        .map(|d| (word(d, 0), word(d, 1) == 1, word(d, 2) == 1, d[16..].to_vec()))
-        .collect()
+    a.data.chunks(16 + bytes).map(|d| (word(d, 0), word(d, 1) == 1, word(d, 2) == 1, d[16..].to_vec())).collect()
 }
 
 fn run_colls(cases: &[Coll]) -> Option<Vec<Answer>> {
@@ -580,7 +583,7 @@ fn coll_case(rng: &mut Rng, i: usize, coll: u32, n: usize, count: usize, window:
         timeout_ns: 20_000_000_000,
         skip: None,
         abort: false,
-        repeat: 1 + (i % 5 == 0) as u32,
+        repeat: 1 + u32::from(i.is_multiple_of(5)),
         send_off: misalign(rng),
         recv_off: misalign(rng),
         scales: (0..n).map(|_| gen_scale(rng, dtype)).collect(),
