@@ -116,17 +116,20 @@ OX_DEV float ox_f16_to_f32_soft(u16 h) {
 }
 
 #if defined(__CUDACC__)
-// The hardware conversions give the same bits except for NaN payloads.
+// The hardware conversions give the same bits except for NaN payloads, which
+// follow the soft conversions' rule (top payload bits kept, quiet bit set).
 OX_DEV u16 ox_f32_to_f16(float f) {
-    if (f != f) return ox_f32_to_f16_soft(f);
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    const u32 x = ox_f2u(f);
+    if (f != f) h = (u16)(((x >> 16) & 0x8000u) | 0x7E00u | ((x >> 13) & 0x3FFu));
     return h;
 }
 OX_DEV float ox_f16_to_f32(u16 h) {
-    if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0) return ox_f16_to_f32_soft(h);
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    const u32 sign = (u32)(h & 0x8000u) << 16, m = h & 0x3FFu;
+    if ((h & 0x7C00u) == 0x7C00u && m != 0) f = ox_u2f(sign | 0x7FC00000u | (m << 13));
     return f;
 }
 #else

@@ -6,13 +6,13 @@
 #include "oxccl.cuh"
 #endif
 
-// One pass over `nv` vectors of VB bytes starting `boff` bytes into every
-// source and destination of the plan; vector v goes to thread v mod nthr.
-// ARITH false: a copy of the bits of src[0]. ARITH true: widen every source,
-// premul src[0] if the plan says so, combine in source order, divide by
-// plan.avg if set (sum only), narrow once.
-template <class T, int OP, int VB, bool ARITH>
-OX_NOINLINE void ox_body(const ox_plan &p, u64 boff, u64 nv, u32 tid, u32 nthr, typename T::A scale) {
+// NV vectors of VB bytes, at byte offsets o, o + stride, …, o + (NV-1)·stride
+// of every source and destination of the plan. ARITH false: a copy of the
+// bits of src[0]. ARITH true: widen every source, premul src[0] if `pre`,
+// combine in source order, divide by `avg` if not 0 (sum module only),
+// narrow once. All NV loads of a source are issued before its math.
+template <class T, int OP, int VB, bool ARITH, int NV>
+OX_DEV void ox_vecs(const ox_plan &p, u64 o, u64 stride, typename T::A scale, bool pre, u32 avg) {
     typedef typename T::S S;
     typedef typename T::A A;
     typedef typename T::C C;
@@ -23,80 +23,99 @@ OX_NOINLINE void ox_body(const ox_plan &p, u64 boff, u64 nv, u32 tid, u32 nthr, 
         S e[K];
     };
     const u32 nsrc = p.nsrc, ndst = p.ndst;
-    const bool sum = OP == OXCCL_OP_SUM || OP == OXCCL_OP_PROD;
+    U x[NV];
+OX_UNROLL
+    for (int u = 0; u < NV; u++) x[u].v = ox_ld<V>(p.src[0] + o + u * stride);
+    if (ARITH && (OP == OXCCL_OP_SUM || OP == OXCCL_OP_PROD)) {
+        A acc[NV][K];
+OX_UNROLL
+        for (int u = 0; u < NV; u++) {
+OX_UNROLL
+            for (int k = 0; k < K; k++) acc[u][k] = T::widen(x[u].e[k]);
+        }
+        if (pre) {
+OX_UNROLL
+            for (int u = 0; u < NV; u++) {
+OX_UNROLL
+                for (int k = 0; k < K; k++) acc[u][k] = T::mul(acc[u][k], scale);
+            }
+        }
+        for (u32 s = 1; s < nsrc; s++) {
+            const u64 src = p.src[s] + o;
+            U y[NV];
+OX_UNROLL
+            for (int u = 0; u < NV; u++) y[u].v = ox_ld<V>(src + u * stride);
+OX_UNROLL
+            for (int u = 0; u < NV; u++) {
+OX_UNROLL
+                for (int k = 0; k < K; k++) acc[u][k] = ox_combine<T, OP>(acc[u][k], T::widen(y[u].e[k]));
+            }
+        }
+        if (avg != 0) {
+OX_UNROLL
+            for (int u = 0; u < NV; u++) {
+OX_UNROLL
+                for (int k = 0; k < K; k++) acc[u][k] = T::div(acc[u][k], avg);
+            }
+        }
+OX_UNROLL
+        for (int u = 0; u < NV; u++) {
+OX_UNROLL
+            for (int k = 0; k < K; k++) x[u].e[k] = T::narrow(acc[u][k]);
+        }
+    } else if (ARITH) {
+        // max/min: select by value (keys: exact values, f32 for the narrow
+        // floats), then store the winner narrowed back: its own bits, but a
+        // narrow NaN comes out as oxccl-core's widen-then-narrow gives it
+        // (f16/bf16 quieted, FP8 0x7F).
+        C key[NV][K];
+OX_UNROLL
+        for (int u = 0; u < NV; u++) {
+OX_UNROLL
+            for (int k = 0; k < K; k++) key[u][k] = T::key(x[u].e[k]);
+        }
+        for (u32 s = 1; s < nsrc; s++) {
+            const u64 src = p.src[s] + o;
+            U y[NV];
+OX_UNROLL
+            for (int u = 0; u < NV; u++) y[u].v = ox_ld<V>(src + u * stride);
+OX_UNROLL
+            for (int u = 0; u < NV; u++) {
+OX_UNROLL
+                for (int k = 0; k < K; k++) {
+                    const C c = T::key(y[u].e[k]);
+                    key[u][k] = ox_keep_first<T, OP>(key[u][k], c) ? key[u][k] : c;
+                }
+            }
+        }
+OX_UNROLL
+        for (int u = 0; u < NV; u++) {
+OX_UNROLL
+            for (int k = 0; k < K; k++) x[u].e[k] = T::narrow((A)key[u][k]);
+        }
+    }
+    for (u32 d = 0; d < ndst; d++) {
+        const u64 dst = p.dst[d] + o;
+OX_UNROLL
+        for (int u = 0; u < NV; u++) ox_st<V>(dst + u * stride, x[u].v);
+    }
+}
+
+// One pass over `nv` vectors of VB bytes starting `boff` bytes into every
+// source and destination; vector v goes to thread v mod nthr, which takes
+// its vectors several at a time (more loads in flight), the rest singly.
+template <class T, int OP, int VB, bool ARITH>
+OX_NOINLINE void ox_body(const ox_plan &p, u64 boff, u64 nv, u32 tid, u32 nthr, typename T::A scale) {
+    // Accumulators stay within ~32 registers: 2 vectors of 16 elements, else 4.
+    const int NV = ARITH && VB / sizeof(typename T::S) >= 16 ? 2 : 4;
     const bool pre = OP == OXCCL_OP_SUM && p.pre != 0;
     const u32 avg = OP == OXCCL_OP_SUM ? p.avg : 0;
-    for (u64 v = tid; v < nv; v += nthr) {
-        const u64 o = boff + v * VB;
-        U x;
-        x.v = ox_ld<V>(p.src[0] + o);
-        if (ARITH && sum) {
-            A acc[K];
-OX_UNROLL
-            for (int k = 0; k < K; k++) acc[k] = T::widen(x.e[k]);
-            if (pre) {
-OX_UNROLL
-                for (int k = 0; k < K; k++) acc[k] = T::mul(acc[k], scale);
-            }
-            u32 s = 1;
-            // Sources two at a time: both loads in flight before the math.
-            for (; s + 2 <= nsrc; s += 2) {
-                U y0, y1;
-                y0.v = ox_ld<V>(p.src[s] + o);
-                y1.v = ox_ld<V>(p.src[s + 1] + o);
-OX_UNROLL
-                for (int k = 0; k < K; k++) {
-                    acc[k] = ox_combine<T, OP>(acc[k], T::widen(y0.e[k]));
-                    acc[k] = ox_combine<T, OP>(acc[k], T::widen(y1.e[k]));
-                }
-            }
-            if (s < nsrc) {
-                U y;
-                y.v = ox_ld<V>(p.src[s] + o);
-OX_UNROLL
-                for (int k = 0; k < K; k++) acc[k] = ox_combine<T, OP>(acc[k], T::widen(y.e[k]));
-            }
-            if (avg != 0) {
-OX_UNROLL
-                for (int k = 0; k < K; k++) acc[k] = T::div(acc[k], avg);
-            }
-OX_UNROLL
-            for (int k = 0; k < K; k++) x.e[k] = T::narrow(acc[k]);
-        } else if (ARITH) {
-            // max/min: select by value (keys: exact values, f32 for the narrow
-            // floats), then store the winner narrowed back: its own bits, but
-            // a narrow NaN comes out as oxccl-core's widen-then-narrow gives it
-            // (f16/bf16 quieted, FP8 0x7F).
-            C key[K];
-OX_UNROLL
-            for (int k = 0; k < K; k++) key[k] = T::key(x.e[k]);
-            u32 s = 1;
-            for (; s + 2 <= nsrc; s += 2) {
-                U y0, y1;
-                y0.v = ox_ld<V>(p.src[s] + o);
-                y1.v = ox_ld<V>(p.src[s + 1] + o);
-OX_UNROLL
-                for (int k = 0; k < K; k++) {
-                    const C c0 = T::key(y0.e[k]);
-                    key[k] = ox_keep_first<T, OP>(key[k], c0) ? key[k] : c0;
-                    const C c1 = T::key(y1.e[k]);
-                    key[k] = ox_keep_first<T, OP>(key[k], c1) ? key[k] : c1;
-                }
-            }
-            if (s < nsrc) {
-                U y;
-                y.v = ox_ld<V>(p.src[s] + o);
-OX_UNROLL
-                for (int k = 0; k < K; k++) {
-                    const C c = T::key(y.e[k]);
-                    key[k] = ox_keep_first<T, OP>(key[k], c) ? key[k] : c;
-                }
-            }
-OX_UNROLL
-            for (int k = 0; k < K; k++) x.e[k] = T::narrow((A)key[k]);
-        }
-        for (u32 d = 0; d < ndst; d++) ox_st<V>(p.dst[d] + o, x.v);
+    const u64 stride = (u64)nthr * VB;
+    u64 v = tid;
+    for (; v + (NV - 1) * (u64)nthr < nv; v += NV * (u64)nthr) {
+        ox_vecs<T, OP, VB, ARITH, NV>(p, boff + v * VB, stride, scale, pre, avg);
     }
+    for (; v < nv; v += nthr) ox_vecs<T, OP, VB, ARITH, 1>(p, boff + v * VB, stride, scale, pre, avg);
 }
 
 // n elements with VB-byte vectors: the elements before src[0]'s first
