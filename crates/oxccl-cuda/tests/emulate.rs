@@ -23,7 +23,9 @@ use std::sync::OnceLock;
 
 const SOURCES: &[&str] =
     &["args.h", "oxccl.cuh", "reduce.cu", "collective.cu", "stage.cu", "host_shim.h", "test/emulate.cpp"];
-const FLAGS: &[&str] = &["-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-Wall", "-Wextra", "-Werror"];
+// Warnings are shown, not fatal: other compilers warn about other things (the
+// kernels' own gate is NVRTC's empty log).
+const FLAGS: &[&str] = &["-std=c++20", "-O1", "-pthread", "-fno-strict-aliasing", "-Wall", "-Wextra"];
 
 fn cuda_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cuda")
@@ -63,6 +65,9 @@ fn build_harness() -> Option<PathBuf> {
         .output()
         .unwrap_or_else(|e| panic!("running {cxx}: {e}"));
     assert!(out.status.success(), "building the emulation harness failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    if !out.stderr.is_empty() {
+        eprintln!("{cxx} warned building the emulation harness:\n{}", String::from_utf8_lossy(&out.stderr));
+    }
     std::fs::rename(&tmp, &exe).expect("moving the harness into place");
     Some(exe)
 }
