@@ -204,9 +204,9 @@ OX_DEV float ox_f64_to_f32_odd(double x) {
 }
 
 // ---------------------------------------------------------------------------
-// Element types. ox_dt<N> for oxccl-core's DataType N: storage S, accumulator
-// A (ints: the unsigned type of the width, so that sum/prod wrap), compare
-// key C (the exact value, for max/min), and the operations on them.
+// Element types: ox_dtype<N>::type for oxccl-core's DataType N. Storage S,
+// accumulator A (ints: the unsigned type of the width, so that sum/prod
+// wrap), compare key C (the exact value, for max/min), and their operations.
 
 #define OXCCL_OP_SUM 0
 #define OXCCL_OP_PROD 1
