@@ -24,6 +24,9 @@ typedef long long i64;
 #define OXCCL_STATUS_OK 0
 #define OXCCL_STATUS_TIMEOUT 1
 #define OXCCL_STATUS_ABORTED 2
+// The kernel found its arguments unusable (rank count, window too small for
+// one vector per slot …) and wrote nothing.
+#define OXCCL_STATUS_INVALID 3
 
 // oxccl_collective's algorithms (oxccl_coll_args.coll).
 #define OXCCL_COLL_ALL_REDUCE_ONE_SHOT 0

@@ -24,11 +24,6 @@
 #include "host_shim.h"
 #endif
 
-// A kernel found its arguments unusable (bad rank count, window too small
-// for one vector per slot …). Proposed for args.h; see cuda/README.md.
-#ifndef OXCCL_STATUS_INVALID
-#define OXCCL_STATUS_INVALID 3
-#endif
 
 // ---------------------------------------------------------------------------
 // Device primitives (the host versions are in host_shim.h).

@@ -21,6 +21,8 @@ pub const STATUS_OK: u32 = 0;
 pub const STATUS_TIMEOUT: u32 = 1;
 /// `OXCCL_STATUS_ABORTED`: the host set the abort word (`status[1]`).
 pub const STATUS_ABORTED: u32 = 2;
+/// `OXCCL_STATUS_INVALID`: the kernel found its arguments unusable and wrote nothing.
+pub const STATUS_INVALID: u32 = 3;
 
 /// `oxccl_collective`'s algorithm (`oxccl_coll_args.coll`, `OXCCL_COLL_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -213,6 +215,9 @@ pub fn check_status(code: u32, what: &str) -> Result<()> {
         STATUS_OK => Ok(()),
         STATUS_TIMEOUT => Err(CudaError::Timeout(format!("{what}: a wait inside the kernel passed its deadline"))),
         STATUS_ABORTED => Err(CudaError::Aborted(format!("{what}: the kernel stopped on the host's abort request"))),
+        STATUS_INVALID => {
+            Err(CudaError::Invalid(format!("{what}: the kernel rejected its arguments and wrote nothing")))
+        }
         other => Err(CudaError::Invalid(format!("{what}: the kernel wrote unknown status code {other}"))),
     }
 }

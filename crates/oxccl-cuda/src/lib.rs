@@ -74,8 +74,8 @@ mod memory;
 mod stream;
 
 pub use args::{
-    Coll, CollArgs, FLAG_BYTES, MAX_BLOCKS, MAX_RANKS, MAX_SRCS, ReduceArgs, STATUS_ABORTED, STATUS_OK, STATUS_TIMEOUT,
-    check_status,
+    Coll, CollArgs, FLAG_BYTES, MAX_BLOCKS, MAX_RANKS, MAX_SRCS, ReduceArgs, STATUS_ABORTED, STATUS_INVALID, STATUS_OK,
+    STATUS_TIMEOUT, check_status,
 };
 pub use device::{Device, Module, driver_available, driver_version};
 pub use error::{CudaError, Result};
