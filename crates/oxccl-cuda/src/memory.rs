@@ -85,22 +85,17 @@ impl Device {
     /// `PORTABLE | DEVICEMAP`): flags and status words shared by the host and
     /// the GPU.
     pub fn host_mapped(&self, bytes: usize) -> Result<HostMapped> {
-        let (host, dev, len) = self.host_alloc(bytes.checked_add(7).ok_or_else(|| invalid("size overflows"))? & !7)?;
-        // SAFETY: `host` is a fresh allocation of `len` bytes nobody else knows yet.
-        unsafe { std::ptr::write_bytes(host, 0, len) };
-        Ok(HostMapped { ctx: self.context().clone(), host, dev, len })
+        Ok(HostMapped(self.host_alloc(bytes.checked_add(7).ok_or_else(|| invalid("size overflows"))? & !7)?))
     }
 
     /// `bytes` (> 0) of zeroed pinned host memory for staging copies
     /// (`cuMemHostAlloc` with `PORTABLE | DEVICEMAP`).
     pub fn pinned(&self, bytes: usize) -> Result<Pinned> {
-        let (host, dev, len) = self.host_alloc(bytes)?;
-        // SAFETY: `host` is a fresh allocation of `len` bytes nobody else knows yet.
-        unsafe { std::ptr::write_bytes(host, 0, len) };
-        Ok(Pinned { ctx: self.context().clone(), host, dev, len })
+        Ok(Pinned(self.host_alloc(bytes)?))
     }
 
-    fn host_alloc(&self, bytes: usize) -> Result<(*mut u8, u64, usize)> {
+    /// `bytes` of zeroed pinned, device-mapped host memory.
+    fn host_alloc(&self, bytes: usize) -> Result<HostAlloc> {
         if bytes == 0 {
             return Err(invalid("pinned host allocation of 0 bytes"));
         }
@@ -119,7 +114,9 @@ impl Device {
             let _ = unsafe { sys::cuMemFreeHost(host) };
             return Err(drv("cuMemHostGetDevicePointer")(e));
         }
-        Ok((host.cast(), dev, bytes))
+        // SAFETY: `host` is a fresh allocation of `bytes` bytes nobody else knows yet.
+        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
+        Ok(HostAlloc { ctx: self.context().clone(), host: host.cast(), dev, len: bytes })
     }
 
     /// Checks that `addr..addr+bytes` lies inside memory the driver knows (one
@@ -355,49 +352,23 @@ impl Drop for IpcMapping {
     }
 }
 
-/// Pinned host memory mapped for the device: the host reads and writes it
-/// only through atomics ([`HostMapped::u32s`], [`HostMapped::u64s`]; use one
-/// width per word), kernels at [`HostMapped::dev_addr`].
-pub struct HostMapped {
+/// A `cuMemHostAlloc` allocation (page-locked, mapped for the device),
+/// freed once when dropped.
+struct HostAlloc {
     ctx: Arc<CudaContext>,
     host: *mut u8,
     dev: u64,
     len: usize,
 }
 
-// SAFETY: the memory is only reachable through atomics (shared access is
-// their purpose) and the device address (a number); it is freed once, in Drop.
-unsafe impl Send for HostMapped {}
+// SAFETY: a HostAlloc is an address pair and a length; who may touch the
+// bytes is the wrapping type's contract (atomics only, or `unsafe` copies).
+// Freed once, in Drop.
+unsafe impl Send for HostAlloc {}
 // SAFETY: as above.
-unsafe impl Sync for HostMapped {}
+unsafe impl Sync for HostAlloc {}
 
-impl HostMapped {
-    /// The address kernels use.
-    pub fn dev_addr(&self) -> u64 {
-        self.dev
-    }
-    /// Bytes (a multiple of 8).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-    /// Always false.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-    /// The memory as u32 words (word `i` is at `dev_addr() + 4 i`).
-    pub fn u32s(&self) -> &[AtomicU32] {
-        // SAFETY: `host` is page-aligned, `len` bytes long, live as long as
-        // `self`, and only ever accessed through atomics (or by the device).
-        unsafe { std::slice::from_raw_parts(self.host.cast::<AtomicU32>(), self.len / 4) }
-    }
-    /// The memory as u64 words (word `i` is at `dev_addr() + 8 i`).
-    pub fn u64s(&self) -> &[AtomicU64] {
-        // SAFETY: as for u32s; `len` is a multiple of 8.
-        unsafe { std::slice::from_raw_parts(self.host.cast::<AtomicU64>(), self.len / 8) }
-    }
-}
-
-impl Drop for HostMapped {
+impl Drop for HostAlloc {
     fn drop(&mut self) {
         let _ = bind(&self.ctx);
         // SAFETY: `host` came from cuMemHostAlloc and is freed once, here.
@@ -405,44 +376,64 @@ impl Drop for HostMapped {
     }
 }
 
-/// Pinned host memory for staging copies (raw pointer and length; the host
-/// touches it only while no copy or kernel uses the bytes it touches).
-pub struct Pinned {
-    ctx: Arc<CudaContext>,
-    host: *mut u8,
-    dev: u64,
-    len: usize,
+/// Pinned host memory mapped for the device: the host reads and writes it
+/// only through atomics ([`HostMapped::u32s`], [`HostMapped::u64s`]; use one
+/// width per word), kernels at [`HostMapped::dev_addr`].
+pub struct HostMapped(HostAlloc);
+
+impl HostMapped {
+    /// The address kernels use.
+    pub fn dev_addr(&self) -> u64 {
+        self.0.dev
+    }
+    /// Bytes (a multiple of 8).
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+    /// Always false.
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+    /// The memory as u32 words (word `i` is at `dev_addr() + 4 i`).
+    pub fn u32s(&self) -> &[AtomicU32] {
+        // SAFETY: `host` is page-aligned, `len` bytes long, live as long as
+        // `self`, and only ever accessed through atomics (or by the device).
+        unsafe { std::slice::from_raw_parts(self.0.host.cast::<AtomicU32>(), self.0.len / 4) }
+    }
+    /// The memory as u64 words (word `i` is at `dev_addr() + 8 i`).
+    pub fn u64s(&self) -> &[AtomicU64] {
+        // SAFETY: as for u32s; `len` is a multiple of 8.
+        unsafe { std::slice::from_raw_parts(self.0.host.cast::<AtomicU64>(), self.0.len / 8) }
+    }
 }
 
-// SAFETY: the struct hands out only a raw pointer; every access through it is
-// the caller's `unsafe` responsibility. Freed once, in Drop.
-unsafe impl Send for Pinned {}
-// SAFETY: as above; `read`/`write` are `unsafe` with the no-concurrent-access contract.
-unsafe impl Sync for Pinned {}
+/// Pinned host memory for staging copies (raw pointer and length; the host
+/// touches it only while no copy or kernel uses the bytes it touches).
+pub struct Pinned(HostAlloc);
 
 impl Pinned {
     /// Host address (for `memcpy_htod`/`memcpy_dtoh`, or RDMA registration).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.host
+        self.0.host
     }
     /// The address kernels use.
     pub fn dev_addr(&self) -> u64 {
-        self.dev
+        self.0.dev
     }
     /// Bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.0.len
     }
     /// Always false.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.0.len == 0
     }
 
     fn check(&self, what: &str, offset: usize, bytes: usize) -> Result<()> {
-        if offset.checked_add(bytes).is_none_or(|end| end > self.len) {
+        if offset.checked_add(bytes).is_none_or(|end| end > self.0.len) {
             return Err(invalid(format!(
                 "{what}: {bytes} bytes at offset {offset} exceed the {} bytes pinned",
-                self.len
+                self.0.len
             )));
         }
         Ok(())
@@ -455,7 +446,7 @@ impl Pinned {
     pub unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check("Pinned::write", offset, src.len())?;
         // SAFETY: in bounds (checked); exclusive access is the caller's promise.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.host.add(offset), src.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.0.host.add(offset), src.len()) };
         Ok(())
     }
 
@@ -466,15 +457,7 @@ impl Pinned {
     pub unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check("Pinned::read", offset, dst.len())?;
         // SAFETY: in bounds (checked); no concurrent writer is the caller's promise.
-        unsafe { std::ptr::copy_nonoverlapping(self.host.add(offset), dst.as_mut_ptr(), dst.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(self.0.host.add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        let _ = bind(&self.ctx);
-        // SAFETY: `host` came from cuMemHostAlloc and is freed once, here.
-        let _ = unsafe { sys::cuMemFreeHost(self.host.cast()) };
     }
 }
