@@ -4,7 +4,7 @@
 //! path, and a rank killed mid-collective.
 //!
 //! Every test here needs a CUDA GPU and is `#[ignore]`d; on the GPU machine:
-//! `test-gpu --ignored --test-threads=1`. Without one, `no_gpu_is_an_error_value`
+//! `test-device_gpu --ignored --test-threads=1`. Without one, `no_gpu_is_an_error_value`
 //! runs everywhere.
 #![cfg(feature = "cuda")]
 
