@@ -181,6 +181,11 @@ impl Communicator {
                 (recv.sub(l.input_at * es, ni)?, recv.sub(l.output_at * es, no)?)
             }
         };
+        if input.is_empty() && output.is_empty() {
+            // count 0, on every rank alike: nothing to move (NCCL accepts
+            // any pointers then).
+            return Ok(());
+        }
         let dc = self.device_comm(if output.is_empty() { input } else { output })?;
         let names = if send.is_some() { ["the send buffer", "the receive buffer"] } else { ["the buffer"; 2] };
         for (what, b) in names.into_iter().zip([input, output]) {

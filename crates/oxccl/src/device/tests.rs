@@ -129,6 +129,9 @@ fn bad_device_arguments_are_errors_that_change_nothing() {
         matches!(&wild, Err(Error::InvalidArgument(m)) if m.contains("the buffer") && m.contains("0xdead00000000")),
         "{wild:?}"
     );
+    let null = DeviceBuf::new(0, 0);
+    c.collective_device(CollKind::AllGather, Some(null), null, 0, DataType::Int32, ReduceOp::Sum, 0, CudaStream(1))
+        .expect("count 0 moves nothing, whatever the pointers");
     let root = c.collective_device(CollKind::Broadcast, None, b, 4, DataType::Int32, ReduceOp::Sum, 3, CudaStream(1));
     assert!(root.is_err());
     c.device_synchronize(CudaStream(1)).unwrap();
