@@ -371,14 +371,9 @@ impl Communicator {
         root: usize,
         whole: Region,
     ) -> Result<(Region, Region)> {
-        let (rank, es) = (self.rank(), dtype.size());
         let coll = Collective { kind, nranks: self.size(), count, root, dtype };
-        check_collective(&coll, op, rank)?;
-        let l = coll.in_place_layout(rank);
-        check_len("the buffer", kind.name(), rank, whole.len() / es, l.len)?;
-        let input = whole.sub(l.input_at * es, coll.input_len(rank) * es)?;
-        let output = whole.sub(l.output_at * es, coll.output_len(rank) * es)?;
-        Ok((input, output))
+        let ((ia, il), (oa, ol)) = plan::spans(&coll, op, self.rank(), None, whole.len())?;
+        Ok((whole.sub(ia, il)?, whole.sub(oa, ol)?))
     }
 
     /// Sum (or `op`) of every rank's `send` into every rank's `recv`.

@@ -165,6 +165,36 @@ pub(crate) fn check_len(what: &str, op: &str, rank: usize, have: usize, need: us
     Ok(())
 }
 
+/// Where `rank`'s input and output of `coll` lie, as (offset, length) in
+/// bytes: in the send and receive buffers of `send_len` and `recv_len`
+/// bytes, or, in place (`send_len: None`), both in the receive buffer at
+/// NCCL's in-place offsets. Checks the collective and the lengths first
+/// (errors name the rank, the operation and the buffer), so the offsets
+/// cannot overflow.
+pub(crate) fn spans(
+    coll: &Collective,
+    op: ReduceOp,
+    rank: usize,
+    send_len: Option<usize>,
+    recv_len: usize,
+) -> Result<((usize, usize), (usize, usize))> {
+    check_collective(coll, op, rank)?;
+    let (es, name) = (coll.dtype.size(), coll.kind.name());
+    let (ni, no) = (coll.input_len(rank), coll.output_len(rank));
+    match send_len {
+        Some(s) => {
+            check_len("the send buffer", name, rank, s / es, ni)?;
+            check_len("the receive buffer", name, rank, recv_len / es, no)?;
+            Ok(((0, ni * es), (0, no * es)))
+        }
+        None => {
+            let l = coll.in_place_layout(rank);
+            check_len("the buffer", name, rank, recv_len / es, l.len)?;
+            Ok(((l.input_at * es, ni * es), (l.output_at * es, no * es)))
+        }
+    }
+}
+
 /// Checks a collective's arguments on `rank`: root, op for the type,
 /// sizes that fit in memory.
 pub(crate) fn check_collective(coll: &Collective, op: ReduceOp, rank: usize) -> Result<()> {

@@ -8,20 +8,21 @@
 //! runs everywhere.
 #![cfg(feature = "cuda")]
 
-use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DevicePath, ReduceOp, UniqueId};
+mod common;
+
+use common::child::{self, fresh_id, output, spawn};
+use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DevicePath, ReduceOp};
 use oxccl_algo::collective::Collective;
 use oxccl_cuda::Device;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const OPS: [ReduceOp; 6] =
-    [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg, ReduceOp::PreMulSum { scalar: 2.0 }];
-
-/// Rank `r`'s input: small integers, exact in every type, sum and order.
-fn input(rank: usize, elems: usize, dtype: DataType) -> Vec<u8> {
-    let vals: Vec<f64> = (0..elems).map(|i| (1 + (rank * 7 + i * 3) % 3) as f64).collect();
+/// Rank `r`'s input for `op` as bytes: [`common::value`]'s small integers,
+/// whose reductions are exact in every type whatever the rounding order
+/// (the device kernels round once, the host path after every step).
+fn input(op: ReduceOp, rank: usize, elems: usize, dtype: DataType) -> Vec<u8> {
     oxccl_core::with_element_type!(dtype, T => {
-        let v: Vec<T> = vals.iter().map(|&x| <T as oxccl_core::Element>::from_scalar(x)).collect();
+        let v: Vec<T> =
+            (0..elems).map(|i| <T as oxccl_core::Element>::from_scalar(common::value(op, dtype, rank, i))).collect();
         bytemuck::cast_slice::<T, u8>(&v).to_vec()
     })
 }
@@ -46,7 +47,7 @@ fn check(
         ReduceOp::PreMulSum { .. } => ReduceOp::PreMulSum { scalar: (rank % 2 + 1) as f64 },
         o => o,
     };
-    let send = input(rank, ni, dtype);
+    let send = input(op, rank, ni, dtype);
     let mut want = vec![0u8; no * es];
     c.collective_bytes(kind, Some(&send), &mut want, count, dtype, op, root).map_err(|e| e.to_string())?;
     let stream = dev.new_stream().map_err(|e| e.to_string())?;
@@ -84,11 +85,10 @@ fn check(
 fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
     let dev = Device::open(0).map_err(|e| e.to_string())?;
     let mut cases = 0;
-    for kind in CollKind::ALL.into_iter().filter(|k| *k != CollKind::SendRecv) {
+    for kind in common::kinds() {
         let dtypes: &[DataType] = if kind.reduces() { &DataType::ALL } else { &[DataType::Float32, DataType::Int8] };
         for &dtype in dtypes {
-            let ops: &[ReduceOp] = if kind.reduces() { &OPS } else { &OPS[..1] };
-            for &op in ops {
+            for op in common::ops(kind, dtype) {
                 for &count in counts {
                     for in_place in [false, true] {
                         check(c, &dev, kind, count, dtype, op, c.size() - 1, in_place)?;
@@ -156,11 +156,7 @@ fn threads_staged_2_ranks() {
 #[test]
 #[ignore = "a rank's body, started by the process tests"]
 fn child() {
-    let Ok(mode) = std::env::var("OXCCL_TEST_MODE") else { return };
-    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
-    let id: UniqueId = var("OXCCL_TEST_ID").parse().unwrap();
-    let (rank, size): (usize, usize) =
-        (var("OXCCL_TEST_RANK").parse().unwrap(), var("OXCCL_TEST_SIZE").parse().unwrap());
+    let Some((mode, id, rank, size)) = child::rank_env() else { return };
     let cfg = Config { device_window: Some(256 << 10), timeout: Some(Duration::from_secs(20)), ..Config::default() };
     let comm = Communicator::init(&id, size, rank, cfg).unwrap();
     let result = match mode.as_str() {
@@ -185,41 +181,15 @@ fn child() {
         }
         other => Err(format!("unknown mode {other}")),
     };
-    match result {
-        Ok(()) => println!("OK"),
-        Err(e) => {
-            println!("ERROR {e}");
-            std::process::exit(3);
-        }
-    }
-}
-
-fn spawn(id: &UniqueId, size: usize, rank: usize, mode: &str, path: &str) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("OXCCL_TEST_MODE", mode)
-        .env("OXCCL_TEST_ID", id.to_string())
-        .env("OXCCL_TEST_RANK", rank.to_string())
-        .env("OXCCL_TEST_SIZE", size.to_string())
-        .env("OXCCL_DEVICE_PATH", path)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn fresh_id() -> UniqueId {
-    let id = UniqueId::new().unwrap();
-    drop(oxccl_transport::id::take_listener(&id));
-    id
+    child::report(result);
 }
 
 fn processes(n: usize, path: &str) {
     let id = fresh_id();
-    let kids: Vec<_> = (0..n).map(|r| spawn(&id, n, r, "matrix", path)).collect();
+    let kids: Vec<_> = (0..n).map(|r| spawn(&[], &id, n, r, "matrix", &[("OXCCL_DEVICE_PATH", path)])).collect();
     for (r, k) in kids.into_iter().enumerate() {
-        let out = k.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && text.contains("\nOK"), "rank {r} ({path}):\n{text}");
+        let (ok, text) = output(k);
+        assert!(ok && text.contains("\nOK"), "rank {r} ({path}):\n{text}");
     }
 }
 
@@ -242,14 +212,13 @@ fn a_killed_rank_is_an_error_on_the_others_not_a_hang() {
     use std::io::{BufRead, BufReader};
     for path in ["direct", "staged"] {
         let id = fresh_id();
-        let mut kids: Vec<_> = (0..3).map(|r| spawn(&id, 3, r, "loop", path)).collect();
+        let mut kids: Vec<_> = (0..3).map(|r| spawn(&[], &id, 3, r, "loop", &[("OXCCL_DEVICE_PATH", path)])).collect();
         let mut lines = BufReader::new(kids[1].stdout.take().unwrap()).lines();
         assert!(lines.any(|l| l.unwrap().contains("READY")), "rank 1 never got going");
         kids[1].kill().unwrap();
         let start = Instant::now();
         for r in [0, 2] {
-            let out = kids.remove(if r == 0 { 0 } else { 1 }).wait_with_output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
+            let (_, text) = output(kids.remove(if r == 0 { 0 } else { 1 }));
             assert!(text.contains("ERROR"), "rank {r} ({path}): {text}");
         }
         assert!(start.elapsed() < Duration::from_secs(15), "{path}: took {:?}", start.elapsed());

@@ -1,26 +1,19 @@
-//! Ranks as processes: over shared memory, over TCP, across two network
-//! namespaces, and a rank killed mid-collective.
-//!
-//! The test binary is its own child: `child` (ignored by default) is the
-//! rank's body, started with `--ignored --exact child` and told what to do
-//! through `OXCCL_TEST_*` variables.
+//! Ranks as processes (see `common::child`): over shared memory, over TCP,
+//! across two network namespaces, and a rank killed mid-collective.
 
 mod common;
 
+use common::child::{self, fresh_id, output, spawn};
 use common::{DTYPES, matrix, run_case};
 use oxccl::{Communicator, Config, ReduceOp, UniqueId};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "a rank's body, started by the other tests of this file"]
 fn child() {
-    let Ok(mode) = std::env::var("OXCCL_TEST_MODE") else { return };
-    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} not set"));
-    let id: UniqueId = var("OXCCL_TEST_ID").parse().unwrap();
-    let (rank, size): (usize, usize) =
-        (var("OXCCL_TEST_RANK").parse().unwrap(), var("OXCCL_TEST_SIZE").parse().unwrap());
+    let Some((mode, id, rank, size)) = child::rank_env() else { return };
     let comm = match Communicator::init(&id, size, rank, Config::default()) {
         Ok(c) => c,
         Err(e) => {
@@ -55,48 +48,7 @@ fn child() {
         }
         other => Err(format!("unknown mode {other}")),
     };
-    match result {
-        Ok(()) => println!("OK"),
-        Err(e) => {
-            println!("ERROR {e}");
-            std::process::exit(3);
-        }
-    }
-}
-
-/// A fresh id whose port rank 0 (a child) will bind.
-fn fresh_id() -> UniqueId {
-    let id = UniqueId::new().unwrap();
-    drop(oxccl_transport::id::take_listener(&id));
-    id
-}
-
-fn spawn(prefix: &[String], id: &UniqueId, size: usize, rank: usize, mode: &str, envs: &[(&str, &str)]) -> Child {
-    let exe = std::env::current_exe().unwrap();
-    let mut cmd = if prefix.is_empty() {
-        Command::new(&exe)
-    } else {
-        let mut c = Command::new(&prefix[0]);
-        c.args(&prefix[1..]).arg(&exe);
-        c
-    };
-    cmd.args(["--ignored", "--exact", "child", "--nocapture", "--test-threads=1"])
-        .env("OXCCL_TEST_MODE", mode)
-        .env("OXCCL_TEST_ID", id.to_string())
-        .env("OXCCL_TEST_RANK", rank.to_string())
-        .env("OXCCL_TEST_SIZE", size.to_string())
-        .env("OXCCL_TIMEOUT", "60")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for (k, v) in envs {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn a rank")
-}
-
-fn output(c: Child) -> (bool, String) {
-    let out = c.wait_with_output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string())
+    child::report(result);
 }
 
 fn run_matrix(n: usize, transport: &str) {

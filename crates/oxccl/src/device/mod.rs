@@ -37,7 +37,7 @@ pub(crate) mod stage;
 mod tests;
 
 use crate::comm::Communicator;
-use crate::plan::{check_collective, check_len};
+use crate::plan::spans;
 use backend::Backend;
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
@@ -165,22 +165,10 @@ impl Communicator {
         if let Some(e) = self.async_error() {
             return Err(e);
         }
-        let (rank, es) = (self.rank(), dtype.size());
+        let rank = self.rank();
         let coll = Collective { kind, nranks: self.size(), count, root, dtype };
-        check_collective(&coll, op, rank)?;
-        let (ni, no) = (coll.input_len(rank) * es, coll.output_len(rank) * es);
-        let (input, output) = match send {
-            Some(s) => {
-                check_len("the send buffer", kind.name(), rank, s.len / es, ni / es)?;
-                check_len("the receive buffer", kind.name(), rank, recv.len / es, no / es)?;
-                (s.sub(0, ni)?, recv.sub(0, no)?)
-            }
-            None => {
-                let l = coll.in_place_layout(rank);
-                check_len("the buffer", kind.name(), rank, recv.len / es, l.len)?;
-                (recv.sub(l.input_at * es, ni)?, recv.sub(l.output_at * es, no)?)
-            }
-        };
+        let ((ia, il), (oa, ol)) = spans(&coll, op, rank, send.map(|s| s.len), recv.len)?;
+        let (input, output) = (send.unwrap_or(recv).sub(ia, il)?, recv.sub(oa, ol)?);
         if input.is_empty() && output.is_empty() {
             // count 0, on every rank alike: nothing to move (NCCL accepts
             // any pointers then).

@@ -3,6 +3,8 @@
 //! `Collective::expected` names), and a runner generic over element types.
 #![allow(dead_code)]
 
+pub mod child;
+
 use oxccl::{CollKind, Communicator, DataType, Element, ReduceOp};
 use oxccl_algo::collective::Collective;
 
@@ -102,22 +104,26 @@ pub fn kinds() -> impl Iterator<Item = CollKind> {
     CollKind::ALL.into_iter().filter(|k| *k != CollKind::SendRecv)
 }
 
+/// The operators `kind` is tried with on `dtype`: every one it takes
+/// (PreMulSum with scalar 2), or just Sum for collectives that do not reduce.
+pub fn ops(kind: CollKind, dtype: DataType) -> Vec<ReduceOp> {
+    if !kind.reduces() {
+        return vec![ReduceOp::Sum];
+    }
+    ReduceOp::ALL
+        .into_iter()
+        .map(|o| if let ReduceOp::PreMulSum { .. } = o { ReduceOp::PreMulSum { scalar: 2.0 } } else { o })
+        .filter(|o| o.check(dtype).is_ok())
+        .collect()
+}
+
 /// Every (kind, dtype, op, in_place) case for `counts`, run on this rank;
 /// the first failure.
 pub fn matrix(comm: &Communicator, counts: &[usize], dtypes: &[DataType]) -> Result<usize, String> {
     let mut cases = 0;
     for kind in kinds() {
         for &dtype in dtypes {
-            let ops: Vec<ReduceOp> = if kind.reduces() {
-                ReduceOp::ALL
-                    .into_iter()
-                    .map(|o| if let ReduceOp::PreMulSum { .. } = o { ReduceOp::PreMulSum { scalar: 2.0 } } else { o })
-                    .filter(|o| o.check(dtype).is_ok())
-                    .collect()
-            } else {
-                vec![ReduceOp::Sum]
-            };
-            for op in ops {
+            for op in ops(kind, dtype) {
                 for &count in counts {
                     for in_place in [false, true] {
                         let root = if kind.is_rooted() { (count + 1) % comm.size() } else { 0 };
