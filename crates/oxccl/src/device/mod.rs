@@ -106,6 +106,9 @@ pub(crate) fn status_error(who: &str, status: u32) -> Error {
         2 => Error::Remote(format!(
             "{who}: device kernels were told to stop (a peer died or the communicator was aborted)"
         )),
+        3 => {
+            Error::Internal(format!("{who}: a device kernel rejected its arguments (a bug in oxccl: please report it)"))
+        }
         s => Error::Internal(format!("{who}: a device kernel reported status {s}")),
     }
 }
