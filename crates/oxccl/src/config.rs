@@ -105,6 +105,14 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
 }
 
+/// An explicit setting, else variable `name`, else `default`.
+fn num_setting<T: std::str::FromStr>(explicit: Option<T>, name: &str, default: T) -> Result<T> {
+    match explicit {
+        Some(v) => Ok(v),
+        None => Ok(parse_num(name)?.unwrap_or(default)),
+    }
+}
+
 fn parse_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
     match env(name) {
         None => Ok(None),
@@ -158,10 +166,7 @@ impl Config {
         if !(16 << 10..=1 << 30).contains(&buffsize) {
             return Err(Error::invalid(format!("buffer size {buffsize} must be between 16 KiB and 1 GiB")));
         }
-        let nsocks = match self.nsocks {
-            Some(n) => n,
-            None => parse_num("OXCCL_NSOCKS")?.unwrap_or(2),
-        };
+        let nsocks = num_setting(self.nsocks, "OXCCL_NSOCKS", 2)?;
         if !(1..=16).contains(&nsocks) {
             return Err(Error::invalid(format!("sockets per connection {nsocks} must be 1 to 16")));
         }
@@ -176,18 +181,15 @@ impl Config {
             Some(p) => p,
             None => env("OXCCL_DEVICE_PATH").map(|v| v.parse()).transpose()?.unwrap_or_default(),
         };
-        let device_window = self.device_window.map_or_else(|| parse_num("OXCCL_DEVICE_WINDOW"), |w| Ok(Some(w)))?;
-        let device_window = device_window.unwrap_or(8 << 20);
+        let device_window = num_setting(self.device_window, "OXCCL_DEVICE_WINDOW", 8 << 20)?;
         if !(64 << 10..=1 << 30).contains(&device_window) {
             return Err(Error::invalid(format!("device window {device_window} must be between 64 KiB and 1 GiB")));
         }
-        let device_blocks = self.device_blocks.map_or_else(|| parse_num("OXCCL_DEVICE_BLOCKS"), |b| Ok(Some(b)))?;
-        let device_blocks = device_blocks.unwrap_or(16);
+        let device_blocks = num_setting(self.device_blocks, "OXCCL_DEVICE_BLOCKS", 16)?;
         if !(1..=64).contains(&device_blocks) {
             return Err(Error::invalid(format!("device blocks {device_blocks} must be 1 to 64")));
         }
-        let stage_chunk = self.stage_chunk.map_or_else(|| parse_num("OXCCL_STAGE_CHUNK"), |c| Ok(Some(c)))?;
-        let stage_chunk = stage_chunk.unwrap_or(4 << 20);
+        let stage_chunk = num_setting(self.stage_chunk, "OXCCL_STAGE_CHUNK", 4 << 20)?;
         if stage_chunk == 0 {
             return Err(Error::invalid("stage chunk must be at least 1 byte"));
         }

@@ -22,10 +22,24 @@ pub(crate) struct CudaWords(HostMapped);
 /// Byte offset of the status pair in the words.
 const STATUS_AT: u64 = 16;
 
+/// The status pair's code and abort request, as u32 word indices.
+const STATUS_CODE: usize = STATUS_AT as usize / 4;
+const STATUS_ABORT: usize = STATUS_CODE + 1;
+
 impl CudaWords {
     fn status_addr(&self) -> u64 {
         self.0.dev_addr() + STATUS_AT
     }
+
+    /// Counter `i`'s device address.
+    fn word_addr(&self, i: usize) -> u64 {
+        self.0.dev_addr() + 8 * i as u64
+    }
+}
+
+/// `d` in nanoseconds, as the kernels' timeouts take it.
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Words for CudaWords {
@@ -36,10 +50,10 @@ impl Words for CudaWords {
         self.0.u64s()[i].store(v, std::sync::atomic::Ordering::Release)
     }
     fn abort(&self) {
-        self.0.u32s()[5].store(1, std::sync::atomic::Ordering::Release)
+        self.0.u32s()[STATUS_ABORT].store(1, std::sync::atomic::Ordering::Release)
     }
     fn status(&self) -> u32 {
-        self.0.u32s()[4].load(std::sync::atomic::Ordering::Acquire)
+        self.0.u32s()[STATUS_CODE].load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -123,14 +137,12 @@ impl Backend for Gpu {
     }
 
     fn enqueue_signal(&self, s: CudaStream, i: usize, v: u64) -> Result<()> {
-        let word = self.words.0.dev_addr() + 8 * i as u64;
-        // SAFETY: `word` is one of our host-mapped u64 counters.
-        Ok(unsafe { self.bytes.signal_host(&self.stream(s), word, v) }?)
+        // SAFETY: the address is one of our host-mapped u64 counters.
+        Ok(unsafe { self.bytes.signal_host(&self.stream(s), self.words.word_addr(i), v) }?)
     }
 
     fn enqueue_wait(&self, s: CudaStream, i: usize, v: u64, timeout: Duration) -> Result<()> {
-        let word = self.words.0.dev_addr() + 8 * i as u64;
-        let ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let (word, ns) = (self.words.word_addr(i), nanos(timeout));
         // SAFETY: `word` and the status pair are our host-mapped memory,
         // alive as long as the communicator.
         Ok(unsafe { self.bytes.wait_host(&self.stream(s), word, v, self.status_addr(), ns) }?)

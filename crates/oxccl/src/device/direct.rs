@@ -87,7 +87,7 @@ impl Direct {
             blocks,
             rank: inner.rank,
             nranks: inner.nranks,
-            timeout_ns: inner.cfg.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns: super::cuda::nanos(inner.cfg.timeout),
             one_shot: allows(Algorithm::OneShot),
             two_shot: allows(Algorithm::TwoShot),
             order: Mutex::new(None),
