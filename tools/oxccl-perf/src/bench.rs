@@ -268,18 +268,20 @@ impl<'a> Bench<'a> {
         }
     }
 
-    /// The receive window the check reads, as byte offsets `(at, len)`.
-    fn window(&self, st: &Step, in_place: bool) -> (usize, usize) {
+    /// The receive window the check reads: its first element (counted from
+    /// the buffers' base) and its bytes in the receive buffer.
+    fn window(&self, st: &Step, in_place: bool) -> (usize, std::ops::Range<usize>) {
         let s = &st.shape;
         let w0 = if in_place { s.recv_inplace * self.comm.rank() } else { 0 };
-        (st.base + w0 * st.es, s.recv * st.es)
+        let at = st.base + w0 * st.es;
+        (w0, at..at + s.recv * st.es)
     }
 
     /// `-H gpu`: copies the receive window down into the host mirror.
     fn download(&mut self, st: &Step, in_place: bool) -> Result<()> {
-        let (at, len) = self.window(st, in_place);
+        let (_, w) = self.window(st, in_place);
         match &self.gpu {
-            Some(g) => g.download(self.recv.bytes_mut(), at, len),
+            Some(g) => g.download(self.recv.bytes_mut(), w.start, w.len()),
             None => Ok(()),
         }
     }
@@ -306,8 +308,8 @@ impl<'a> Bench<'a> {
     fn count_wrong(&self, st: &Step, p: &Pattern, in_place: bool) -> u64 {
         let (rank, es) = (self.comm.rank(), st.es);
         let s = &st.shape;
-        let w0 = if in_place { s.recv_inplace * rank } else { 0 };
-        let window = &self.recv.bytes()[st.base + w0 * es..][..s.recv * es];
+        let (w0, w) = self.window(st, in_place);
+        let window = &self.recv.bytes()[w];
         if in_place {
             let l = st.coll.in_place_layout(rank);
             let input_at = (s.send_inplace * rank) as isize - w0 as isize;
