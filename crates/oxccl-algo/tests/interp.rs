@@ -86,3 +86,41 @@ fn all_reduce_gives_every_rank_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn direct_reduce_gives_the_same_bits_whatever_the_root() {
+    // The root reduces in rank order 0..n-1 whoever it is; the chain (and
+    // a sum in another order) would not.
+    for dtype in [DataType::Float32, DataType::Bfloat16] {
+        for n in [2, 3, 5, 8] {
+            let inputs: Vec<Vec<u8>> = (0..n)
+                .map(|r| {
+                    (0..50)
+                        .flat_map(|i| {
+                            let x = 1.0f32 / (1.0 + r as f32 * 0.37 + i as f32 * 1.91) * 1e3 + 1e-3 * r as f32;
+                            let b = x.to_le_bytes();
+                            if dtype == DataType::Float32 { b.to_vec() } else { b[2..].to_vec() }
+                        })
+                        .collect()
+                })
+                .collect();
+            let result = |algo: Algorithm, root: usize| {
+                let c = Collective::new(CollKind::Reduce, n, 50).with_dtype(dtype).with_root(root);
+                let p = build(algo, &c, &BuildOptions::default()).unwrap();
+                run(&p, &[ReduceOp::Sum], &inputs).unwrap().swap_remove(root)
+            };
+            let first = result(Algorithm::Direct, 0);
+            for root in 1..n {
+                assert_eq!(
+                    result(Algorithm::Direct, root),
+                    first,
+                    "{dtype} on {n} ranks: root {root} differs from root 0"
+                );
+            }
+            if n >= 3 {
+                let chain = (0..n).map(|root| result(Algorithm::Ring, root)).collect::<Vec<_>>();
+                assert!(chain.iter().any(|b| *b != first), "{dtype} on {n} ranks: the inputs do not tell orders apart");
+            }
+        }
+    }
+}

@@ -68,6 +68,10 @@ matrix! {
     direct_reduce_scatter: Direct ReduceScatter;
     direct_all_gather: Direct AllGather;
     direct_all_to_all: Direct AllToAll;
+    direct_broadcast: Direct Broadcast;
+    direct_reduce: Direct Reduce;
+    direct_gather: Direct Gather;
+    direct_scatter: Direct Scatter;
     direct_send_recv: Direct SendRecv;
     pairwise_all_to_all: Pairwise AllToAll;
     linear_gather: Linear Gather;

@@ -76,3 +76,30 @@ rank 3:
     let got = listing(Algorithm::Tree, CollKind::AllReduce, 4, 4);
     assert_eq!(got, want, "got:\n{got}");
 }
+
+#[test]
+fn direct_reduce_three_ranks_root_one() {
+    // Only the root and each other rank signal each other; the root reads
+    // in rank order, its own input joining at its turn from scratch.
+    let want = "\
+direct (reduce of 2 × float on 3 ranks (root 1))
+rank 0:
+     0  signal 1
+     1  wait for 1
+rank 1, scratch 2:
+     0  copy input[0..2] to scratch[0..2]
+     1  wait for 2
+     2  wait for 0
+     3  get rank 0's input[0..2] into output[0..2]
+     4  reduce output[0..2] = output[0..2] + scratch[0..2]
+     5  get-reduce output[0..2] = output[0..2] + rank 2's input[0..2]
+     6  signal 2
+     7  signal 0
+rank 2:
+     0  signal 1
+     1  wait for 1
+";
+    let c = Collective::new(CollKind::Reduce, 3, 2).with_root(1);
+    let got = build(Algorithm::Direct, &c, &BuildOptions::default()).unwrap().listing();
+    assert_eq!(got, want, "got:\n{got}");
+}

@@ -8,7 +8,7 @@
 //! | `doubling` | all-reduce: recursive doubling of the whole buffer (fewest messages, for small ones) |
 //! | `oneshot`  | all-reduce: every rank reads every peer's whole input |
 //! | `twoshot`  | all-reduce: reduce-scatter then all-gather by direct reads |
-//! | `direct`   | reduce-scatter, all-gather, all-to-all over one-sided access; send/recv |
+//! | `direct`   | reduce-scatter, all-gather, all-to-all, broadcast, reduce, gather, scatter over one-sided access; send/recv |
 //! | `pairwise` | all-to-all: n-1 rounds of pairwise exchange |
 //! | `linear`   | gather, scatter: the root talks to every rank |
 //!
@@ -92,7 +92,7 @@ impl Algorithm {
             Algorithm::Tree => &[AllReduce, Broadcast, Reduce],
             Algorithm::Rhd => &[AllReduce, ReduceScatter, AllGather],
             Algorithm::Doubling | Algorithm::OneShot | Algorithm::TwoShot => &[AllReduce],
-            Algorithm::Direct => &[ReduceScatter, AllGather, AllToAll, SendRecv],
+            Algorithm::Direct => &[ReduceScatter, AllGather, AllToAll, Broadcast, Reduce, Gather, Scatter, SendRecv],
             Algorithm::Pairwise => &[AllToAll],
             Algorithm::Linear => &[Gather, Scatter],
         }
@@ -213,6 +213,10 @@ pub fn build_into(algo: Algorithm, coll: &Collective, opts: &BuildOptions, progr
         (Algorithm::Direct, CollKind::ReduceScatter) => direct::reduce_scatter(p, c),
         (Algorithm::Direct, CollKind::AllGather) => direct::all_gather(p, c),
         (Algorithm::Direct, CollKind::AllToAll) => direct::all_to_all(p, c),
+        (Algorithm::Direct, CollKind::Broadcast) => direct::broadcast(p, c),
+        (Algorithm::Direct, CollKind::Reduce) => direct::reduce(p, c),
+        (Algorithm::Direct, CollKind::Gather) => direct::gather(p, c),
+        (Algorithm::Direct, CollKind::Scatter) => direct::scatter(p, c),
         (Algorithm::Direct, CollKind::SendRecv) => rooted::send_recv(p, c),
         (Algorithm::Pairwise, _) => rooted::pairwise_all_to_all(p, c),
         (Algorithm::Linear, CollKind::Gather) => rooted::gather(p, c),

@@ -41,8 +41,17 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
             (0..n).map(|r| if (r + 1) % n == c.root || n == 1 { 0 } else { s }).collect()
         }
         (Algorithm::Ring, CollKind::Reduce) => (0..n).map(|r| if r == c.root { 0 } else { s }).collect(),
-        (Algorithm::Linear, CollKind::Gather) => (0..n).map(|r| if r == c.root { 0 } else { s }).collect(),
-        (Algorithm::Linear, CollKind::Scatter) => (0..n).map(|r| if r == c.root { (nn - 1) * s } else { 0 }).collect(),
+        (Algorithm::Linear | Algorithm::Direct, CollKind::Gather) => {
+            (0..n).map(|r| if r == c.root { 0 } else { s }).collect()
+        }
+        (Algorithm::Linear | Algorithm::Direct, CollKind::Scatter) => {
+            (0..n).map(|r| if r == c.root { (nn - 1) * s } else { 0 }).collect()
+        }
+        // The root's data is read by the others; the others' data by the root.
+        (Algorithm::Direct, CollKind::Broadcast) => {
+            (0..n).map(|r| if r == c.root { (nn - 1) * s } else { 0 }).collect()
+        }
+        (Algorithm::Direct, CollKind::Reduce) => (0..n).map(|r| if r == c.root { 0 } else { s }).collect(),
         (Algorithm::Direct, CollKind::SendRecv) => vec![if n > 1 { s } else { 0 }; n],
         _ => return None,
     };
