@@ -19,6 +19,8 @@
 //!   simulator that prices a program with link contention.
 //! - [`interp`]: runs a program on real data in one thread, with the host
 //!   kernels: the bits it produces.
+//! - [`scale`]: runs a program written for one count at any count, with
+//!   the argument why the verifier's proof carries over.
 //!
 //! ```
 //! use oxccl_algo::{algos::{build, Algorithm}, verify::verify, CollKind, Collective};
@@ -36,6 +38,7 @@ pub mod collective;
 pub mod cost;
 pub mod interp;
 pub mod ir;
+pub mod scale;
 pub mod sim;
 pub mod verify;
 
