@@ -41,7 +41,11 @@
 //!
 //! **One-sided steps.** `put`, `get` and `get_reduce` are posted: a put
 //! moves on when its last byte has left, a get at once; consecutive
-//! one-sided steps therefore overlap, queueing on the ports. Their data
+//! one-sided steps therefore overlap, queueing on the ports. A rank issues
+//! its reads in program order, each when its receive port is free: a read
+//! that cannot start yet claims nothing, so it does not hold a peer's send
+//! port idle while others could use it (the readers of one buffer still
+//! queue at its owner's port, first come, first served). Their data
 //! arrives `lat` after the transfer; a `get_reduce`'s reduction runs when
 //! its data has arrived and after the previous one. Every other step
 //! (including `signal`, `wait` and the end of the channel) first waits for
@@ -360,6 +364,10 @@ impl State {
                     continue;
                 }
                 Op::Send => t = t.max(pend),
+                // A rank issues its reads in order as its receive port
+                // frees: one that cannot start yet claims nothing, so a
+                // peer's port is not held idle for it.
+                Op::Get => t = t.max(self.rx_free[c.conns[s.send as usize].rx as usize]),
                 _ => {}
             }
             if t > now {

@@ -111,6 +111,30 @@ fn one_sided_reads_overlap_and_signals_follow_them() {
 }
 
 #[test]
+fn staggered_reads_do_not_block_each_other() {
+    // Rank r reads from r+1, then r+2 (mod 3): every port carries one
+    // transfer at a time, so the reads take two transfer times. A read
+    // waiting for its own receive port must not claim a peer's send port
+    // ahead of a reader that can use it now (which would chain the ranks
+    // up to five transfer times).
+    let mut p = prog(3);
+    for r in 0..3 {
+        for k in 1..3 {
+            p.push(r, 0, Step::Get { peer: (r + k) % 3, src: Slice::input(0, 1000), dst: Slice::output(0, 1000) });
+        }
+    }
+    let r = simulate(&p, &Topology::single_node(3, L)).unwrap();
+    assert!(close(r.time, 1e-6 + 2.0 * 4000e-9), "{}", r.time);
+    // All reading rank 0 first: they queue at its port, in rank order.
+    let mut p = prog(3);
+    for r in 1..3 {
+        p.push(r, 0, Step::Get { peer: 0, src: Slice::input(0, 1000), dst: Slice::output(0, 1000) });
+    }
+    let r = simulate(&p, &Topology::single_node(3, L)).unwrap();
+    assert!(close(r.rank_finish[1], 1e-6 + 4000e-9) && close(r.rank_finish[2], 1e-6 + 8000e-9), "{r:?}");
+}
+
+#[test]
 fn deadlocks_name_the_blocked_steps() {
     let mut p = prog(2);
     p.push(0, 0, Step::Recv { peer: 1, dst: Slice::output(0, 10) });
