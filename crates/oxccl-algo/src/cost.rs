@@ -8,7 +8,12 @@
 //! collective's size in bytes as nccl-tests reports it
 //! ([`Collective::size_bytes`]), and one link for every hop; they are what
 //! the [`sim`](crate::sim) simulator reproduces on a uniform topology, and
-//! a quick first guess (see [`estimate`]) where it does not.
+//! a quick first guess (see [`estimate`]) where it does not. The direct
+//! (one-sided) algorithms, pairwise all-to-all and linear gather/scatter
+//! have theirs too ([`one_shot_all_reduce`] and the functions after it),
+//! written from the simulator's schedule: signal rounds cost `α`, one-sided
+//! reads queue at the ports they use, local copies cost `κ` per byte
+//! ([`Topology::copy_cost`]).
 //!
 //! ```
 //! use oxccl_algo::cost::{ring_all_reduce, Link, Topology};
@@ -283,6 +288,11 @@ impl Topology {
         1.0 / self.reduce_bw
     }
 
+    /// `κ`: seconds per byte copied locally (0 when copies are free).
+    pub fn copy_cost(&self) -> f64 {
+        1.0 / self.copy_bw
+    }
+
     /// The slowest hop: the inter-node link when there is more than one
     /// node (with the larger latency and smaller bandwidth of the two),
     /// else the intra-node link. The closed forms use it in
@@ -429,12 +439,29 @@ pub fn pipelined_rooted(depth: usize, bytes: usize, link: Link, gamma: f64) -> f
 
 /// A quick closed-form guess of `algo`'s time for `coll` on `topo`, every
 /// hop priced as the topology's [`bottleneck`](Topology::bottleneck) link;
-/// `None` for pairs without a formula here. A first guess for a tuner, not
-/// the simulator: it ignores NIC sharing and the placement of ranks.
+/// `Some` for every pair [`build`](crate::algos::build) accepts, `None`
+/// for the others. A first guess for a tuner, not the simulator: it
+/// ignores NIC sharing and the placement of ranks. The direct algorithms,
+/// pairwise and linear follow the simulator's schedule on one node (see
+/// [`one_shot_all_reduce`] and the functions after it), local copies
+/// priced at the topology's [`copy_cost`](Topology::copy_cost).
 pub fn estimate(algo: Algorithm, coll: &Collective, topo: &Topology) -> Option<f64> {
-    let (n, s, link, g) = (coll.nranks, coll.size_bytes(), topo.bottleneck(), topo.gamma());
+    let (n, s, link, g, k) = (coll.nranks, coll.size_bytes(), topo.bottleneck(), topo.gamma(), topo.copy_cost());
     let g = if coll.kind.reduces() { g } else { 0.0 };
     Some(match (algo, coll.kind) {
+        (Algorithm::OneShot, CollKind::AllReduce) => one_shot_all_reduce(n, s, link, g, k),
+        (Algorithm::TwoShot, CollKind::AllReduce) => two_shot_all_reduce(n, s, link, g, k),
+        (Algorithm::Direct, CollKind::ReduceScatter) => direct_reduce_scatter(n, s, link, g, k),
+        (Algorithm::Direct, CollKind::AllGather | CollKind::AllToAll) => direct_all_gather(n, s, link, k),
+        (Algorithm::Direct, CollKind::Broadcast) => direct_from_root(n, s, false, link, k),
+        (Algorithm::Direct, CollKind::Scatter) => direct_from_root(n, s, true, link, k),
+        (Algorithm::Direct, CollKind::Gather) => direct_gather(n, s, link, k),
+        (Algorithm::Direct, CollKind::Reduce) => direct_reduce(n, coll.root, s, link, g, k),
+        (Algorithm::Direct, CollKind::SendRecv) if n > 1 && s > 0 => link.time(nf(s)),
+        (Algorithm::Direct, CollKind::SendRecv) => nf(s) * k,
+        (Algorithm::Pairwise, CollKind::AllToAll) => pairwise_all_to_all(n, s, link, k),
+        (Algorithm::Linear, CollKind::Gather) => linear_gather(n, s, link, k),
+        (Algorithm::Linear, CollKind::Scatter) => linear_scatter(n, s, link, k),
         (Algorithm::Ring, CollKind::AllReduce) => ring_all_reduce(n, s, link, g),
         (Algorithm::Ring | Algorithm::Rhd, CollKind::ReduceScatter) => {
             ring_reduce_scatter(n, s, link, g).max(if algo == Algorithm::Rhd { log2_ceil(n) * link.lat } else { 0.0 })
@@ -453,6 +480,12 @@ pub fn estimate(algo: Algorithm, coll: &Collective, topo: &Topology) -> Option<f
         _ => return None,
     })
 }
+
+mod direct;
+pub use direct::{
+    direct_all_gather, direct_from_root, direct_gather, direct_reduce, direct_reduce_scatter, linear_gather,
+    linear_scatter, one_shot_all_reduce, pairwise_all_to_all, reads, two_shot_all_reduce,
+};
 
 #[cfg(test)]
 mod tests;
