@@ -13,7 +13,18 @@
 //!
 //! `--emit` prints a generated program as JSON to start from; `--program`
 //! proves a program correct with the verifier (unless `--no-verify`), then
-//! prices it.
+//! prices it: at its own count in one row, or, when any of `-b -e -f -i`
+//! is given, at every size of the sweep, instantiated for each count by
+//! `oxccl_algo::scale` (and verified at each):
+//!
+//! ```text
+//! oxccl-sim --program hand.json -b 8 -e 64M -f 4
+//! ```
+//!
+//! A program that is not index-aligned runs only at multiples of its
+//! count: a size it cannot run at gets a `#` line saying why instead of a
+//! row (the exit status stays 0; scripts that skip `#` lines see only the
+//! sizes that ran).
 //!
 //! Sizes take nccl-tests' K/M/G suffixes (powers of 1024). Time is in
 //! microseconds, `algbw = size / time` and `busbw = algbw ·` the
@@ -21,14 +32,13 @@
 //! nccl-tests has them. Sizes run in parallel on `--threads` threads,
 //! biggest programs first, never more at once than fits in memory.
 
+mod program;
 mod sweep;
 
 use clap::Parser;
 use oxccl_algo::algos::{Algorithm, BuildOptions};
 use oxccl_algo::cost::{Link, Topology, parse_bandwidth};
-use oxccl_algo::sim::simulate;
-use oxccl_algo::verify::verify;
-use oxccl_algo::{CollKind, Collective, Program};
+use oxccl_algo::{CollKind, Collective};
 use oxccl_core::{DataType, ReduceOp};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,7 +49,7 @@ use sweep::{Row, Table};
     name = "oxccl-sim",
     version,
     about = "Predict collective algorithms' time, algbw and busbw on a modelled cluster (nccl-tests columns)",
-    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n\nModel: per-rank intra-node ports, one NIC per node shared by its ranks, first-come first-served; see oxccl_algo::sim."
+    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\nModel: per-rank intra-node ports, one NIC per node shared by its ranks, first-come first-served; see oxccl_algo::sim."
 )]
 struct Args {
     /// Collective, as nccl-tests names it: all_reduce, all_gather,
@@ -60,15 +70,15 @@ struct Args {
     /// Link between nodes, one NIC per node shared by its ranks.
     #[arg(long, default_value = "50GB/s,5us", value_parser = parse_link)]
     inter: Link,
-    /// Smallest size in bytes (K/M/G suffixes).
-    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size)]
-    minbytes: u64,
-    /// Largest size in bytes (K/M/G suffixes).
-    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
-    maxbytes: u64,
-    /// Multiply the size by this much from one row to the next.
-    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
-    stepfactor: u64,
+    /// Smallest size in bytes (K/M/G suffixes) [default: 32M].
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
+    minbytes: Option<u64>,
+    /// Largest size in bytes (K/M/G suffixes) [default: 32M].
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_size)]
+    maxbytes: Option<u64>,
+    /// Multiply the size by this much from one row to the next [default: 2].
+    #[arg(short = 'f', long = "stepfactor")]
+    stepfactor: Option<u64>,
     /// Add this many bytes from one row to the next instead of -f.
     #[arg(short = 'i', long = "stepbytes", value_parser = parse_size)]
     stepbytes: Option<u64>,
@@ -82,7 +92,7 @@ struct Args {
     /// Local copy throughput [default: inf, free].
     #[arg(long = "copy-bw", value_parser = parse_bw)]
     copy_bw: Option<f64>,
-    /// Data type.
+    /// Data type (with --program: the program's).
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     dtype: DataType,
     /// Reduction operator (printed only: it does not change the price).
@@ -98,10 +108,12 @@ struct Args {
     #[arg(long = "max-chunks")]
     max_chunks: Option<usize>,
     /// Price this program (JSON, as `Program::to_json` writes it) instead
-    /// of generating one per size.
+    /// of generating one per size: at its own count, or instantiated at
+    /// every size when -b, -e, -f or -i is given.
     #[arg(long, value_name = "FILE.json")]
     program: Option<PathBuf>,
-    /// With --program: price it without proving it correct first.
+    /// With --program: price it without proving it correct first (at
+    /// each size).
     #[arg(long = "no-verify")]
     no_verify: bool,
     /// Print the generated program for the smallest size (-b) as JSON,
@@ -186,7 +198,7 @@ fn run(args: &Args) -> Result<(), String> {
         opts.max_chunks = m;
     }
     match &args.program {
-        Some(path) => run_program(args, path),
+        Some(path) => program::run(args, path),
         None => run_sweep(args, &opts),
     }
 }
@@ -203,6 +215,36 @@ fn topology(args: &Args, nodes: usize, rpn: usize) -> Result<Topology, String> {
     Ok(topo)
 }
 
+impl Args {
+    /// The sizes of the sweep, with nccl-tests' defaults (32M, 32M, ×2).
+    fn sizes(&self) -> Result<Vec<u64>, String> {
+        sweep::sizes(
+            self.minbytes.unwrap_or(32 << 20),
+            self.maxbytes.unwrap_or(32 << 20),
+            self.stepfactor.unwrap_or(2),
+            self.stepbytes,
+        )
+    }
+
+    /// Whether the command line sets any of the sweep's sizes.
+    fn sweeps(&self) -> bool {
+        self.minbytes.is_some() || self.maxbytes.is_some() || self.stepfactor.is_some() || self.stepbytes.is_some()
+    }
+}
+
+/// The count nccl-tests runs for a `size`-byte collective of `kind` on `n`
+/// ranks: `size` is a rank's whole buffer, `n` blocks of `count` for the
+/// collectives whose count is per block.
+fn count_of(kind: CollKind, n: usize, dtype: DataType, size: u64) -> usize {
+    let per = match kind {
+        CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll | CollKind::Gather | CollKind::Scatter => {
+            n * dtype.size()
+        }
+        _ => dtype.size(),
+    };
+    usize::try_from(size).unwrap_or(usize::MAX) / per.max(1)
+}
+
 fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
     let kind = args.collective.ok_or("name a collective (all_reduce, all_gather, …) or give --program FILE.json")?;
     let topo = topology(args, args.nodes.unwrap_or(1), args.ranks_per_node.unwrap_or(8))?;
@@ -217,24 +259,12 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
     if algos.is_empty() {
         return Err(format!("no algorithm implements {kind}"));
     }
-    let sizes = sweep::sizes(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)?;
+    let sizes = args.sizes()?;
     let root = if kind.is_rooted() { args.root } else { 0 };
     let colls: Vec<Collective> = sizes
         .iter()
         .map(|&size| {
-            let per = if matches!(
-                kind,
-                CollKind::ReduceScatter
-                    | CollKind::AllGather
-                    | CollKind::AllToAll
-                    | CollKind::Gather
-                    | CollKind::Scatter
-            ) {
-                n * args.dtype.size()
-            } else {
-                args.dtype.size()
-            };
-            let count = usize::try_from(size).unwrap_or(usize::MAX) / per;
+            let count = count_of(kind, n, args.dtype, size);
             let c = Collective { kind, nranks: n, count, root, dtype: args.dtype };
             c.validate().map(|()| c).map_err(|e| plain(&e))
         })
@@ -264,63 +294,6 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
     Ok(())
 }
 
-fn run_program(args: &Args, path: &PathBuf) -> Result<(), String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let program = Program::from_json(&text).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
-    let coll = program.collective;
-    if let Some(kind) = args.collective.filter(|&k| k != coll.kind) {
-        return Err(format!("{} is a {} program, not {kind}", path.display(), coll.kind));
-    }
-    let n = program.ranks.len();
-    if n == 0 {
-        return Err(format!("{} has no ranks", path.display()));
-    }
-    let (nodes, rpn) = match (args.nodes, args.ranks_per_node) {
-        (Some(a), Some(b)) => (a, b),
-        (Some(a), None) if a > 0 && n % a == 0 => (a, n / a),
-        (None, Some(b)) if b > 0 && n % b == 0 => (n / b, b),
-        (None, None) => (1, n),
-        (a, b) => {
-            return Err(format!(
-                "{} has {n} ranks, which {} nodes × {} ranks per node do not place",
-                path.display(),
-                a.map_or("?".into(), |a| a.to_string()),
-                b.map_or("?".into(), |b| b.to_string())
-            ));
-        }
-    };
-    if !args.no_verify {
-        let v = verify(&program)
-            .map_err(|e| format!("{}: not a correct {} program: {}", path.display(), coll.kind, plain(&e)))?;
-        let in_place = if program.in_place { " and in place" } else { "" };
-        println!(
-            "# verified: computes {coll} out of place{in_place}; bytes sent per rank: max {}, total {}",
-            v.max_sent(),
-            v.total_sent()
-        );
-    }
-    let topo = topology(args, nodes, rpn)?;
-    let report = simulate(&program, &topo).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
-    println!("# oxccl-sim: program {:?} ({}), {} ranks on {topo}", program.name, path.display(), n);
-    let fin = &report.rank_finish;
-    let first = fin.iter().copied().fold(f64::INFINITY, f64::min);
-    println!(
-        "# {} steps, {} messages, {} bytes within nodes, {} bytes between nodes; ranks finish between {:.3} and {:.3} us",
-        report.steps,
-        report.messages,
-        report.intra_bytes,
-        report.inter_bytes,
-        first * 1e6,
-        report.time * 1e6
-    );
-    println!("#");
-    let mut table = Table::new(coll.kind, args.op, vec![program.name.clone()]);
-    table.print_header();
-    table.print_row(&Row { coll, times: vec![report.time] });
-    table.print_footer();
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,5 +307,15 @@ mod tests {
         assert_eq!(parse_size("1k").unwrap(), 1024);
         assert!(parse_size("eight").unwrap_err().contains("not a number"));
         assert!(parse_size("99999999999T").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn counts_follow_nccl_tests() {
+        // A rank's whole buffer: n blocks for the per-block collectives.
+        assert_eq!(count_of(CollKind::AllReduce, 8, DataType::Float32, 1024), 256);
+        assert_eq!(count_of(CollKind::AllGather, 8, DataType::Float32, 1024), 32);
+        assert_eq!(count_of(CollKind::AllToAll, 4, DataType::Float64, 1024), 32);
+        assert_eq!(count_of(CollKind::Broadcast, 4, DataType::Float16, 10), 5);
+        assert_eq!(count_of(CollKind::Scatter, 3, DataType::Float32, 100), 8);
     }
 }

@@ -260,14 +260,26 @@ impl Table {
         println!("{l3}");
     }
 
+    /// nccl-tests' leading columns: size, count, type, redop, root.
+    fn lead(&self, c: &Collective) -> String {
+        let root = if self.kind.is_rooted() { c.root as i64 } else { -1 };
+        let op = if self.kind.reduces() { self.op.name() } else { "none" };
+        format!("{:>12}  {:>12}  {:>8}  {op:>6}  {root:>6}", c.size_bytes(), c.count, c.dtype.name())
+    }
+
+    /// Prints, in place of a row, a `#` line with the leading columns and
+    /// why the size was not priced (parsers of nccl-tests' output skip it).
+    pub fn print_skipped(&self, c: &Collective, why: &str) {
+        let lead = self.lead(c);
+        println!("#{}  cannot run: {why}", lead.strip_prefix(' ').unwrap_or(&lead));
+    }
+
     /// Prints one row and accumulates the averages.
     pub fn print_row(&mut self, row: &Row) {
         let c = &row.coll;
         let size = c.size_bytes();
         let factor = self.kind.busbw_factor(c.nranks);
-        let root = if self.kind.is_rooted() { c.root as i64 } else { -1 };
-        let op = if self.kind.reduces() { self.op.name() } else { "none" };
-        let mut line = format!("{size:>12}  {:>12}  {:>8}  {op:>6}  {root:>6}", c.count, c.dtype.name());
+        let mut line = self.lead(c);
         let mut best: Option<(usize, f64)> = None;
         for (a, &t) in row.times.iter().enumerate() {
             let algbw = if t > 0.0 { size as f64 / t / 1e9 } else { 0.0 };

@@ -181,3 +181,110 @@ fn emitted_programs_verify_and_price_and_broken_ones_are_refused() {
     assert!(stderr_of_failure(&["all_reduce", "--emit"]).contains("one algorithm"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The README's hand-written 2-rank all-reduce of 4 floats.
+const README: &str = r#"{ "name": "hand", "collective": {"kind": "all_reduce", "nranks": 2, "count": 4, "dtype": "float32"},
+  "ranks": [
+    {"channels": [[ {"op": "send", "peer": 1, "src": "input[2..4]"},
+                    {"op": "recv_reduce", "peer": 1, "src": "input[0..2]", "dst": "output[0..2]"},
+                    {"op": "send", "peer": 1, "src": "output[0..2]"},
+                    {"op": "recv", "peer": 1, "dst": "output[2..4]"} ]]},
+    {"channels": [[ {"op": "send", "peer": 0, "src": "input[0..2]"},
+                    {"op": "recv_reduce", "peer": 0, "src": "input[2..4]", "dst": "output[2..4]"},
+                    {"op": "send", "peer": 0, "src": "output[2..4]"},
+                    {"op": "recv", "peer": 0, "dst": "output[0..2]"} ]]} ] }"#;
+
+/// A correct 2-rank all-gather of 3 floats whose staging copy is not
+/// index-aligned: it runs only at multiples of 3.
+const STAGED: &str = r#"{ "name": "staged", "collective": {"kind": "all_gather", "nranks": 2, "count": 3, "dtype": "float32"},
+  "ranks": [
+    {"scratch": 3, "channels": [[ {"op": "copy", "src": "input[0..3]", "dst": "output[0..3]"},
+                    {"op": "copy", "src": "input[0..2]", "dst": "scratch[1..3]"},
+                    {"op": "send", "peer": 1, "src": "scratch[1..3]"},
+                    {"op": "send", "peer": 1, "src": "input[2..3]"},
+                    {"op": "recv", "peer": 1, "dst": "output[3..6]"} ]]},
+    {"channels": [[ {"op": "copy", "src": "input[0..3]", "dst": "output[3..6]"},
+                    {"op": "recv", "peer": 0, "dst": "output[0..2]"},
+                    {"op": "recv", "peer": 0, "dst": "output[2..3]"},
+                    {"op": "send", "peer": 0, "src": "input[0..3]"} ]]} ] }"#;
+
+fn write_temp(name: &str, text: &str) -> (std::path::PathBuf, String) {
+    let dir = std::env::temp_dir().join(format!("oxccl-sim-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, text).unwrap();
+    let file = path.to_str().unwrap().to_string();
+    (dir, file)
+}
+
+#[test]
+fn a_program_is_swept_at_every_size() {
+    let (dir, file) = write_temp("readme", README);
+    // 1 µs latency, 1 GB/s: every size costs 2·(1 µs + half the bytes / 1 GB/s)
+    // (an exchange of halves, then of results); times are exact.
+    let link = ["--intra", "1GB/s,1us"];
+    let text = stdout(&[&["--program", &file, "-b", "4", "-e", "1M", "-f", "4"][..], &link].concat());
+    let rows = data_rows(&text);
+    let sizes: Vec<f64> = rows.iter().map(|r| num(&r[0])).collect();
+    assert_eq!(sizes, [4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0], "{text}");
+    assert_eq!(text.matches("# verified: computes all_reduce of").count(), rows.len(), "{text}");
+    assert!(text.contains("index-aligned") && text.contains("written for count 4"), "{text}");
+    for r in &rows {
+        let (size, count, t) = (num(&r[0]), num(&r[1]), num(&r[5]));
+        assert_eq!(size, count * 4.0, "{r:?}");
+        // Rank 0 sends the second half (⌊c/2⌋ elements), receives the
+        // first from rank 1 and sends it back reduced (⌈c/2⌉): the
+        // longer half decides each exchange.
+        let half = (count / 2.0).ceil() * 4.0;
+        let want = 2.0 * (1.0 + half / 1e3);
+        // (printed with two decimals, or one from 10000 us on)
+        assert!((t - want).abs() <= 0.006 + want * 1e-5, "{r:?}: want {want} us");
+        assert_eq!(r.last().unwrap(), "hand");
+    }
+    // Its own count without sweep flags: one row, the same time as the
+    // sweep's row at 16 bytes.
+    let one = data_rows(&stdout(&[&["--program", &file][..], &link].concat()));
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0], rows[1]);
+    // -i steps by bytes, counts that do not divide by 4 included; without
+    // verification, no "verified" lines.
+    let text = stdout(&["--program", &file, "-b", "20", "-e", "44", "-i", "12", "--no-verify"]);
+    let counts: Vec<f64> = data_rows(&text).iter().map(|r| num(&r[1])).collect();
+    assert_eq!(counts, [5.0, 8.0, 11.0]);
+    assert!(!text.contains("# verified"), "{text}");
+    // A broken program is refused at the first size it runs at, named
+    // (it sends the wrong half, which is not index-aligned either: at 8
+    // bytes, count 2, it cannot run at all).
+    let (dir2, bad) = write_temp("broken", &README.replacen("input[2..4]\"}", "input[0..2]\"}", 1));
+    let e = stderr_of_failure(&["--program", &bad, "-b", "8", "-e", "64"]);
+    assert!(e.contains("not a correct all_reduce program at count 4") && e.contains("different elements"), "{e}");
+    for d in [dir, dir2] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn a_misaligned_program_runs_only_at_multiples_of_its_count() {
+    let (dir, file) = write_temp("staged", STAGED);
+    // All-gather sizes are both ranks' blocks: count = size / 8.
+    let out = sim(&["--program", &file, "-b", "24", "-e", "48", "-i", "8"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (text, err) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    let counts: Vec<f64> = data_rows(&text).iter().map(|r| num(&r[1])).collect();
+    assert_eq!(counts, [3.0, 6.0], "{text}");
+    assert!(text.contains("not index-aligned, so it runs only at multiples of count 3"), "{text}");
+    assert!(text.contains("rank 0 channel 0 step 1") && text.contains("scratch[1..3]"), "{text}");
+    let skipped: Vec<&str> = text.lines().filter(|l| l.contains("cannot run")).collect();
+    assert_eq!(skipped.len(), 2, "{text}");
+    for (line, count) in skipped.iter().zip(["4", "5"]) {
+        assert!(line.starts_with('#'), "{line}");
+        assert_eq!(line.trim_start_matches('#').split_whitespace().nth(1), Some(count), "{line}");
+        assert!(line.contains("multiples of count 3"), "{line}");
+    }
+    assert!(err.contains("cannot run at 2 of 4 sizes"), "{err}");
+    // At multiples only, nothing is skipped.
+    let text = stdout(&["--program", &file, "-b", "24", "-e", "96", "-f", "2"]);
+    assert_eq!(data_rows(&text).len(), 3);
+    assert!(!text.contains("cannot run"), "{text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
