@@ -8,8 +8,9 @@
 //! through everything below like a generated one.
 //!
 //! - [`algos`]: ring, double binary tree, recursive halving/doubling,
-//!   direct (one-shot/two-shot), pipelined chain and binary tree for rooted
-//!   collectives, pairwise all-to-all, linear gather/scatter, send/recv.
+//!   direct one-sided access (one-shot/two-shot all-reduce and every other
+//!   collective), pipelined chain and binary tree for rooted collectives,
+//!   pairwise all-to-all, linear gather/scatter, send/recv.
 //! - [`verify`]: executes a program symbolically for all ranks, over
 //!   intervals, and proves it computes its collective (every output element
 //!   holds each required contribution exactly once), never deadlocks under

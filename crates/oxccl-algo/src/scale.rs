@@ -19,7 +19,8 @@
 //! becomes `pos(L)`. Steps, peers, channels and their order are kept as
 //! they are; a step whose slices all become empty (`N < C`) is kept too, so
 //! zero-length messages still pair up. When `C` divides `N` (`r = 0`) this
-//! is uniform scaling, `pos(j) = q·j`.
+//! is uniform scaling, `pos(j) = q·j`. A program written for `C = 0` has
+//! nothing to scale and runs only at count 0.
 //!
 //! # Index alignment
 //!
