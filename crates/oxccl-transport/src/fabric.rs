@@ -1,101 +1,139 @@
 //! The fabric: one rank's connections to every peer, over the provider
-//! each peer needs.
+//! each peer needs, and one-sided access to peers' registered memory.
 //!
-//! [`Fabric::new`] is collective over the bootstrap: it decides per peer
-//! (same process → [`mem`](crate::mem), same host → [`shm`](crate::shm),
-//! else [`tcp`](crate::tcp); `OXCCL_TRANSPORT` forces one), creates and
-//! exchanges shared segments (unlinked as soon as every peer mapped them)
-//! and TCP listener addresses. Connections are then made on first use,
-//! keyed by (peer, channel).
+//! [`Fabric::new`] is collective over the bootstrap. It picks a provider
+//! per peer from [`registry`], in order (the first whose factory reaches
+//! the peer: same process → `mem`, same host → `shm`, else `tcp`;
+//! `OXCCL_TRANSPORT` forces one), then sets every provider up the same way
+//! on every rank (open, all-gather what each publishes, connect, barrier,
+//! ready). Two-sided connections are made on first use, keyed by (peer,
+//! channel). One-sided access goes to the provider's native path where it
+//! has one for that peer, else through the control plane ([`crate::control`]).
+//!
+//! Adding a provider: implement [`Factory`] and [`Provider`] and add the
+//! factory to [`registry`]; nothing here matches on kinds.
 #![allow(unsafe_code)]
 
 use crate::bootstrap::Bootstrap;
+use crate::control::Plane;
 use crate::futex::Doorbell;
-use crate::{Channel, Kind, P2P_CHANNEL, PeerStats, Receiver, Sender, mem, shm, tcp};
+use crate::provider::{Factory, LinkCost, LinkParams, MemDesc, Pending, Provider, Setup};
+use crate::region::Region;
+use crate::{CONTROL_CHANNEL, Channel, Kind, P2P_CHANNEL, PeerStats, Receiver, Sender};
 use oxccl_core::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Collective channels a connection set supports (plus [`P2P_CHANNEL`]).
+pub use crate::provider::FabricOptions;
+
+/// Collective channels a connection set supports (plus [`P2P_CHANNEL`] and
+/// [`CONTROL_CHANNEL`]).
 pub const CHANNELS: usize = 16;
 
-/// How the fabric is built.
-#[derive(Clone, Debug)]
-pub struct FabricOptions {
-    /// Force one provider between ranks of different processes.
-    pub transport: Option<Kind>,
-    /// Bytes of each connection's FIFO.
-    pub buffsize: usize,
-    /// Bytes of each TCP connection's FIFO.
-    pub tcp_buffsize: usize,
-    /// Sockets per TCP connection.
-    pub nsocks: usize,
-    /// Interface for TCP (NCCL's `NCCL_SOCKET_IFNAME` syntax).
-    pub ifname: Option<String>,
-    /// Deadline of setup waits.
-    pub timeout: Duration,
+/// Connection slots per peer: the collective channels, p2p, control.
+const SLOTS: usize = CHANNELS + 2;
+
+/// The providers, in order of preference.
+pub fn registry() -> Vec<Box<dyn Factory>> {
+    vec![Box::new(crate::mem::MemFactory), Box::new(crate::shm::ShmFactory), Box::new(crate::tcp::TcpFactory)]
 }
 
 /// One rank's connections.
 pub struct Fabric {
     boot: Arc<Bootstrap>,
     rank: usize,
-    kinds: Vec<Option<Kind>>,
+    providers: Vec<Box<dyn Provider>>,
+    /// Per rank: the provider that carries traffic with it (this rank: the
+    /// in-process one, for messages to itself).
+    carrier: Vec<usize>,
+    /// Providers whose connections move bytes only when polled.
+    polled: Vec<bool>,
     bell: Doorbell,
-    hub: Option<Arc<mem::Hub>>,
-    inbox: Option<shm::Inbox>,
-    outboxes: HashMap<usize, shm::Outbox>,
-    tcp: Option<tcp::Tcp>,
     senders: Table<dyn Sender>,
     receivers: Table<dyn Receiver>,
-    watches: Vec<(usize, shm::PidWatch)>,
+    plane: Plane,
+    ops: HashMap<u64, OneSided>,
+    next_op: u64,
+    /// Per peer: one-sided bytes (put, got).
+    one_sided: Vec<(u64, u64)>,
     layout: (usize, usize),
-    buffsize: usize,
     last_check: Instant,
+}
+
+/// A one-sided operation in flight.
+#[derive(Clone, Copy, Debug)]
+struct OneSided {
+    peer: usize,
+    via: Via,
+    bytes: u64,
+    read: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Done,
+    Native(u64),
+    Plane(u64),
+}
+
+/// A started one-sided operation: ask [`Fabric::test`] until it is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpId(u64);
+
+/// This rank's buffers registered for one call ([`Fabric::expose`]).
+#[derive(Debug, Default)]
+pub struct Exposure {
+    emu: Vec<u64>,
+    native: Vec<(usize, MemDesc)>,
 }
 
 /// One direction's connections, indexed by (peer, channel) without
 /// hashing: the executor looks one up for every piece it moves.
 struct Table<T: ?Sized> {
-    slots: Vec<Option<(Kind, Box<T>)>>,
+    slots: Vec<Option<(usize, Box<T>)>>,
     /// Indices of the slots in use, in the order they were made.
     live: Vec<usize>,
 }
 
 /// The table slot of (peer, ch); both already checked.
 fn slot(peer: usize, ch: Channel) -> usize {
-    peer * (CHANNELS + 1) + if ch == P2P_CHANNEL { CHANNELS } else { ch as usize }
+    peer * SLOTS
+        + match ch {
+            P2P_CHANNEL => CHANNELS,
+            CONTROL_CHANNEL => CHANNELS + 1,
+            c => c as usize,
+        }
 }
 
 impl<T: ?Sized> Table<T> {
     fn new(nranks: usize) -> Table<T> {
-        Table { slots: (0..nranks * (CHANNELS + 1)).map(|_| None).collect(), live: Vec::new() }
+        Table { slots: (0..nranks * SLOTS).map(|_| None).collect(), live: Vec::new() }
     }
 
     fn get(&mut self, i: usize) -> &mut T {
         self.slots[i].as_mut().expect("made").1.as_mut()
     }
 
-    fn insert(&mut self, i: usize, c: (Kind, Box<T>)) {
+    fn insert(&mut self, i: usize, c: (usize, Box<T>)) {
         self.slots[i] = Some(c);
         self.live.push(i);
     }
 
-    /// Every connection, with its peer.
-    fn iter(&self) -> impl Iterator<Item = (usize, Kind, &T)> {
+    /// Every connection with its peer, provider and channel slot.
+    fn iter(&self) -> impl Iterator<Item = (usize, usize, usize, &T)> {
         self.live.iter().map(|&i| {
-            let (k, c) = self.slots[i].as_ref().expect("live");
-            (i / (CHANNELS + 1), *k, c.as_ref())
+            let (p, c) = self.slots[i].as_ref().expect("live");
+            (i / SLOTS, i % SLOTS, *p, c.as_ref())
         })
     }
 
-    /// Calls `f` on every connection of kind `kind`; true if any call was.
-    fn each_of_kind(&mut self, kind: Kind, mut f: impl FnMut(&mut T) -> Result<bool>) -> Result<bool> {
+    /// Calls `f` on every connection of a polled provider.
+    fn each_polled(&mut self, polled: &[bool], mut f: impl FnMut(&mut T) -> Result<bool>) -> Result<bool> {
         let mut any = false;
         for &i in &self.live {
-            if let Some((k, c)) = &mut self.slots[i]
-                && *k == kind
+            if let Some((p, c)) = &mut self.slots[i]
+                && polled[*p]
             {
                 any |= f(c.as_mut())?;
             }
@@ -104,8 +142,10 @@ impl<T: ?Sized> Table<T> {
     }
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// The worse of two links (lower bandwidth, higher latency).
+fn worst(a: LinkParams, b: LinkParams) -> LinkParams {
+    let w = |x: LinkCost, y: LinkCost| LinkCost { bw: x.bw.min(y.bw), lat: x.lat.max(y.lat) };
+    LinkParams { fifo: w(a.fifo, b.fifo), one_sided: w(a.one_sided, b.one_sided), native: a.native && b.native }
 }
 
 impl Fabric {
@@ -114,133 +154,110 @@ impl Fabric {
         let (rank, n) = (boot.rank(), boot.nranks());
         let peers = boot.peers().to_vec();
         let me = &peers[rank];
-        let forced = opts.transport;
-        let mut kinds = Vec::with_capacity(n);
+        let factories = registry();
+        let mut carrier = Vec::with_capacity(n);
         for (p, info) in peers.iter().enumerate() {
-            let same_host = info.host == me.host;
-            let same_proc = same_host && info.pid == me.pid;
-            let k = if p == rank {
-                None
-            } else {
-                Some(match forced {
-                    Some(Kind::Tcp) => Kind::Tcp,
-                    Some(Kind::Shm) if same_host => Kind::Shm,
-                    Some(Kind::Shm) => {
-                        return Err(Error::InvalidUsage(format!(
-                            "OXCCL_TRANSPORT=shm, but rank {p} is on another host ({}) than rank {rank} ({})",
-                            info.host, me.host
-                        )));
-                    }
-                    _ if same_proc => Kind::Mem,
-                    _ if same_host => Kind::Shm,
-                    _ => Kind::Tcp,
-                })
+            let first = |skip_forced: bool| {
+                factories
+                    .iter()
+                    .position(|f| (skip_forced || opts.transport.is_none_or(|k| f.kind() == k)) && f.reaches(me, info))
             };
-            kinds.push(k);
-        }
-        let any = |k: Kind| kinds.contains(&Some(k));
-        let buffsize = opts.buffsize;
-
-        // Shared memory: every rank creates its inbox if it has a local
-        // peer; names travel through the bootstrap; once everyone has
-        // mapped what they need, the names go.
-        let my_name = if any(Kind::Shm) { format!("oxccl-{}-{rank}", hex(&nonce[..8])) } else { String::new() };
-        let mut inbox = None;
-        if !my_name.is_empty() {
-            inbox = Some(shm::Inbox::create(&my_name, rank, n, CHANNELS, buffsize)?);
-        }
-        let names = boot.all_gather(my_name.as_bytes())?;
-        let mut outboxes = HashMap::new();
-        let mut watches = Vec::new();
-        for (p, k) in kinds.iter().enumerate() {
-            if *k == Some(Kind::Shm) {
-                let name = String::from_utf8(names[p].clone())
-                    .map_err(|_| Error::Remote(format!("rank {p} published a malformed segment name")))?;
-                if name.is_empty() {
-                    return Err(Error::Remote(format!("rank {p} did not create a shared segment for rank {rank}")));
+            let c = if p == rank {
+                first(true)
+            } else {
+                match opts.transport {
+                    Some(k) if !factories.iter().any(|f| f.kind() == k) => {
+                        return Err(Error::invalid(format!("OXCCL_TRANSPORT={k}: no such provider in this build")));
+                    }
+                    Some(k) => Some(first(false).ok_or_else(|| {
+                        Error::InvalidUsage(format!(
+                            "OXCCL_TRANSPORT={k}, but rank {p} on host {} cannot be reached with {k} from rank \
+                             {rank} on host {}",
+                            info.host, me.host
+                        ))
+                    })?),
+                    None => first(true),
                 }
-                outboxes.insert(p, shm::Outbox::open(&name, rank)?);
-                watches.push((p, shm::PidWatch::new(peers[p].pid as i32)?));
-            }
+            };
+            carrier.push(c.ok_or_else(|| Error::InvalidUsage(format!("no provider reaches rank {p}")))?);
+        }
+        let mut providers = Vec::with_capacity(factories.len());
+        let serves: Vec<Vec<bool>> = (0..factories.len()).map(|i| carrier.iter().map(|&c| c == i).collect()).collect();
+        for (i, f) in factories.iter().enumerate() {
+            let setup = Setup { rank, peers: &peers, nonce, opts, serves: &serves[i], boot: &boot };
+            providers.push(f.open(&setup)?);
+        }
+        let bell = providers.iter().find_map(|p| p.shared_bell()).unwrap_or_else(Doorbell::heap);
+        for (i, p) in providers.iter_mut().enumerate() {
+            let published = boot.all_gather(&p.publish())?;
+            let setup = Setup { rank, peers: &peers, nonce, opts, serves: &serves[i], boot: &boot };
+            p.connect(&setup, &published, &bell)?;
         }
         boot.barrier()?;
-        if let Some(i) = &mut inbox {
-            i.unlink()?;
+        for p in &mut providers {
+            p.ready()?;
         }
-
-        // TCP: listeners' addresses travel through the bootstrap.
-        let mut tcp = None;
-        if any(Kind::Tcp) {
-            let ip = match &opts.ifname {
-                Some(name) => crate::id::interface_ip(Some(name))?,
-                None => boot.local_ip(),
-            };
-            let topts = tcp::TcpOptions {
-                streams: opts.nsocks,
-                buffer: opts.tcp_buffsize,
-                connect_timeout: opts.timeout.min(Duration::from_secs(30)),
-                ..tcp::TcpOptions::default()
-            };
-            tcp = Some(tcp::Tcp::new(rank, n, nonce, ip, topts)?);
-        }
-        let addr = tcp.as_ref().map(|t| t.addr().to_string()).unwrap_or_default();
-        let addrs = boot.all_gather(addr.as_bytes())?;
-        if let Some(t) = &mut tcp {
-            let mut list = Vec::with_capacity(n);
-            for (p, a) in addrs.iter().enumerate() {
-                let text = String::from_utf8_lossy(a).to_string();
-                // Ranks without TCP peers publish nothing; nobody connects
-                // to them over TCP, so any placeholder does.
-                let sa = if text.is_empty() {
-                    t.addr()
-                } else {
-                    text.parse().map_err(|_| Error::Remote(format!("rank {p} published a bad address {text:?}")))?
-                };
-                list.push(sa);
-            }
-            t.set_peer_addrs(list)?;
-        }
-
-        // The hub also carries a rank's messages to itself.
-        let hub = Some(mem::Hub::get(u128::from_le_bytes(nonce), n)?);
-        let bell = match (&inbox, &hub) {
-            (Some(i), _) => i.doorbell(),
-            (None, Some(h)) => h.doorbell(rank)?,
-            _ => Doorbell::heap(),
-        };
         let mut hosts: BTreeMap<&str, usize> = BTreeMap::new();
         for p in &peers {
             *hosts.entry(p.host.as_str()).or_default() += 1;
         }
         let per = *hosts.values().next().unwrap_or(&1);
         let layout = if hosts.values().all(|&c| c == per) { (hosts.len(), per) } else { (n, 1) };
+        let polled = providers.iter().map(|p| p.needs_progress()).collect();
         Ok(Fabric {
             boot,
             rank,
-            kinds,
+            providers,
+            carrier,
+            polled,
             bell,
-            hub,
-            inbox,
-            outboxes,
-            tcp,
             senders: Table::new(n),
             receivers: Table::new(n),
-            watches,
+            plane: Plane::new(rank, n),
+            ops: HashMap::new(),
+            next_op: 1,
+            one_sided: vec![(0, 0); n],
             layout,
-            buffsize,
             last_check: Instant::now(),
         })
     }
 
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.carrier.len()
+    }
+
     /// The provider that carries traffic with `peer` (`None` for this rank).
     pub fn kind_of(&self, peer: usize) -> Option<Kind> {
-        self.kinds.get(peer).copied().flatten()
+        (peer != self.rank).then(|| self.carrier.get(peer).map(|&c| self.providers[c].kind())).flatten()
     }
 
     /// (hosts, ranks per host), or (ranks, 1) when hosts hold different
     /// numbers of ranks.
     pub fn layout(&self) -> (usize, usize) {
         self.layout
+    }
+
+    /// The link parameters to peers on this rank's host and on other
+    /// hosts (the worst of the providers carrying them), for the tuner.
+    pub fn links(&self) -> (Option<LinkParams>, Option<LinkParams>) {
+        let peers = self.boot.peers();
+        let me = &peers[self.rank].host;
+        let (mut intra, mut inter): (Option<LinkParams>, Option<LinkParams>) = (None, None);
+        for (p, &c) in self.carrier.iter().enumerate() {
+            if p == self.rank {
+                continue;
+            }
+            let l = self.providers[c].link();
+            let slot = if &peers[p].host == me { &mut intra } else { &mut inter };
+            *slot = Some(slot.map_or(l, |s| worst(s, l)));
+        }
+        (intra, inter)
     }
 
     /// The doorbell this rank's progress thread sleeps on; ring it to wake
@@ -250,10 +267,10 @@ impl Fabric {
     }
 
     fn check_peer(&self, peer: usize, ch: Channel) -> Result<()> {
-        if peer >= self.kinds.len() {
+        if peer >= self.carrier.len() {
             return Err(Error::invalid(format!("rank {}: peer {peer} out of range", self.rank)));
         }
-        if ch as usize >= CHANNELS && ch != P2P_CHANNEL {
+        if ch as usize >= CHANNELS && ch != P2P_CHANNEL && ch != CONTROL_CHANNEL {
             return Err(Error::invalid(format!(
                 "rank {}: channel {ch} is beyond the {CHANNELS} channels a connection set has",
                 self.rank
@@ -262,38 +279,14 @@ impl Fabric {
         Ok(())
     }
 
-    fn connect_send(&mut self, peer: usize, ch: Channel) -> Result<(Kind, Box<dyn Sender>)> {
-        self.check_peer(peer, ch)?;
-        let kind = self.kinds[peer].unwrap_or(Kind::Mem);
-        let s = match kind {
-            Kind::Mem => self.hub.as_ref().expect("hub").sender(self.rank, peer, ch, self.buffsize)?,
-            Kind::Shm => self.outboxes.get(&peer).expect("outbox").sender(ch)?,
-            Kind::Tcp => self.tcp.as_ref().expect("tcp").sender(peer, ch)?,
-        };
-        Ok((kind, s))
-    }
-
-    fn connect_recv(&mut self, peer: usize, ch: Channel) -> Result<(Kind, Box<dyn Receiver>)> {
-        self.check_peer(peer, ch)?;
-        let kind = self.kinds[peer].unwrap_or(Kind::Mem);
-        let r = match kind {
-            Kind::Mem => self.hub.as_ref().expect("hub").receiver(peer, self.rank, ch, self.buffsize)?,
-            Kind::Shm => {
-                let bell = self.outboxes.get(&peer).expect("outbox").doorbell();
-                self.inbox.as_ref().expect("inbox").receiver(peer, ch, bell)?
-            }
-            Kind::Tcp => self.tcp.as_ref().expect("tcp").receiver(peer, ch)?,
-        };
-        Ok((kind, r))
-    }
-
     /// The sending end to `peer` on `ch`, made on first use.
     pub fn sender(&mut self, peer: usize, ch: Channel) -> Result<&mut dyn Sender> {
         self.check_peer(peer, ch)?;
         let i = slot(peer, ch);
         if self.senders.slots[i].is_none() {
-            let c = self.connect_send(peer, ch)?;
-            self.senders.insert(i, c);
+            let c = self.carrier[peer];
+            let s = self.providers[c].sender(peer, ch)?;
+            self.senders.insert(i, (c, s));
         }
         Ok(self.senders.get(i))
     }
@@ -303,8 +296,9 @@ impl Fabric {
         self.check_peer(peer, ch)?;
         let i = slot(peer, ch);
         if self.receivers.slots[i].is_none() {
-            let c = self.connect_recv(peer, ch)?;
-            self.receivers.insert(i, c);
+            let c = self.carrier[peer];
+            let r = self.providers[c].receiver(peer, ch)?;
+            self.receivers.insert(i, (c, r));
         }
         Ok(self.receivers.get(i))
     }
@@ -318,21 +312,27 @@ impl Fabric {
         Ok((r, s))
     }
 
-    /// Moves bytes on every connection and accepts new sockets; true if
-    /// anything moved.
+    /// Moves bytes on every connection that needs polling, accepts new
+    /// ones, and serves and drains the control plane; true if anything
+    /// moved.
     pub fn progress(&mut self) -> Result<bool> {
         let mut moved = false;
-        if let Some(t) = &mut self.tcp {
-            moved |= t.progress()?;
-            moved |= self.senders.each_of_kind(Kind::Tcp, |s| s.progress())?;
-            moved |= self.receivers.each_of_kind(Kind::Tcp, |r| r.progress())?;
+        for (p, polled) in self.providers.iter_mut().zip(&self.polled) {
+            if *polled {
+                moved |= p.progress()?;
+            }
         }
+        if self.polled.iter().any(|&p| p) {
+            moved |= self.senders.each_polled(&self.polled, |s| s.progress())?;
+            moved |= self.receivers.each_polled(&self.polled, |r| r.progress())?;
+        }
+        moved |= self.plane.progress()?;
         Ok(moved)
     }
 
     /// Whether every committed byte has left this rank.
     pub fn flushed(&self) -> bool {
-        self.senders.iter().all(|(_, _, s)| s.flushed())
+        self.senders.iter().all(|(_, _, _, s)| s.flushed()) && self.plane.flushed()
     }
 
     /// An error if a peer died or aborted.
@@ -344,10 +344,8 @@ impl Fabric {
             return Ok(());
         }
         self.last_check = Instant::now();
-        for (p, w) in &self.watches {
-            if w.exited() {
-                return Err(Error::Remote(format!("rank {p} (on this host) exited")));
-            }
+        for p in &mut self.providers {
+            p.check()?;
         }
         Ok(())
     }
@@ -379,30 +377,30 @@ impl Fabric {
     /// Sleeps until the doorbell moves past `seen`, a socket is ready, or
     /// `timeout` passes.
     pub fn wait_bell(&mut self, seen: u32, timeout: Duration) {
-        match &self.tcp {
-            None if self.inbox.is_none() || self.kinds.iter().flatten().all(|k| *k == Kind::Shm) => {
-                self.bell.wait(seen, timeout);
-            }
-            None => {
-                self.bell.wait(seen, timeout.min(Duration::from_micros(200)));
-            }
-            Some(t) => {
-                // Sockets and a doorbell: spin on the bell briefly, then
-                // poll the sockets for a short while.
-                if self.bell.wait(seen, Duration::from_micros(50)) || self.bell.seq() != seen {
-                    return;
-                }
-                if self.bell.seq() != seen {
-                    return;
-                }
-                let mut fds: Vec<libc::pollfd> =
-                    t.poll_fds().into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-                let ms = timeout.as_millis().clamp(0, 1) as i32;
-                // SAFETY: fds is a valid, exclusively borrowed array of
-                // pollfd for the length passed; poll only writes revents.
-                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        let mut rings = false;
+        let mut fds = Vec::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            if self.carrier.iter().enumerate().any(|(r, &c)| c == i && r != self.rank) {
+                let w = p.wake();
+                rings |= w.rings_bell;
+                fds.extend(w.fds);
             }
         }
+        if fds.is_empty() {
+            self.bell.wait(seen, timeout);
+            return;
+        }
+        // Sockets (and perhaps a doorbell): spin on the bell briefly, then
+        // poll the sockets for a short while.
+        if rings && (self.bell.wait(seen, Duration::from_micros(50)) || self.bell.seq() != seen) {
+            return;
+        }
+        let mut pfds: Vec<libc::pollfd> =
+            fds.into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        let ms = if rings { timeout.as_millis().clamp(0, 1) } else { timeout.as_millis().clamp(0, 20) } as i32;
+        // SAFETY: pfds is a valid, exclusively borrowed array of pollfd for
+        // the length passed; poll only writes revents.
+        unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
     }
 
     /// Sleeps as [`wait_bell`](Fabric::wait_bell) from the bell's current value.
@@ -411,17 +409,242 @@ impl Fabric {
         self.wait_bell(seen, timeout);
     }
 
-    /// Payload bytes per peer and provider.
+    /// Payload bytes per peer and provider (control traffic not counted).
     pub fn stats(&self) -> Vec<PeerStats> {
         let mut by: BTreeMap<usize, PeerStats> = BTreeMap::new();
-        for (p, k, s) in self.senders.iter() {
-            let e = by.entry(p).or_insert(PeerStats { peer: p, kind: Some(k), sent: 0, recv: 0 });
-            e.sent += s.bytes();
+        let control = slot(0, CONTROL_CHANNEL);
+        let blank = |p: usize| PeerStats {
+            peer: p,
+            kind: Some(self.providers[self.carrier[p]].kind()),
+            ..PeerStats::default()
+        };
+        for (p, _, _, s) in self.senders.iter().filter(|c| c.1 != control) {
+            by.entry(p).or_insert_with(|| blank(p)).sent += s.bytes();
         }
-        for (p, k, r) in self.receivers.iter() {
-            let e = by.entry(p).or_insert(PeerStats { peer: p, kind: Some(k), sent: 0, recv: 0 });
-            e.recv += r.bytes();
+        for (p, _, _, r) in self.receivers.iter().filter(|c| c.1 != control) {
+            by.entry(p).or_insert_with(|| blank(p)).recv += r.bytes();
+        }
+        for (p, &(put, got)) in self.one_sided.iter().enumerate().filter(|(_, c)| c.0 + c.1 > 0) {
+            let e = by.entry(p).or_insert_with(|| blank(p));
+            e.put += put;
+            e.got += got;
         }
         by.into_values().collect()
+    }
+
+    /// Shuts every provider's connections down (peers see them close).
+    pub fn close(&mut self) {
+        for p in &mut self.providers {
+            p.close();
+        }
+    }
+
+    // ---- one-sided access ----
+
+    fn one_sided_peer(&self, peer: usize, what: &str) -> Result<usize> {
+        if peer >= self.carrier.len() || peer == self.rank {
+            return Err(Error::invalid(format!(
+                "rank {}: {what}: peer {peer} is not another rank of {}",
+                self.rank,
+                self.carrier.len()
+            )));
+        }
+        Ok(self.carrier[peer])
+    }
+
+    /// Makes sure the control link with `peer` exists.
+    fn link(&mut self, peer: usize) -> Result<()> {
+        if !self.plane.has_link(peer) {
+            let c = self.one_sided_peer(peer, "one-sided access")?;
+            let tx = self.providers[c].sender(peer, CONTROL_CHANNEL)?;
+            let rx = self.providers[c].receiver(peer, CONTROL_CHANNEL)?;
+            self.plane.add_link(peer, tx, rx);
+        }
+        Ok(())
+    }
+
+    /// Registers `regions` (this rank's buffers of one call) and sends
+    /// their descriptors to every rank of `to` (those whose steps access
+    /// them), in call order. Pass the result to [`unexpose`] when the call
+    /// ends, whether it succeeded or not.
+    ///
+    /// [`unexpose`]: Fabric::unexpose
+    pub fn expose(&mut self, regions: &[Region], to: &[usize]) -> Result<Exposure> {
+        let mut e = Exposure::default();
+        let r = self.expose_into(regions, to, &mut e);
+        if r.is_err() {
+            self.unexpose(std::mem::take(&mut e));
+        }
+        r.map(|()| e)
+    }
+
+    fn expose_into(&mut self, regions: &[Region], to: &[usize], e: &mut Exposure) -> Result<()> {
+        let emulated: Vec<MemDesc> = regions
+            .iter()
+            .map(|r| {
+                let id = self.plane.register(*r);
+                e.emu.push(id);
+                MemDesc::emulated(self.rank, id, r.len(), r.writable())
+            })
+            .collect();
+        // Native registrations, once per provider that serves a peer of `to`.
+        let mut native: HashMap<usize, Vec<MemDesc>> = HashMap::new();
+        for &q in to {
+            let c = self.one_sided_peer(q, "exposing buffers")?;
+            if native.contains_key(&c) {
+                continue;
+            }
+            let Some(d) = self.providers[c].direct() else { continue };
+            let mut descs = emulated.clone();
+            for (desc, r) in descs.iter_mut().zip(regions) {
+                d.register(r, desc)?;
+                e.native.push((c, *desc));
+            }
+            native.insert(c, descs);
+        }
+        for &q in to {
+            self.link(q)?;
+            let descs = native.get(&self.carrier[q]).unwrap_or(&emulated).clone();
+            self.plane.expose(q, &descs)?;
+        }
+        Ok(())
+    }
+
+    /// Ends a call's registrations: afterwards no peer reads or writes them
+    /// (a native copy in progress is waited for; emulated answers not yet
+    /// sent fail).
+    pub fn unexpose(&mut self, e: Exposure) {
+        for id in e.emu {
+            self.plane.unregister(id);
+        }
+        for (c, d) in e.native {
+            if let Some(direct) = self.providers[c].direct() {
+                direct.unregister(&d);
+            }
+        }
+    }
+
+    /// The next exposure `peer` sent this rank (its buffers' descriptors
+    /// for the next call in which this rank accesses them), if it arrived.
+    pub fn exposed(&mut self, peer: usize) -> Result<Option<Vec<MemDesc>>> {
+        self.link(peer)?;
+        self.plane.exposed(peer)
+    }
+
+    /// Signals `peer` on channel `ch` (never blocks).
+    pub fn signal(&mut self, peer: usize, ch: Channel) -> Result<()> {
+        self.link(peer)?;
+        self.plane.signal(peer, ch)
+    }
+
+    /// Takes the next signal from `peer` on `ch`, if it arrived.
+    pub fn take_signal(&mut self, peer: usize, ch: Channel) -> Result<bool> {
+        self.link(peer)?;
+        self.plane.take_signal(peer, ch)
+    }
+
+    /// Whether one-sided access to `peer` is native (single copy).
+    pub fn native(&mut self, peer: usize, desc: &MemDesc) -> bool {
+        let Ok(c) = self.one_sided_peer(peer, "") else { return false };
+        let kind = self.providers[c].kind();
+        desc.kind == Some(kind) && self.providers[c].direct().is_some_and(|d| d.reaches(peer))
+    }
+
+    fn start(&mut self, peer: usize, bytes: usize, read: bool, via: Via) -> OpId {
+        let id = self.next_op;
+        self.next_op += 1;
+        self.ops.insert(id, OneSided { peer, via, bytes: bytes as u64, read });
+        OpId(id)
+    }
+
+    /// Starts reading `dst.len()` bytes at `off` of `peer`'s memory `desc`
+    /// into `dst`.
+    pub fn read(&mut self, peer: usize, desc: &MemDesc, off: usize, dst: Region) -> Result<OpId> {
+        desc.check(off, dst.len(), false, &format!("rank {}: a get from rank {peer}", self.rank))?;
+        let via = if self.native(peer, desc) {
+            let c = self.carrier[peer];
+            match self.providers[c].direct().expect("native").read(peer, desc, off, &dst)? {
+                Pending::Done => Via::Done,
+                Pending::Ticket(t) => Via::Native(t),
+            }
+        } else {
+            self.link(peer)?;
+            Via::Plane(self.plane.read(peer, desc, off, dst)?)
+        };
+        Ok(self.start(peer, dst.len(), true, via))
+    }
+
+    /// Starts writing `src` into `peer`'s memory `desc` at `off`.
+    pub fn write(&mut self, peer: usize, src: Region, desc: &MemDesc, off: usize) -> Result<OpId> {
+        desc.check(off, src.len(), true, &format!("rank {}: a put into rank {peer}", self.rank))?;
+        let via = if self.native(peer, desc) {
+            let c = self.carrier[peer];
+            match self.providers[c].direct().expect("native").write(peer, &src, desc, off)? {
+                Pending::Done => Via::Done,
+                Pending::Ticket(t) => Via::Native(t),
+            }
+        } else {
+            self.link(peer)?;
+            Via::Plane(self.plane.write(peer, src, desc, off)?)
+        };
+        Ok(self.start(peer, src.len(), false, via))
+    }
+
+    /// Whether `op` is complete (its data in place; a put visible at the
+    /// peer). Completed operations are counted and forgotten.
+    pub fn test(&mut self, op: OpId) -> Result<bool> {
+        let o = *self.ops.get(&op.0).ok_or_else(|| Error::Internal(format!("unknown one-sided op {}", op.0)))?;
+        let done = match o.via {
+            Via::Done => true,
+            Via::Native(t) => {
+                let c = self.carrier[o.peer];
+                self.providers[c].direct().expect("native").test(t)?
+            }
+            Via::Plane(id) => self.plane.test(id)?,
+        };
+        if done {
+            self.ops.remove(&op.0);
+            if let Via::Plane(id) = o.via {
+                self.plane.forget(id);
+            }
+            let counts = &mut self.one_sided[o.peer];
+            if o.read {
+                counts.1 += o.bytes;
+            } else {
+                counts.0 += o.bytes;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Abandons `op` (its call failed): its destination or source is not
+    /// touched afterwards.
+    pub fn forget(&mut self, op: OpId) {
+        if let Some(OneSided { via: Via::Plane(id), .. }) = self.ops.remove(&op.0) {
+            self.plane.forget(id);
+        }
+    }
+
+    /// Runs `f` on a view of `len` bytes at `off` of `peer`'s memory where
+    /// the provider can give one (ranks of one process): a reduction reads
+    /// them in place. `Ok(false)`: no view, read instead. Counted as got.
+    pub fn with_view(
+        &mut self,
+        peer: usize,
+        desc: &MemDesc,
+        off: usize,
+        len: usize,
+        f: &mut dyn FnMut(&Region) -> Result<()>,
+    ) -> Result<bool> {
+        desc.check(off, len, false, &format!("rank {}: a get from rank {peer}", self.rank))?;
+        if !self.native(peer, desc) {
+            return Ok(false);
+        }
+        let c = self.carrier[peer];
+        let viewed = self.providers[c].direct().expect("native").with_view(peer, desc, off, len, f)?;
+        if viewed {
+            self.one_sided[peer].1 += len as u64;
+        }
+        Ok(viewed)
     }
 }

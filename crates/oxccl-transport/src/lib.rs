@@ -37,10 +37,13 @@
 
 pub mod bootstrap;
 pub mod conformance;
+pub mod control;
 pub mod fabric;
 pub mod futex;
 pub mod id;
 pub mod mem;
+pub mod provider;
+pub mod region;
 pub mod ring;
 pub mod shm;
 pub mod tcp;
@@ -56,7 +59,17 @@ pub type Channel = u32;
 /// peer matches the n-th receive from that rank at the peer.
 pub const P2P_CHANNEL: Channel = u32::MAX;
 
+/// The channel that carries the one-sided control plane between two ranks
+/// (signals, buffer descriptors, emulated gets and puts; see
+/// [`control`]); never used by programs.
+pub const CONTROL_CHANNEL: Channel = u32::MAX - 1;
+
 /// Which provider carries a connection.
+///
+/// Non-exhaustive: providers are added without touching any `match` on
+/// this type outside this file; names, aliases and wire codes come from
+/// one table ([`Kind::all`], [`Kind::from_str`](std::str::FromStr)).
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
     /// Ranks in one process.
@@ -67,14 +80,45 @@ pub enum Kind {
     Tcp,
 }
 
+/// Every kind: (kind, name, other names accepted, wire code).
+const KINDS: &[(Kind, &str, &[&str], u8)] =
+    &[(Kind::Mem, "mem", &[], 1), (Kind::Shm, "shm", &[], 2), (Kind::Tcp, "tcp", &["socket", "net"], 3)];
+
 impl Kind {
-    /// `mem`, `shm` or `tcp`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Kind::Mem => "mem",
-            Kind::Shm => "shm",
-            Kind::Tcp => "tcp",
-        }
+    fn info(self) -> &'static (Kind, &'static str, &'static [&'static str], u8) {
+        KINDS.iter().find(|k| k.0 == self).expect("every kind is in the table")
+    }
+
+    /// Every kind, in the table's order.
+    pub fn all() -> impl Iterator<Item = Kind> {
+        KINDS.iter().map(|k| k.0)
+    }
+
+    /// `mem`, `shm`, `tcp`, …
+    pub fn name(self) -> &'static str {
+        self.info().1
+    }
+
+    /// The byte that stands for this kind in descriptors.
+    pub fn code(self) -> u8 {
+        self.info().3
+    }
+
+    /// The kind a descriptor's byte stands for.
+    pub fn from_code(code: u8) -> Option<Kind> {
+        KINDS.iter().find(|k| k.3 == code).map(|k| k.0)
+    }
+}
+
+impl std::str::FromStr for Kind {
+    type Err = Error;
+    /// A kind by name or alias, any case (`tcp`, `socket`, `shm` …).
+    fn from_str(s: &str) -> Result<Kind> {
+        let key = s.trim().to_ascii_lowercase();
+        KINDS.iter().find(|k| k.1 == key || k.2.contains(&key.as_str())).map(|k| k.0).ok_or_else(|| {
+            let names: Vec<&str> = KINDS.iter().map(|k| k.1).collect();
+            Error::invalid(format!("unknown transport {s:?}; expected one of {}", names.join(", ")))
+        })
     }
 }
 
@@ -136,14 +180,26 @@ pub trait Receiver: Send {
 }
 
 /// Bytes moved with one peer over one provider.
+///
+/// Two-sided traffic is counted at both ends (`sent` here is `recv` at
+/// the peer); one-sided traffic at the rank that starts it: `put` bytes
+/// this rank wrote into the peer's memory, `got` bytes it read from the
+/// peer's memory (a peer that reads this rank's memory does not show up in
+/// this rank's counters, since with shared memory, RDMA or CUDA IPC this
+/// rank takes no part). Protocol bytes (headers, signals, descriptors) are
+/// not counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PeerStats {
     /// The peer's rank.
     pub peer: usize,
     /// The provider.
     pub kind: Option<Kind>,
-    /// Payload bytes sent to the peer.
+    /// Payload bytes sent to the peer in messages.
     pub sent: u64,
-    /// Payload bytes received from the peer.
+    /// Payload bytes received from the peer in messages.
     pub recv: u64,
+    /// Bytes this rank wrote into the peer's registered memory.
+    pub put: u64,
+    /// Bytes this rank read from the peer's registered memory.
+    pub got: u64,
 }

@@ -38,12 +38,23 @@ use std::sync::Arc;
 
 use crate::futex::{Doorbell, DoorbellWord};
 use crate::ring::{Consumer, Label, Producer, RING_HEADER, Ring, check_capacity};
-use crate::{Channel, Error, P2P_CHANNEL, Piece, Receiver, Result, Sender};
+use crate::{CONTROL_CHANNEL, Channel, Error, P2P_CHANNEL, Piece, Receiver, Result, Sender};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+mod provider;
+pub use provider::{ShmFactory, ShmProvider};
+
+const _: () = assert!(REG_OFFSET + 8 * REG_SLOTS <= SEG_HEADER && REG_OFFSET >= BELL_OFFSET + 8);
 
 const SEG_MAGIC: u64 = 0x4f58_4343_4c53_484d; // "OXCCLSHM"
-const SEG_VERSION: u32 = 1;
+const SEG_VERSION: u32 = 2;
 const SEG_HEADER: usize = 4096;
 const BELL_OFFSET: usize = 64;
+/// Registration slots (one `u64` token each) after the doorbell: a peer
+/// checks the token before every cross-memory access to a registration.
+const REG_OFFSET: usize = 128;
+/// Registrations a rank can have at once.
+pub const REG_SLOTS: usize = 32;
 
 /// The fixed fields at the start of a segment (written once, before the
 /// segment gets its public name).
@@ -121,17 +132,28 @@ struct Segment {
 
 impl Segment {
     fn slot(&self, ch: Channel) -> Result<usize> {
-        let nch = self.hdr.nslots as usize - 1;
+        let nch = self.hdr.nslots as usize - 2;
         if ch == P2P_CHANNEL {
             Ok(nch)
+        } else if ch == CONTROL_CHANNEL {
+            Ok(nch + 1)
         } else if (ch as usize) < nch {
             Ok(ch as usize)
         } else {
             Err(Error::invalid(format!(
-                "channel {ch} out of range: shm segment {} has {nch} channels (plus p2p)",
+                "channel {ch} out of range: shm segment {} has {nch} channels (plus p2p and control)",
                 self.name
             )))
         }
+    }
+
+    /// Registration slot `i`'s token word.
+    fn reg_word(&self, i: usize) -> &AtomicU64 {
+        assert!(i < REG_SLOTS, "registration slot {i} of {REG_SLOTS}");
+        // SAFETY: REG_OFFSET + 8 * REG_SLOTS <= SEG_HEADER lies inside the
+        // mapping's header page, 8-aligned; every process accesses these
+        // words only atomically; the mapping outlives `&self`.
+        unsafe { &*(self.map.ptr.add(REG_OFFSET + 8 * i) as *const AtomicU64) }
     }
 
     fn ring(&self, from: usize, ch: Channel) -> Result<Ring> {
@@ -170,7 +192,8 @@ pub struct Inbox {
 impl Inbox {
     /// Creates the segment `/dev/shm/<name>` (an error if it exists) for
     /// rank `my_rank` of `nranks`, with `nchannels` channels plus the p2p
-    /// channel, each FIFO `capacity` bytes (a power of two ≥ 4 KiB).
+    /// and control channels, each FIFO `capacity` bytes (a power of two ≥
+    /// 4 KiB; pages are touched only as they are used).
     pub fn create(name: &str, my_rank: usize, nranks: usize, nchannels: usize, capacity: usize) -> Result<Inbox> {
         #[cfg(loom)]
         if true {
@@ -183,7 +206,7 @@ impl Inbox {
             )));
         }
         let path = shm_path(name)?;
-        let nslots = nchannels + 1;
+        let nslots = nchannels + 2;
         let (stride, total) = layout(nranks, nslots, capacity).ok_or_else(|| {
             Error::invalid(format!("shm inbox {name}: {nranks} ranks x {nslots} slots x {capacity} bytes overflows"))
         })?;
@@ -251,6 +274,11 @@ impl Inbox {
     /// their consumes of what this rank sent).
     pub fn doorbell(&self) -> Doorbell {
         self.seg.doorbell()
+    }
+
+    /// Sets registration slot `i` to `token` (0: free, revoked).
+    pub fn set_reg(&self, i: usize, token: u64) {
+        self.seg.reg_word(i).store(token, Ordering::Release);
     }
 
     /// Removes the name from `/dev/shm` (mappings stay valid). Call once
@@ -324,7 +352,7 @@ impl Outbox {
         if hdr.version != SEG_VERSION {
             return bad(format!("version {} (this build speaks {SEG_VERSION})", hdr.version));
         }
-        if check_capacity(hdr.capacity as usize).is_err() || hdr.nranks == 0 || hdr.nslots == 0 {
+        if check_capacity(hdr.capacity as usize).is_err() || hdr.nranks == 0 || hdr.nslots < 2 {
             return bad(format!("capacity {}, {} ranks, {} slots", hdr.capacity, hdr.nranks, hdr.nslots));
         }
         match layout(hdr.nranks as usize, hdr.nslots as usize, hdr.capacity as usize) {
@@ -351,6 +379,11 @@ impl Outbox {
     /// The peer's doorbell.
     pub fn doorbell(&self) -> Doorbell {
         self.seg.doorbell()
+    }
+
+    /// The token in the peer's registration slot `i` (0: none).
+    pub fn reg(&self, i: usize) -> u64 {
+        self.seg.reg_word(i).load(Ordering::Acquire)
     }
 
     /// The sending end to the peer on `ch` (once per process group).
@@ -450,7 +483,9 @@ pub fn vm_read(pid: i32, remote_addr: usize, dst: &mut [u8]) -> Result<usize> {
     })
 }
 
-fn vm_read_raw(pid: i32, remote_addr: usize, dst: &mut [u8]) -> std::result::Result<usize, i32> {
+/// Reads `dst.len()` bytes at `remote_addr` in process `pid`
+/// (`process_vm_readv`); the bytes read (possibly fewer), or the errno.
+pub fn vm_read_raw(pid: i32, remote_addr: usize, dst: &mut [u8]) -> std::result::Result<usize, i32> {
     if dst.is_empty() {
         return Ok(0);
     }
@@ -459,6 +494,24 @@ fn vm_read_raw(pid: i32, remote_addr: usize, dst: &mut [u8]) -> std::result::Res
     // SAFETY: `local` describes `dst`, writable for its length; the kernel
     // checks the remote range and fails with EFAULT if it is not mapped.
     let n = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok(n as usize)
+}
+
+/// Writes `src` at `remote_addr` in process `pid` (`process_vm_writev`);
+/// returns the bytes written (possibly fewer). The errno on failure.
+pub fn vm_write_raw(pid: i32, remote_addr: usize, src: &[u8]) -> std::result::Result<usize, i32> {
+    if src.is_empty() {
+        return Ok(0);
+    }
+    let local = libc::iovec { iov_base: src.as_ptr() as *mut libc::c_void, iov_len: src.len() };
+    let remote = libc::iovec { iov_base: remote_addr as *mut libc::c_void, iov_len: src.len() };
+    // SAFETY: `local` describes `src`, readable for its length (the kernel
+    // only reads it); the kernel checks the remote range and fails with
+    // EFAULT if it is not mapped writable in `pid`.
+    let n = unsafe { libc::process_vm_writev(pid, &local, 1, &remote, 1, 0) };
     if n < 0 {
         return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
     }

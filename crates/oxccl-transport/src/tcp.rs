@@ -35,8 +35,11 @@
 //!   once the bytes sent before the close have been consumed; a malformed
 //!   header is an [`Error::Remote`] saying what was wrong. Errors stick.
 
+mod provider;
 mod recv;
 mod send;
+
+pub use provider::{TcpFactory, TcpProvider};
 
 use crate::wire::{Expect, HANDSHAKE_LEN, Handshake, MAX_STREAMS};
 use crate::{Channel, Error, Receiver, Result, Sender};

@@ -1,0 +1,342 @@
+//! The provider seam: what a transport implements to carry oxccl traffic.
+//!
+//! A [`Factory`] says which peers its provider can reach (same process,
+//! same host, anyone) and opens this rank's side. The [`Provider`] it
+//! returns publishes what peers need through the bootstrap, connects,
+//! hands out two-sided connection ends ([`Sender`]/[`Receiver`], the FIFO
+//! contract), makes progress, says what the engine's wait loop sleeps on
+//! and which link parameters the tuner should use, and may offer native
+//! one-sided access ([`Direct`]) to memory peers registered. The
+//! [`Fabric`](crate::fabric::Fabric) drives factories from one table
+//! ([`crate::fabric::registry`]); nothing outside a provider matches on
+//! its [`Kind`].
+//!
+//! Setup is collective and has the same shape for every provider: every
+//! rank opens every factory of the table (also one that serves no peer),
+//! all-gathers each provider's [`publish`](Provider::publish), calls
+//! [`connect`](Provider::connect), meets the others at a barrier, then
+//! calls [`ready`](Provider::ready).
+//!
+//! One-sided access without a native path (TCP) is emulated by the
+//! fabric's control plane over the provider's own connections
+//! ([`crate::control`]), so every program runs on every provider.
+
+use crate::bootstrap::{Bootstrap, PeerInfo};
+use crate::futex::Doorbell;
+use crate::region::Region;
+use crate::{Channel, Error, Kind, Receiver, Result, Sender};
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// How the fabric is built.
+#[derive(Clone, Debug)]
+pub struct FabricOptions {
+    /// Force one provider between all ranks (also ranks of one process).
+    pub transport: Option<Kind>,
+    /// Bytes of each connection's FIFO.
+    pub buffsize: usize,
+    /// Bytes of each TCP connection's FIFO.
+    pub tcp_buffsize: usize,
+    /// Sockets per TCP connection.
+    pub nsocks: usize,
+    /// Interface for TCP (NCCL's `NCCL_SOCKET_IFNAME` syntax).
+    pub ifname: Option<String>,
+    /// Deadline of setup waits.
+    pub timeout: Duration,
+    /// Shared memory may read and write peers' memory with
+    /// `process_vm_readv`/`process_vm_writev` (cross-memory attach) where
+    /// the kernel allows it (`OXCCL_SHM_CMA`, default on).
+    pub cma: bool,
+}
+
+impl Default for FabricOptions {
+    fn default() -> FabricOptions {
+        FabricOptions {
+            transport: None,
+            buffsize: 4 << 20,
+            tcp_buffsize: 512 << 10,
+            nsocks: 2,
+            ifname: None,
+            timeout: Duration::from_secs(300),
+            cma: true,
+        }
+    }
+}
+
+/// A link's cost: bandwidth in bytes per second, latency in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Bytes per second in each direction.
+    pub bw: f64,
+    /// Seconds from the start of a transfer to its first byte's use.
+    pub lat: f64,
+}
+
+/// What a provider tells the tuner about its links.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkParams {
+    /// Messages through the connections' FIFOs (two copies on shared
+    /// memory, socket copies on TCP).
+    pub fifo: LinkCost,
+    /// One-sided gets and puts (a signal costs about `fifo.lat`).
+    pub one_sided: LinkCost,
+    /// Whether one-sided access is native (single copy) to every peer
+    /// this provider serves, rather than emulated with messages.
+    pub native: bool,
+}
+
+/// What a provider needs to open and connect.
+pub struct Setup<'a> {
+    /// This rank.
+    pub rank: usize,
+    /// Every rank's identity, from the bootstrap.
+    pub peers: &'a [PeerInfo],
+    /// The communicator's nonce (names, handshakes).
+    pub nonce: [u8; 16],
+    /// The fabric's options.
+    pub opts: &'a FabricOptions,
+    /// Per rank: whether this provider carries traffic with it.
+    pub serves: &'a [bool],
+    /// The bootstrap (its local address picks the TCP interface).
+    pub boot: &'a Bootstrap,
+}
+
+impl Setup<'_> {
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Whether this provider serves any peer.
+    pub fn serves_any(&self) -> bool {
+        self.serves.iter().any(|&s| s)
+    }
+}
+
+/// Makes providers of one kind.
+pub trait Factory: Send + Sync {
+    /// The kind of provider it makes.
+    fn kind(&self) -> Kind;
+    /// Whether its provider can carry traffic between `me` and `peer`.
+    fn reaches(&self, me: &PeerInfo, peer: &PeerInfo) -> bool;
+    /// Opens this rank's side (collective: every rank opens every factory).
+    fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>>;
+}
+
+/// What the engine's wait loop sleeps on for one provider.
+#[derive(Clone, Debug, Default)]
+pub struct Wake {
+    /// Peers ring this rank's doorbell when data or room arrives.
+    pub rings_bell: bool,
+    /// Descriptors to poll for readability (sockets).
+    pub fds: Vec<RawFd>,
+}
+
+/// One rank's side of a transport.
+pub trait Provider: Send {
+    /// Its kind.
+    fn kind(&self) -> Kind;
+    /// Link parameters for the tuner (measured or tabled).
+    fn link(&self) -> LinkParams;
+    /// A doorbell in memory that other processes can ring, if this
+    /// provider owns one (it becomes the rank's doorbell).
+    fn shared_bell(&self) -> Option<Doorbell> {
+        None
+    }
+    /// What peers need to connect, all-gathered through the bootstrap.
+    fn publish(&self) -> Vec<u8>;
+    /// Connects with every rank's published bytes; `bell` is this rank's
+    /// doorbell (peers of providers that ring one ring it).
+    fn connect(&mut self, setup: &Setup<'_>, published: &[Vec<u8>], bell: &Doorbell) -> Result<()>;
+    /// After every rank has connected: release what only setup needed.
+    fn ready(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// The sending end to `peer` on `ch` (each once).
+    fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>>;
+    /// The receiving end from `peer` on `ch` (each once).
+    fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>>;
+    /// Whether this provider's connections move bytes only in `progress`
+    /// (sockets), so the fabric must call it on every poll.
+    fn needs_progress(&self) -> bool {
+        false
+    }
+    /// Provider-wide progress (accepting connections); true if anything
+    /// happened.
+    fn progress(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+    /// What to sleep on.
+    fn wake(&self) -> Wake;
+    /// An error naming the peer if one this provider serves has died.
+    fn check(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Native one-sided access, if this provider has one.
+    fn direct(&mut self) -> Option<&mut dyn Direct> {
+        None
+    }
+    /// Shuts the provider's connections down (peers see them close).
+    fn close(&mut self) {}
+}
+
+/// Where a started one-sided operation stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pending {
+    /// Complete: the data is in place.
+    Done,
+    /// Still moving; ask [`Direct::test`] with this ticket.
+    Ticket(u64),
+}
+
+/// Native one-sided access: registered memory that peers read and write
+/// without the owner's involvement (cross-memory attach, RDMA, CUDA IPC).
+pub trait Direct: Send {
+    /// Whether this rank can reach `peer`'s registered memory natively (the
+    /// kernel may refuse some peers: then the fabric emulates).
+    fn reaches(&self, peer: usize) -> bool;
+    /// Makes `region` accessible to peers until
+    /// [`unregister`](Direct::unregister): fills the native part of a
+    /// descriptor (`addr`, `len`, `key`).
+    fn register(&mut self, region: &Region, desc: &mut MemDesc) -> Result<()>;
+    /// Ends a registration: afterwards no peer can use the descriptor.
+    fn unregister(&mut self, desc: &MemDesc);
+    /// Starts copying `dst.len()` bytes at `off` of `peer`'s memory `desc`
+    /// into `dst`.
+    fn read(&mut self, peer: usize, desc: &MemDesc, off: usize, dst: &Region) -> Result<Pending>;
+    /// Starts copying `src` into `peer`'s memory `desc` at `off`.
+    fn write(&mut self, peer: usize, src: &Region, desc: &MemDesc, off: usize) -> Result<Pending>;
+    /// Whether the operation of `ticket` is complete.
+    fn test(&mut self, _ticket: u64) -> Result<bool> {
+        Ok(true)
+    }
+    /// Runs `f` on a view of `len` bytes at `off` of `peer`'s memory, if
+    /// this provider can give one (ranks of one process): a reduction
+    /// then reads the peer's bytes once, with no copy. `Ok(false)`: no
+    /// view; read instead.
+    fn with_view(
+        &mut self,
+        _peer: usize,
+        _desc: &MemDesc,
+        _off: usize,
+        _len: usize,
+        _f: &mut dyn FnMut(&Region) -> Result<()>,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+}
+
+/// Bytes of an encoded [`MemDesc`].
+pub const DESC_LEN: usize = 96;
+
+/// A serializable, bytes-only descriptor of registered memory, what a peer
+/// needs to read or write it: the registering rank, the provider that
+/// registered it natively (if any) with its address, length and opaque key
+/// (a pid and a revocation slot for shared memory; an RDMA rkey; a CUDA
+/// IPC handle), and the id under which the fabric's emulation serves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemDesc {
+    /// Provider of the native registration, if any.
+    pub kind: Option<Kind>,
+    /// The registering rank.
+    pub owner: u32,
+    /// Peers may write it.
+    pub writable: bool,
+    /// Id in the owner's emulation registry (gets and puts by message).
+    pub emu_id: u64,
+    /// Address in the owner's address space (native).
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The native provider's key.
+    pub key: [u8; 64],
+}
+
+impl MemDesc {
+    /// A descriptor of `len` bytes registered by `owner` for emulation only.
+    pub fn emulated(owner: usize, emu_id: u64, len: usize, writable: bool) -> MemDesc {
+        MemDesc { kind: None, owner: owner as u32, writable, emu_id, addr: 0, len: len as u64, key: [0; 64] }
+    }
+
+    /// The fixed 96-byte form.
+    pub fn encode(&self) -> [u8; DESC_LEN] {
+        let mut b = [0u8; DESC_LEN];
+        b[0] = self.kind.map_or(0, Kind::code);
+        b[1] = self.writable as u8;
+        b[4..8].copy_from_slice(&self.owner.to_le_bytes());
+        b[8..16].copy_from_slice(&self.emu_id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..96].copy_from_slice(&self.key);
+        b
+    }
+
+    /// Parses [`encode`](MemDesc::encode)'s form; `from` names the sender
+    /// in errors.
+    pub fn decode(b: &[u8], from: usize) -> Result<MemDesc> {
+        let bad = |why: &str| Error::Remote(format!("rank {from} sent a malformed memory descriptor: {why}"));
+        if b.len() != DESC_LEN {
+            return Err(bad(&format!("{} bytes instead of {DESC_LEN}", b.len())));
+        }
+        let kind = match b[0] {
+            0 => None,
+            c => Some(Kind::from_code(c).ok_or_else(|| bad(&format!("unknown provider code {c}")))?),
+        };
+        if b[1] > 1 {
+            return Err(bad("bad flags"));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let mut key = [0u8; 64];
+        key.copy_from_slice(&b[32..96]);
+        Ok(MemDesc {
+            kind,
+            owner: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            writable: b[1] == 1,
+            emu_id: u64_at(8),
+            addr: u64_at(16),
+            len: u64_at(24),
+            key,
+        })
+    }
+
+    /// Checks that `[off, off + len)` lies inside the registered memory
+    /// (and that it may be written, for a write); `what` names the access.
+    pub fn check(&self, off: usize, len: usize, write: bool, what: &str) -> Result<()> {
+        let end = off.checked_add(len).map(|e| e as u64);
+        if end.is_none_or(|e| e > self.len) {
+            return Err(Error::invalid(format!(
+                "{what}: bytes {off}..+{len} are outside the {} bytes rank {} registered",
+                self.len, self.owner
+            )));
+        }
+        if write && !self.writable {
+            return Err(Error::invalid(format!("{what}: rank {}'s buffer is read-only (its input)", self.owner)));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip_and_reject_garbage() {
+        let mut d = MemDesc::emulated(3, 77, 4096, true);
+        d.kind = Some(Kind::Shm);
+        d.addr = 0xdead_beef;
+        d.key[5] = 9;
+        let b = d.encode();
+        assert_eq!(MemDesc::decode(&b, 3).unwrap(), d);
+        assert!(MemDesc::decode(&b[..95], 3).unwrap_err().to_string().contains("rank 3"));
+        let mut bad = b;
+        bad[0] = 200;
+        assert!(MemDesc::decode(&bad, 1).unwrap_err().to_string().contains("provider code 200"));
+        assert!(d.check(4000, 96, true, "get").is_ok());
+        let e = d.check(4000, 97, false, "get from rank 3").unwrap_err().to_string();
+        assert!(e.contains("outside the 4096 bytes rank 3 registered"), "{e}");
+        d.writable = false;
+        assert!(d.check(0, 1, true, "put").unwrap_err().to_string().contains("read-only"));
+        assert!(d.check(usize::MAX, 2, false, "x").is_err());
+    }
+}

@@ -1,0 +1,272 @@
+//! The shared-memory provider over [`Inbox`]/[`Outbox`] segments, with
+//! native one-sided access by cross-memory attach (`process_vm_readv`,
+//! `process_vm_writev`: Open MPI's CMA) where the kernel allows it.
+//!
+//! Registrations live in the owner's process; a peer copies straight
+//! between them and its own memory with one system call per piece, and
+//! checks the registration's token in the owner's segment before and after
+//! (the owner clears it when the call ends), so a peer that lags behind a
+//! failed owner gets an error, not the bytes of a buffer it no longer
+//! owns. Where the kernel refuses (Yama `ptrace_scope` ≥ 2, containers
+//! without `CAP_SYS_PTRACE`, `OXCCL_SHM_CMA=0`), the peer is not
+//! [`reached`](Direct::reaches) and the fabric emulates one-sided access
+//! with messages through the segment's FIFOs.
+
+use super::{Inbox, Outbox, PidWatch, REG_SLOTS, vm_read_permitted, vm_read_raw, vm_write_raw};
+use crate::bootstrap::PeerInfo;
+use crate::fabric::CHANNELS;
+use crate::futex::Doorbell;
+use crate::provider::{Direct, Factory, LinkCost, LinkParams, MemDesc, Pending, Provider, Setup, Wake};
+use crate::region::Region;
+use crate::{Channel, Error, Kind, Receiver, Result, Sender};
+use std::collections::HashMap;
+
+/// Makes [`ShmProvider`]s: processes on one host.
+pub struct ShmFactory;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Factory for ShmFactory {
+    fn kind(&self) -> Kind {
+        Kind::Shm
+    }
+    fn reaches(&self, me: &PeerInfo, peer: &PeerInfo) -> bool {
+        me.host == peer.host
+    }
+    fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>> {
+        let n = setup.nranks();
+        let inbox = if setup.serves_any() {
+            let name = format!("oxccl-{}-{}", hex(&setup.nonce[..8]), setup.rank);
+            Some(Inbox::create(&name, setup.rank, n, CHANNELS, setup.opts.buffsize)?)
+        } else {
+            None
+        };
+        Ok(Box::new(ShmProvider {
+            rank: setup.rank,
+            inbox,
+            outboxes: HashMap::new(),
+            watches: Vec::new(),
+            cma: vec![false; n],
+            pids: setup.peers.iter().map(|p| p.pid as i32).collect(),
+            slots: [0; REG_SLOTS],
+            next_token: 1,
+        }))
+    }
+}
+
+/// One rank's side of the shared-memory provider.
+pub struct ShmProvider {
+    rank: usize,
+    inbox: Option<Inbox>,
+    outboxes: HashMap<usize, Outbox>,
+    watches: Vec<(usize, PidWatch)>,
+    /// Per peer: cross-memory attach works.
+    cma: Vec<bool>,
+    pids: Vec<i32>,
+    /// Tokens of this rank's registrations by slot (0: free).
+    slots: [u64; REG_SLOTS],
+    next_token: u64,
+}
+
+impl ShmProvider {
+    fn outbox(&self, peer: usize) -> Result<&Outbox> {
+        self.outboxes.get(&peer).ok_or_else(|| {
+            Error::Internal(format!("rank {}: shared memory does not carry traffic with rank {peer}", self.rank))
+        })
+    }
+
+    /// Where a descriptor points: (pid, slot, token), checked against what
+    /// this rank knows of the owner.
+    fn target(&self, peer: usize, desc: &MemDesc) -> Result<(i32, usize, u64)> {
+        let pid = i32::from_le_bytes(desc.key[0..4].try_into().expect("4 bytes"));
+        let slot = u32::from_le_bytes(desc.key[4..8].try_into().expect("4 bytes")) as usize;
+        let token = u64::from_le_bytes(desc.key[8..16].try_into().expect("8 bytes"));
+        if desc.kind != Some(Kind::Shm) || pid != self.pids[peer] || slot >= REG_SLOTS || token == 0 {
+            return Err(Error::Remote(format!(
+                "rank {peer} sent a shared-memory descriptor for pid {pid}, slot {slot}: it is not rank {peer}'s \
+                 (pid {})",
+                self.pids[peer]
+            )));
+        }
+        Ok((pid, slot, token))
+    }
+
+    fn check_token(&self, peer: usize, slot: usize, token: u64) -> Result<()> {
+        if self.outbox(peer)?.reg(slot) != token {
+            return Err(Error::Remote(format!(
+                "rank {peer}'s buffer is no longer registered: it left the call (or failed) while this rank \
+                 still used it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies with `op` (a `process_vm_*` call on (offset, local piece))
+    /// until all `len` bytes are done.
+    fn cross(
+        &self,
+        peer: usize,
+        desc: &MemDesc,
+        len: usize,
+        what: &str,
+        mut op: impl FnMut(usize) -> std::result::Result<usize, i32>,
+    ) -> Result<()> {
+        let (pid, slot, token) = self.target(peer, desc)?;
+        self.check_token(peer, slot, token)?;
+        let mut done = 0;
+        while done < len {
+            match op(done) {
+                Ok(0) => {
+                    return Err(Error::Remote(format!(
+                        "{what} rank {peer} (pid {pid}): the kernel moved nothing at byte {done} of {len}"
+                    )));
+                }
+                Ok(n) => done += n,
+                Err(libc::EINTR) => {}
+                Err(errno) => {
+                    let why = match errno {
+                        libc::ESRCH => "the process is gone".to_string(),
+                        libc::EFAULT => "its buffer is not mapped any more".to_string(),
+                        e => std::io::Error::from_raw_os_error(e).to_string(),
+                    };
+                    return Err(Error::Remote(format!("{what} rank {peer} (pid {pid}) failed: {why}")));
+                }
+            }
+        }
+        self.check_token(peer, slot, token)
+    }
+}
+
+/// Why the kernel may refuse cross-memory attach, for the log.
+fn ptrace_hint() -> String {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Ok(s) => format!("kernel.yama.ptrace_scope = {}", s.trim()),
+        Err(_) => "no Yama ptrace_scope; a container may lack CAP_SYS_PTRACE".to_string(),
+    }
+}
+
+impl Provider for ShmProvider {
+    fn kind(&self) -> Kind {
+        Kind::Shm
+    }
+    fn link(&self) -> LinkParams {
+        // Measured on the 2-core development VM (compare-peers): FIFO
+        // messages cost two copies; cross-memory attach one, plus a system
+        // call per access.
+        let native = self.outboxes.keys().all(|&p| self.cma[p]);
+        LinkParams {
+            fifo: LinkCost { bw: 5e9, lat: 5e-6 },
+            one_sided: if native { LinkCost { bw: 8e9, lat: 6e-6 } } else { LinkCost { bw: 4e9, lat: 15e-6 } },
+            native,
+        }
+    }
+    fn shared_bell(&self) -> Option<Doorbell> {
+        self.inbox.as_ref().map(Inbox::doorbell)
+    }
+    fn publish(&self) -> Vec<u8> {
+        self.inbox.as_ref().map(|i| i.name().as_bytes().to_vec()).unwrap_or_default()
+    }
+    fn connect(&mut self, setup: &Setup<'_>, published: &[Vec<u8>], _bell: &Doorbell) -> Result<()> {
+        let mut refused = Vec::new();
+        for (p, serves) in setup.serves.iter().enumerate() {
+            if !serves || p == self.rank {
+                continue;
+            }
+            let name = String::from_utf8(published[p].clone())
+                .map_err(|_| Error::Remote(format!("rank {p} published a malformed segment name")))?;
+            if name.is_empty() {
+                return Err(Error::Remote(format!("rank {p} did not create a shared segment for rank {}", self.rank)));
+            }
+            let outbox = Outbox::open(&name, self.rank)?;
+            self.watches.push((p, PidWatch::new(outbox.peer_pid())?));
+            self.outboxes.insert(p, outbox);
+            self.cma[p] = setup.opts.cma && vm_read_permitted(self.pids[p]);
+            if setup.opts.cma && !self.cma[p] {
+                refused.push(p);
+            }
+        }
+        if !refused.is_empty() {
+            tracing::info!(
+                "rank {}: the kernel refuses process_vm_readv on ranks {refused:?} ({}); one-sided steps with \
+                 them go through messages (two copies)",
+                self.rank,
+                ptrace_hint()
+            );
+        }
+        Ok(())
+    }
+    fn ready(&mut self) -> Result<()> {
+        match &mut self.inbox {
+            Some(i) => i.unlink(),
+            None => Ok(()),
+        }
+    }
+    fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>> {
+        self.outbox(peer)?.sender(ch)
+    }
+    fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>> {
+        let bell = self.outbox(peer)?.doorbell();
+        let inbox = self.inbox.as_ref().ok_or_else(|| Error::Internal("shm receiver without an inbox".into()))?;
+        inbox.receiver(peer, ch, bell)
+    }
+    fn wake(&self) -> Wake {
+        Wake { rings_bell: true, fds: Vec::new() }
+    }
+    fn check(&mut self) -> Result<()> {
+        for (p, w) in &self.watches {
+            if w.exited() {
+                return Err(Error::Remote(format!("rank {p} (on this host) exited")));
+            }
+        }
+        Ok(())
+    }
+    fn direct(&mut self) -> Option<&mut dyn Direct> {
+        Some(self)
+    }
+}
+
+impl Direct for ShmProvider {
+    fn reaches(&self, peer: usize) -> bool {
+        self.cma.get(peer).copied().unwrap_or(false)
+    }
+    fn register(&mut self, region: &Region, desc: &mut MemDesc) -> Result<()> {
+        let inbox = self.inbox.as_ref().ok_or_else(|| Error::Internal("shm registration without an inbox".into()))?;
+        let slot = self.slots.iter().position(|&t| t == 0).ok_or_else(|| {
+            Error::Internal(format!("rank {}: all {REG_SLOTS} shared-memory registrations are in use", self.rank))
+        })?;
+        let token = self.next_token;
+        self.next_token += 1;
+        self.slots[slot] = token;
+        inbox.set_reg(slot, token);
+        desc.kind = Some(Kind::Shm);
+        desc.addr = region.addr() as u64;
+        desc.key[0..4].copy_from_slice(&(std::process::id() as i32).to_le_bytes());
+        desc.key[4..8].copy_from_slice(&(slot as u32).to_le_bytes());
+        desc.key[8..16].copy_from_slice(&token.to_le_bytes());
+        Ok(())
+    }
+    fn unregister(&mut self, desc: &MemDesc) {
+        let slot = u32::from_le_bytes(desc.key[4..8].try_into().expect("4 bytes")) as usize;
+        let token = u64::from_le_bytes(desc.key[8..16].try_into().expect("8 bytes"));
+        if slot < REG_SLOTS && self.slots[slot] == token {
+            self.slots[slot] = 0;
+            if let Some(i) = &self.inbox {
+                i.set_reg(slot, 0);
+            }
+        }
+    }
+    fn read(&mut self, peer: usize, desc: &MemDesc, off: usize, dst: &Region) -> Result<Pending> {
+        let (pid, base) = (self.pids[peer], desc.addr as usize + off);
+        dst.write(|d| {
+            self.cross(peer, desc, d.len(), "reading from", |at| vm_read_raw(pid, base + at, &mut d[at..]))
+        })??;
+        Ok(Pending::Done)
+    }
+    fn write(&mut self, peer: usize, src: &Region, desc: &MemDesc, off: usize) -> Result<Pending> {
+        let (pid, base) = (self.pids[peer], desc.addr as usize + off);
+        src.read(|s| self.cross(peer, desc, s.len(), "writing into", |at| vm_write_raw(pid, base + at, &s[at..])))?;
+        Ok(Pending::Done)
+    }
+}
