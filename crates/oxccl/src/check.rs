@@ -2,9 +2,9 @@
 //! through the bootstrap before it runs, so a mismatch is an error naming
 //! the first rank that differs instead of a hang or corrupted data.
 
-use crate::comm::Communicator;
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
+use oxccl_transport::bootstrap::Bootstrap;
 
 fn encode(c: &Collective, op: ReduceOp) -> Vec<u8> {
     let mut v = Vec::with_capacity(32);
@@ -31,15 +31,15 @@ fn describe(v: &[u8]) -> String {
 
 /// Compares this call with every rank's; an error names the first rank
 /// whose call differs from rank 0's.
-pub(crate) fn compare(comm: &Communicator, c: &Collective, op: ReduceOp) -> Result<()> {
+pub(crate) fn compare(boot: &Bootstrap, c: &Collective, op: ReduceOp) -> Result<()> {
     let mine = encode(c, op);
-    let all = comm.boot().all_gather(&mine)?;
+    let all = boot.all_gather(&mine)?;
     if let Some((r, theirs)) = all.iter().enumerate().find(|(_, v)| **v != all[0]) {
         return Err(Error::InvalidUsage(format!(
             "OXCCL_CHECK: rank {r} called {} but rank 0 called {} (seen from rank {})",
             describe(theirs),
             describe(&all[0]),
-            comm.rank()
+            boot.rank()
         )));
     }
     Ok(())

@@ -1,12 +1,15 @@
 //! [`Communicator`]: creation, collectives, teardown.
 
 use crate::buf::Region;
+use crate::call::Call;
 use crate::config::{Config, Resolved, init_logging};
-use crate::engine::{self, Completion, Job, Shared};
-use crate::exec::Label;
-use crate::plan::{self, Cache, Extras, check_collective, check_len};
+use crate::device::DeviceComm;
+use crate::engine::{self, Shared};
+use crate::exec::{Label, Task};
+use crate::job::{Completion, Extras, Job};
+use crate::plan::{self, Cache};
 use crate::tuner::{AlgoFilter, Tuner};
-use oxccl_algo::collective::{CollKind, Collective};
+use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
 use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
 use oxccl_transport::fabric::{Fabric, FabricOptions};
@@ -24,30 +27,32 @@ use std::time::Duration;
 /// A group of ranks that run collectives together.
 ///
 /// Calls on one communicator run in the order they are made (a stream);
-/// each is planned on the calling thread (argument errors come back at
-/// once and change nothing) and run by the communicator's progress thread.
+/// each is checked and planned on the calling thread (argument errors come
+/// back at once and change nothing). A blocking call that finds nothing
+/// queued ahead of it runs on the calling thread; otherwise, and for
+/// `*_async` calls, the communicator's progress thread runs it.
 /// `Communicator` is `Send + Sync`; calls from several threads are
 /// serialized in the order they reach the queue, which must be the same on
 /// every rank.
 pub struct Communicator {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub rank: usize,
-    pub nranks: usize,
-    pub id: UniqueId,
-    pub boot: Arc<Bootstrap>,
-    pub shared: Arc<Shared>,
-    pub thread: Mutex<Option<JoinHandle<()>>>,
-    pub cfg: Resolved,
-    pub config: Config,
-    pub tuner: Tuner,
-    pub cache: Cache,
-    pub seq: AtomicU64,
-    pub kinds: Vec<Option<Kind>>,
+struct Inner {
+    rank: usize,
+    nranks: usize,
+    id: UniqueId,
+    boot: Arc<Bootstrap>,
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    cfg: Resolved,
+    config: Config,
+    tuner: Tuner,
+    cache: Cache,
+    seq: AtomicU64,
+    kinds: Vec<Option<Kind>>,
     /// The device side, set up by the first call on device buffers.
-    pub device: Mutex<Option<Arc<crate::device::DeviceComm>>>,
+    device: Mutex<Option<Arc<DeviceComm>>>,
 }
 
 /// A submitted call: wait for it or poll it. Owned-buffer calls hand the
@@ -104,7 +109,17 @@ impl Communicator {
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid(format!("rank {rank} is out of range for {nranks} ranks")));
         }
-        let filter = AlgoFilter::parse(cfg.algo.as_deref().unwrap_or(""))?;
+        let filter = AlgoFilter::parse(cfg.algo.as_deref().unwrap_or(""), &cfg.programs)?;
+        for &p in &cfg.programs {
+            let c = crate::programs::get(p).program.collective;
+            if c.nranks != nranks && cfg.algo.as_deref().is_some_and(|a| a.contains(&crate::programs::name(p))) {
+                return Err(Error::InvalidUsage(format!(
+                    "OXCCL_ALGO selects program {:?}, written for {} ranks; this communicator has {nranks}",
+                    crate::programs::name(p),
+                    c.nranks
+                )));
+            }
+        }
         let boot = Arc::new(Bootstrap::init(id, nranks, rank, &BootOptions { timeout: cfg.timeout, host_id: None })?);
         let opts = FabricOptions {
             transport: cfg.transport,
@@ -113,13 +128,12 @@ impl Communicator {
             nsocks: cfg.nsocks,
             ifname: cfg.socket_ifname.clone(),
             timeout: cfg.timeout,
+            cma: cfg.cma,
         };
         let fabric = Fabric::new(boot.clone(), id.nonce(), &opts)?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
-        let (nodes, per_node) = fabric.layout();
-        let intra = kinds.iter().flatten().copied().filter(|k| *k != Kind::Tcp).min().unwrap_or(Kind::Shm);
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
-        let tuner = Tuner::new(nodes, per_node, intra, Kind::Tcp, filter, fifo);
+        let tuner = Tuner::new(fabric.layout(), fabric.links(), filter, cfg.programs.clone(), fifo)?;
         let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
         let who = format!("comm {tag} rank {rank}/{nranks}");
         let shared = Arc::new(Shared {
@@ -208,9 +222,18 @@ impl Communicator {
     }
 
     /// The error that poisoned the communicator, if any (NCCL's
-    /// `ncclCommGetAsyncError`): a dead peer, a timeout, an abort.
+    /// `ncclCommGetAsyncError`): a dead peer, a timeout, an abort, a
+    /// device kernel's failure.
     pub fn async_error(&self) -> Option<Error> {
         self.inner.shared.poisoned().or_else(|| self.device_error()).or_else(|| self.inner.boot.failure())
+    }
+
+    /// The error a device kernel recorded, which poisons the communicator.
+    fn device_error(&self) -> Option<Error> {
+        let dc = self.inner.device.lock().clone()?;
+        let e = dc.failure(&self.inner.shared.who)?;
+        self.inner.shared.set_poison(&e);
+        self.inner.shared.poisoned()
     }
 
     /// Bytes sent and received per peer and transport (waits for a call
@@ -241,7 +264,7 @@ impl Communicator {
         }
     }
 
-    fn usable(&self) -> Result<()> {
+    pub(crate) fn usable(&self) -> Result<()> {
         match self.inner.shared.poisoned() {
             Some(e) => Err(e),
             None if self.inner.shared.shutdown.load(Ordering::Acquire) => {
@@ -255,72 +278,41 @@ impl Communicator {
         self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Plans a collective into a job (not yet submitted).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn plan_collective(
+    /// The last operation number handed out.
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.inner.seq.load(Ordering::Relaxed)
+    }
+
+    /// Checks and resolves a host call on this rank (nothing changes on
+    /// an error).
+    pub(crate) fn call(
         &self,
         kind: CollKind,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        input: Region,
-        output: Region,
-        extras: &mut Extras,
-    ) -> Result<(crate::exec::Task, Label)> {
+        (count, dtype, op, root): (usize, DataType, ReduceOp, usize),
+        send: Option<Region>,
+        recv: Region,
+    ) -> Result<Call<Region>> {
+        Call::new(kind, count, dtype, op, root, send, recv, self.rank(), self.size())
+    }
+
+    /// Plans a checked host call into a task.
+    pub(crate) fn plan(&self, call: &Call<Region>, extras: &mut Extras) -> Result<Task> {
         self.usable()?;
         let inner = &self.inner;
-        let coll = Collective { kind, nranks: inner.nranks, count, root, dtype };
-        check_collective(&coll, op, inner.rank)?;
-        let es = dtype.size();
-        let (ni, no) = (coll.input_len(inner.rank), coll.output_len(inner.rank));
-        check_len("the send buffer", kind.name(), inner.rank, input.len() / es, ni)?;
-        check_len("the receive buffer", kind.name(), inner.rank, output.len() / es, no)?;
-        let (input, output) = (input.sub(0, ni * es)?, output.sub(0, no * es)?);
+        let coll = call.collective();
         if inner.cfg.check {
-            crate::check::compare(self, &coll, op)?;
+            crate::check::compare(&inner.boot, &coll, call.op)?;
         }
-        let seq = self.next_seq();
-        let label = Label::new(kind.name(), seq);
-        let task = plan::collective(&inner.cache, &inner.tuner, &coll, inner.rank, op, input, output, label, extras)?;
-        Ok((task, label))
+        let part = inner.cache.part(&inner.tuner, &coll, inner.rank, None, &inner.shared.who)?;
+        let label = Label::new(call.kind.name(), self.next_seq());
+        plan::collective(&part, call, label, extras)
     }
 
-    /// Plans one collective into a job.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn collective_job(
-        &self,
-        kind: CollKind,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        input: Region,
-        output: Region,
-        keep: Option<Box<dyn Any + Send>>,
-    ) -> Result<Job> {
+    /// Plans a checked host call into a job.
+    pub(crate) fn collective_job(&self, call: &Call<Region>, keep: Option<Box<dyn Any + Send>>) -> Result<Job> {
         let mut extras = Extras::default();
-        let (task, label) = self.plan_collective(kind, count, dtype, op, root, input, output, &mut extras)?;
-        Ok(self.job(label, vec![vec![task]], extras, keep))
-    }
-
-    /// A job of planned batches.
-    pub(crate) fn job(
-        &self,
-        label: Label,
-        batches: Vec<Vec<crate::exec::Task>>,
-        extras: Extras,
-        keep: Option<Box<dyn Any + Send>>,
-    ) -> Job {
-        Job {
-            label,
-            pre: extras.pre,
-            batches,
-            post: extras.post,
-            owned: extras.owned,
-            keep,
-            done: Arc::new(Completion::default()),
-        }
+        let task = self.plan(call, &mut extras)?;
+        Ok(Job::new(task.label, vec![vec![task]], extras, keep))
     }
 
     /// Queues a job for the progress thread (async calls).
@@ -334,6 +326,26 @@ impl Communicator {
     /// is queued ahead of it.
     pub(crate) fn run(&self, job: Job) -> Result<()> {
         self.inner.shared.run(job)
+    }
+
+    /// The engine's shared state (device paths hook into poisoning).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// The resolved configuration.
+    pub(crate) fn resolved(&self) -> &Resolved {
+        &self.inner.cfg
+    }
+
+    /// The tuner.
+    pub(crate) fn tuner(&self) -> &Tuner {
+        &self.inner.tuner
+    }
+
+    /// The device side's slot.
+    pub(crate) fn device_slot(&self) -> &Mutex<Option<Arc<DeviceComm>>> {
+        &self.inner.device
     }
 
     /// Runs a collective on byte buffers described by `count` elements of
@@ -352,28 +364,8 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let (input, output) = match send {
-            Some(s) => (Region::of(s), Region::of_mut(recv)),
-            None => self.in_place_regions(kind, count, dtype, op, root, Region::of_mut(recv))?,
-        };
-        self.run(self.collective_job(kind, count, dtype, op, root, input, output, None)?)
-    }
-
-    /// The input and output of an in-place call inside `whole`, where NCCL's
-    /// in-place layout puts them; the collective is checked first, so the
-    /// layout's arithmetic cannot overflow.
-    fn in_place_regions(
-        &self,
-        kind: CollKind,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        whole: Region,
-    ) -> Result<(Region, Region)> {
-        let coll = Collective { kind, nranks: self.size(), count, root, dtype };
-        let ((ia, il), (oa, ol)) = plan::spans(&coll, op, self.rank(), None, whole.len())?;
-        Ok((whole.sub(ia, il)?, whole.sub(oa, ol)?))
+        let call = self.call(kind, (count, dtype, op, root), send.map(Region::of), Region::of_mut(recv))?;
+        self.run(self.collective_job(&call, None)?)
     }
 
     /// Sum (or `op`) of every rank's `send` into every rank's `recv`.
@@ -446,24 +438,6 @@ impl Communicator {
         self.collective_bytes(CollKind::Scatter, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, root)
     }
 
-    /// Sends `buf` to `peer` (blocks until it is on its way; pair with the
-    /// peer's [`recv`](Communicator::recv), or use a [`group`] when both
-    /// sides send first).
-    ///
-    /// [`group`]: Communicator::group
-    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        self.group(|g| {
-            g.send(buf, peer);
-        })
-    }
-
-    /// Receives `buf.len()` elements from `peer`.
-    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        self.group(|g| {
-            g.recv(buf, peer);
-        })
-    }
-
     /// Waits until every rank has reached the barrier.
     pub fn barrier(&self) -> Result<()> {
         let mut x = [0u8];
@@ -473,9 +447,8 @@ impl Communicator {
     /// In-place all-reduce on owned storage, returned by [`Work::wait`].
     pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Work<Vec<T>>> {
         let n = buf.len();
-        let r = Region::of_mut(bytes_mut(&mut buf));
-        let done =
-            self.submit(self.collective_job(CollKind::AllReduce, n, T::DTYPE, op, 0, r, r, Some(Box::new(buf)))?);
+        let call = self.call(CollKind::AllReduce, (n, T::DTYPE, op, 0), None, Region::of_mut(bytes_mut(&mut buf)))?;
+        let done = self.submit(self.collective_job(&call, Some(Box::new(buf)))?);
         Ok(Work { done, _b: PhantomData })
     }
 
@@ -492,10 +465,8 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<Work<Vec<T>>> {
-        let (input, output) =
-            self.in_place_regions(kind, count, T::DTYPE, op, root, Region::of_mut(bytes_mut(&mut buf)))?;
-        let done =
-            self.submit(self.collective_job(kind, count, T::DTYPE, op, root, input, output, Some(Box::new(buf)))?);
+        let call = self.call(kind, (count, T::DTYPE, op, root), None, Region::of_mut(bytes_mut(&mut buf)))?;
+        let done = self.submit(self.collective_job(&call, Some(Box::new(buf)))?);
         Ok(Work { done, _b: PhantomData })
     }
 
@@ -526,7 +497,7 @@ impl Communicator {
         &self.inner.config
     }
 
-    pub(crate) fn boot(&self) -> &Bootstrap {
+    pub(crate) fn boot(&self) -> &Arc<Bootstrap> {
         &self.inner.boot
     }
 }

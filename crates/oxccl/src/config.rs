@@ -1,6 +1,7 @@
 //! Configuration: an explicit [`Config`] first, then `OXCCL_*` variables,
 //! then defaults.
 
+use crate::programs::{self, ProgramId};
 use oxccl_core::{Error, Result};
 use oxccl_transport::Kind;
 use std::time::Duration;
@@ -44,6 +45,14 @@ pub struct Config {
     /// Bytes per pipelined chunk of the staged path (`OXCCL_STAGE_CHUNK`;
     /// default 4 MiB).
     pub stage_chunk: Option<usize>,
+    /// Researchers' programs this communicator may run
+    /// ([`crate::programs`]), besides those `OXCCL_ALGO_FILE` names
+    /// (comma-separated JSON files, loaded and verified at init).
+    pub programs: Vec<ProgramId>,
+    /// Whether shared memory may read and write peers' memory directly
+    /// (`process_vm_readv`, cross-memory attach) where the kernel allows it
+    /// (`OXCCL_SHM_CMA`; default on).
+    pub cma: Option<bool>,
 }
 
 /// How device buffers travel between ranks ([`Config::device_path`]).
@@ -99,6 +108,10 @@ pub struct Resolved {
     pub device_blocks: usize,
     /// See [`Config::stage_chunk`].
     pub stage_chunk: usize,
+    /// [`Config::programs`] and those of `OXCCL_ALGO_FILE`.
+    pub programs: Vec<ProgramId>,
+    /// See [`Config::cma`].
+    pub cma: bool,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -120,13 +133,23 @@ fn parse_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
     }
 }
 
-/// Parses a transport name.
+/// Parses a transport name (`OXCCL_TRANSPORT`).
 pub fn parse_kind(s: &str) -> Result<Kind> {
-    match s.to_ascii_lowercase().as_str() {
-        "tcp" | "socket" | "net" => Ok(Kind::Tcp),
-        "shm" => Ok(Kind::Shm),
-        "mem" => Ok(Kind::Mem),
-        _ => Err(Error::invalid(format!("OXCCL_TRANSPORT={s:?}: expected tcp or shm"))),
+    s.parse::<Kind>().map_err(|e| match e {
+        Error::InvalidArgument(m) => Error::invalid(format!("OXCCL_TRANSPORT: {m}")),
+        other => other,
+    })
+}
+
+/// A boolean variable: `1`/`0`, `true`/`false`, `yes`/`no`, `on`/`off`.
+fn parse_bool(name: &str) -> Result<Option<bool>> {
+    match env(name).map(|v| v.to_ascii_lowercase()) {
+        None => Ok(None),
+        Some(v) => match v.as_str() {
+            "1" | "true" | "yes" | "on" => Ok(Some(true)),
+            "0" | "false" | "no" | "off" => Ok(Some(false)),
+            _ => Err(Error::invalid(format!("{name}={v:?}: expected 1 or 0"))),
+        },
     }
 }
 
@@ -193,7 +216,21 @@ impl Config {
         if stage_chunk == 0 {
             return Err(Error::invalid("stage chunk must be at least 1 byte"));
         }
+        let mut programs = self.programs.clone();
+        for file in env("OXCCL_ALGO_FILE").iter().flat_map(|v| v.split(',')).map(str::trim).filter(|f| !f.is_empty()) {
+            for id in programs::load(file).map_err(|e| prefix("OXCCL_ALGO_FILE", e))? {
+                if !programs.contains(&id) {
+                    programs.push(id);
+                }
+            }
+        }
+        let cma = match self.cma {
+            Some(c) => c,
+            None => parse_bool("OXCCL_SHM_CMA")?.unwrap_or(true),
+        };
         Ok(Resolved {
+            programs,
+            cma,
             device_path,
             device_window: device_window / 256 * 256,
             device_blocks,
@@ -208,6 +245,14 @@ impl Config {
             nsocks,
             spin,
         })
+    }
+}
+
+fn prefix(what: &str, e: Error) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::invalid(format!("{what}: {m}")),
+        Error::InvalidProgram(m) => Error::program(format!("{what}: {m}")),
+        other => other,
     }
 }
 

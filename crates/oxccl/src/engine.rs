@@ -8,109 +8,16 @@
 //! the communicator: the failing job and every later one end with the
 //! error, which [`Shared::poison`] keeps for `async_error`.
 
-use crate::buf::{self, Owned, Region};
-use crate::device::backend::Backend;
-use crate::exec::{self, Label, Task, Turns};
-use oxccl_core::{DataType, Error, Result, kernels};
+use crate::exec;
+use crate::job::{Action, Counters, Job};
+use oxccl_core::{Error, Result};
 use oxccl_transport::fabric::Fabric;
 use oxccl_transport::futex::Doorbell;
-use parking_lot::{Condvar, Mutex};
-use std::any::Any;
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-
-/// Something the engine does to whole buffers before or after the tasks.
-pub(crate) enum Action {
-    /// `dst = src`.
-    Copy { dst: Region, src: Region },
-    /// `dst = src × scalar` (PreMulSum's inputs).
-    Premul { dtype: DataType, dst: Region, src: Region, scalar: f64 },
-    /// `buf /= n` (Avg's result).
-    Avg { dtype: DataType, buf: Region, n: usize },
-    /// Waits until a device counter reaches `value` (staged device buffers).
-    Await { dev: Arc<dyn Backend>, word: usize, value: u64 },
-    /// Sets a device counter.
-    Signal { dev: Arc<dyn Backend>, word: usize, value: u64 },
-}
-
-impl Action {
-    fn run(&self, shared: &Shared) -> Result<()> {
-        match self {
-            Action::Await { dev, word, value } => await_word(shared, &**dev, *word, *value),
-            Action::Signal { dev, word, value } => {
-                dev.words().set(*word, *value);
-                Ok(())
-            }
-            Action::Copy { dst, src } => buf::copy(dst, src),
-            Action::Premul { dtype, dst, src, scalar } => {
-                src.read(|s| dst.write(|d| kernels::premul(*dtype, d, s, *scalar)))?
-            }
-            Action::Avg { dtype, buf, n } => buf.write(|b| kernels::finish_avg(*dtype, b, *n))?,
-        }
-    }
-}
-
-/// One submitted call (or group): batches of tasks run one batch after
-/// another, the tasks of a batch concurrently.
-pub(crate) struct Job {
-    /// What the job is; its `seq` is the call's operation number.
-    pub label: Label,
-    pub pre: Vec<Action>,
-    pub batches: Vec<Vec<Task>>,
-    pub post: Vec<Action>,
-    /// Scratch and temporaries the tasks point into (kept alive, never
-    /// read directly).
-    #[allow(dead_code)]
-    pub owned: Vec<Owned>,
-    /// Caller storage moved into the call (owned-buffer API), handed back
-    /// at completion.
-    pub keep: Option<Box<dyn Any + Send>>,
-    pub done: Arc<Completion>,
-}
-
-/// A job's result and the caller's storage it hands back.
-type Outcome = (Result<()>, Option<Box<dyn Any + Send>>);
-
-/// Where a job's outcome lands.
-#[derive(Default)]
-pub struct Completion {
-    state: Mutex<Option<Outcome>>,
-    cv: Condvar,
-}
-
-impl Completion {
-    pub(crate) fn finish(&self, r: Result<()>, keep: Option<Box<dyn Any + Send>>) {
-        *self.state.lock() = Some((r, keep));
-        self.cv.notify_all();
-    }
-
-    /// Whether the job has ended.
-    pub fn is_done(&self) -> bool {
-        self.state.lock().is_some()
-    }
-
-    /// Blocks until the job ends (the engine guarantees it ends: every wait
-    /// inside has a deadline); the result and the caller's storage.
-    pub(crate) fn wait(&self) -> (Result<()>, Option<Box<dyn Any + Send>>) {
-        let mut st = self.state.lock();
-        while st.is_none() {
-            self.cv.wait(&mut st);
-        }
-        let (r, keep) = st.as_mut().expect("checked");
-        (r.clone(), keep.take())
-    }
-
-    /// Like [`wait`](Completion::wait) with a limit: `None` if still running.
-    pub(crate) fn wait_for(&self, d: Duration) -> Option<Result<()>> {
-        let mut st = self.state.lock();
-        if st.is_none() {
-            self.cv.wait_for(&mut st, d);
-        }
-        st.as_ref().map(|(r, _)| r.clone())
-    }
-}
 
 /// State shared by the API and the engine.
 ///
@@ -139,10 +46,22 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Queues a job for the progress thread.
+    /// Queues a job for the progress thread; after shutdown it ends at
+    /// once with the reason (nobody would run it).
     pub fn submit(&self, job: Job) {
-        self.queue.lock().push_back(job);
-        self.kick.ring();
+        {
+            let mut q = self.queue.lock();
+            if !self.shutdown.load(Ordering::Acquire) {
+                q.push_back(job);
+                drop(q);
+                self.kick.ring();
+                return;
+            }
+        }
+        let e = self
+            .poisoned()
+            .unwrap_or_else(|| Error::InvalidUsage(format!("{}: the communicator was destroyed", self.who)));
+        job.done.finish(Err(e), job.keep);
     }
 
     /// Runs a job to its end: on the calling thread when nothing is queued
@@ -206,7 +125,11 @@ pub(crate) fn run(shared: Arc<Shared>) {
     }
     // Whatever is left ends with the poison (or a shutdown notice).
     let err = shared.poisoned().unwrap_or_else(|| Error::InvalidUsage("communicator destroyed".into()));
-    let left: Vec<Job> = shared.queue.lock().drain(..).collect();
+    let left: Vec<Job> = {
+        let mut q = shared.queue.lock();
+        shared.shutdown.store(true, Ordering::Release);
+        q.drain(..).collect()
+    };
     for job in left {
         job.done.finish(Err(err.clone()), job.keep);
     }
@@ -250,18 +173,38 @@ fn main_loop(shared: &Shared) {
     }
 }
 
+fn run_action(shared: &Shared, a: &Action) -> Result<()> {
+    match a {
+        Action::Await { dev, word, value } => await_word(shared, &**dev, *word, *value),
+        other => other.run_local(),
+    }
+}
+
 fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
     tracing::trace!("{} op #{} {}: start", shared.who, job.label.seq, job.label);
     for a in &job.pre {
-        a.run(shared)?;
+        run_action(shared, a)?;
     }
     for batch in &mut job.batches {
-        let mut turns = Turns::book(batch);
+        let r = run_batch(shared, fabric, &job.label, batch);
+        exec::release(fabric, batch);
+        r?;
+    }
+    for a in &job.post {
+        run_action(shared, a)?;
+    }
+    Ok(())
+}
+
+/// Runs the tasks of one batch to their end.
+fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &mut [exec::Task]) -> Result<()> {
+    {
+        let mut turns = exec::Turns::book(batch);
         // When the lane last stopped moving (None: it is moving).
         let mut idle_since: Option<Instant> = None;
         loop {
             if shared.abort.load(Ordering::Acquire) {
-                return Err(Error::Remote(format!("{} op #{} {}: aborted", shared.who, job.label.seq, job.label)));
+                return Err(Error::Remote(format!("{} op #{} {label}: aborted", shared.who, label.seq)));
             }
             let seen = shared.bell.seq();
             let mut moved = fabric.progress()?;
@@ -290,10 +233,9 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
             fabric.check()?;
             if idle > shared.timeout {
                 return Err(Error::Timeout(format!(
-                    "{} op #{} {}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
+                    "{} op #{} {label}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
                     shared.who,
-                    job.label.seq,
-                    job.label,
+                    label.seq,
                     shared.timeout,
                     exec::waiting_for(batch)
                 )));
@@ -305,24 +247,19 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
             }
         }
     }
-    for a in &job.post {
-        a.run(shared)?;
-    }
     Ok(())
 }
 
 /// Waits until the device's counter `word` reaches `value`: polls for a
-/// moment, then naps; gives up on an abort, a kernel's error or the timeout.
-fn await_word(shared: &Shared, dev: &dyn Backend, word: usize, value: u64) -> Result<()> {
-    let words = dev.words();
+/// moment, then naps; gives up on an abort, a device's error or the timeout.
+fn await_word(shared: &Shared, words: &dyn Counters, word: usize, value: u64) -> Result<()> {
     let start = Instant::now();
     while words.get(word) < value {
         if shared.abort.load(Ordering::Acquire) {
             return Err(Error::Remote(format!("{}: aborted while waiting for the device", shared.who)));
         }
-        let status = words.status();
-        if status != 0 {
-            return Err(crate::device::status_error(&shared.who, status));
+        if let Some(e) = words.failure() {
+            return Err(e);
         }
         let idle = start.elapsed();
         if idle > shared.timeout {

@@ -2,17 +2,18 @@
 //! that would deadlock one by one (both ranks send first) complete.
 
 use crate::buf::Region;
+use crate::call::Call;
 use crate::comm::Communicator;
-use crate::engine::Action;
 use crate::exec::{Label, Task};
-use crate::plan::{self, Extras};
+use crate::job::{Action, Extras, Job};
+use crate::plan;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
 use std::marker::PhantomData;
 
 enum Op {
     P2p { send: bool, peer: usize, region: Region, dtype: DataType },
-    Coll { kind: CollKind, count: usize, dtype: DataType, op: ReduceOp, root: usize, input: Region, output: Region },
+    Coll(Call<Region>),
 }
 
 /// Calls recorded for one launch; see [`Communicator::group`]. Buffers
@@ -52,16 +53,17 @@ impl<'a> Group<'a> {
 
     /// An all-reduce in the group.
     pub fn all_reduce<T: Element>(&mut self, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> &mut Self {
-        let (input, output) = (Region::of(bytemuck::cast_slice(send)), Region::of_mut(bytemuck::cast_slice_mut(recv)));
-        self.ops.push(Op::Coll {
-            kind: CollKind::AllReduce,
-            count: send.len(),
-            dtype: T::DTYPE,
-            op,
-            root: 0,
-            input,
-            output,
-        });
+        let (s, r) = (Region::of(bytemuck::cast_slice(send)), Region::of_mut(bytemuck::cast_slice_mut(recv)));
+        self.coll(CollKind::AllReduce, (send.len(), T::DTYPE, op, 0), s, r)
+    }
+
+    /// Checks a collective now (an error is kept for the launch) and
+    /// records it.
+    fn coll(&mut self, kind: CollKind, args: (usize, DataType, ReduceOp, usize), s: Region, r: Region) -> &mut Self {
+        match self.comm.call(kind, args, Some(s), r) {
+            Ok(call) => self.ops.push(Op::Coll(call)),
+            Err(e) => self.note(Err(e)),
+        }
         self
     }
 
@@ -78,12 +80,29 @@ impl<'a> Group<'a> {
         op: ReduceOp,
         root: usize,
     ) -> &mut Self {
-        self.ops.push(Op::Coll { kind, count, dtype, op, root, input: Region::of(send), output: Region::of_mut(recv) });
-        self
+        self.coll(kind, (count, dtype, op, root), Region::of(send), Region::of_mut(recv))
     }
 }
 
 impl Communicator {
+    /// Sends `buf` to `peer` (blocks until it is on its way; pair with the
+    /// peer's [`recv`](Communicator::recv), or use a [`group`] when both
+    /// sides send first).
+    ///
+    /// [`group`]: Communicator::group
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.group(|g| {
+            g.send(buf, peer);
+        })
+    }
+
+    /// Receives `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.group(|g| {
+            g.recv(buf, peer);
+        })
+    }
+
     /// Records the calls `f` makes on a [`Group`] and runs them together:
     /// collectives one after another in the order recorded, then every
     /// send and receive at once (per peer in the order recorded). Blocks
@@ -101,6 +120,7 @@ impl Communicator {
     /// .unwrap();
     /// ```
     pub fn group<'a>(&'a self, f: impl FnOnce(&mut Group<'a>)) -> Result<()> {
+        self.usable()?;
         let mut g = Group { comm: self, ops: Vec::new(), error: None, _buffers: PhantomData };
         f(&mut g);
         if let Some(e) = g.error {
@@ -115,10 +135,9 @@ impl Communicator {
         let mut name = |l: Label| label = Some(label.map_or(l, |first| Label::new("group", first.seq)));
         for op in g.ops {
             match op {
-                Op::Coll { kind, count, dtype, op, root, input, output } => {
-                    let (task, task_label) =
-                        self.plan_collective(kind, count, dtype, op, root, input, output, &mut extras)?;
-                    name(task_label);
+                Op::Coll(call) => {
+                    let task = self.plan(&call, &mut extras)?;
+                    name(task.label);
                     batches.push(vec![task]);
                 }
                 Op::P2p { send, peer, region, dtype } => {
@@ -169,8 +188,8 @@ impl Communicator {
         if batches.is_empty() && extras.pre.is_empty() {
             return Ok(());
         }
-        let label = label.unwrap_or(Label::new("group", self.inner.seq.load(std::sync::atomic::Ordering::Relaxed)));
-        self.run(self.job(label, batches, extras, None))
+        let label = label.unwrap_or(Label::new("group", self.last_seq()));
+        self.run(Job::new(label, batches, extras, None))
     }
 
     /// All-to-all with per-peer counts and displacements (elements):
@@ -185,6 +204,7 @@ impl Communicator {
         recv_counts: &[usize],
         recv_displs: &[usize],
     ) -> Result<()> {
+        self.usable()?;
         let (n, me) = (self.size(), self.rank());
         for (name, v) in [
             ("send_counts", send_counts),
@@ -244,6 +264,6 @@ impl Communicator {
         }
         let own = whole.sub(recvs[me].start * es, recv_counts[me] * es)?;
         extras.pre.push(Action::Copy { dst: own, src: src.sub(sends[me].start * es, send_counts[me] * es)? });
-        self.run(self.job(Label::new("all_to_allv", seq), vec![tasks], extras, None))
+        self.run(Job::new(Label::new("all_to_allv", seq), vec![tasks], extras, None))
     }
 }

@@ -50,23 +50,35 @@
 //! the same order.
 
 mod buf;
+pub mod call;
 mod check;
 mod comm;
 pub mod config;
 pub mod device;
+mod device_api;
 mod engine;
 mod exec;
 mod group;
+mod job;
 mod plan;
+pub mod programs;
 mod split;
 pub mod tuner;
 
+pub use buf::{CudaStream, DeviceBuf, Span};
+pub use call::Call;
 pub use comm::{Communicator, Work};
 pub use config::{Config, DevicePath};
-pub use device::{CudaStream, DeviceBuf};
 pub use group::Group;
+/// The `half` crate oxccl's `f16`/`bf16` element types come from, so users
+/// name them without guessing its version (`oxccl::half::bf16`).
+pub use half;
 pub use oxccl_algo::collective::CollKind;
+pub use oxccl_algo::ir::Program;
 pub use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
 pub use oxccl_transport::id::UniqueId;
+pub use oxccl_transport::region::Region;
 pub use oxccl_transport::{Kind, PeerStats};
+pub use programs::ProgramId;
 pub use split::Launch;
+pub use tuner::Choice;

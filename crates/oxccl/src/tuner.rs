@@ -1,26 +1,44 @@
-//! The tuner: which algorithm and chunk size for a collective, from the
-//! cost model with parameters per transport, unless `OXCCL_ALGO` says.
+//! The tuner: which algorithm (built-in, or a researcher's program) and
+//! chunk size for a collective, from the cost model with the link
+//! parameters the providers report, unless `OXCCL_ALGO` says.
 //!
 //! `OXCCL_ALGO` (and `NCCL_ALGO` through the C ABI) takes NCCL's grammar:
 //! a comma-separated list of algorithms (`ring,tree`), a list to exclude
 //! (`^tree`), or per-collective lists separated by semicolons
 //! (`allreduce:tree;broadcast:ring`). Names of NCCL algorithms oxccl does
-//! not have (`collnet`, `nvls`, `pat`, …) are ignored with a warning.
+//! not have (`collnet`, `nvls`, `pat`, …) are ignored with a warning; the
+//! names of the communicator's programs ([`crate::programs`]) are
+//! algorithms too. A name that cannot run is an error when the
+//! communicator is made, saying why.
+//!
+//! Two-sided algorithms are priced with the providers' FIFO links,
+//! one-sided ones (`oneshot`, `twoshot`, `direct`) with their one-sided
+//! links, programs with the simulator on the matching links.
 
-use oxccl_algo::algos::Algorithm;
+use crate::programs::{self, ProgramId};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build};
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_algo::cost::{self, Link, Topology};
+use oxccl_algo::ir::Program;
 use oxccl_core::{Error, Result};
-use oxccl_transport::Kind;
+use oxccl_transport::provider::{LinkCost, LinkParams};
 use std::collections::HashMap;
 
-/// Link parameters per transport, from measurements on a 2-core x86 host
-/// (README's table): bandwidth in bytes/s, latency in seconds.
-pub fn link_of(kind: Kind) -> Link {
-    match kind {
-        Kind::Mem => Link { bw: 8e9, lat: 2e-6 },
-        Kind::Shm => Link { bw: 5e9, lat: 5e-6 },
-        Kind::Tcp => Link { bw: 1.5e9, lat: 40e-6 },
+/// What runs a collective: a built-in algorithm or a registered program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Choice {
+    /// A built-in algorithm.
+    Builtin(Algorithm),
+    /// A researcher's program.
+    Program(ProgramId),
+}
+
+impl std::fmt::Display for Choice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Choice::Builtin(a) => write!(f, "{a}"),
+            Choice::Program(id) => write!(f, "program {}", programs::name(*id)),
+        }
     }
 }
 
@@ -29,18 +47,19 @@ pub fn link_of(kind: Kind) -> Link {
 /// rank, which only small messages can afford.
 const HOST_REDUCE_BW: f64 = 10e9;
 
-/// Algorithms the host executor runs: those whose programs are two-sided
-/// (`oneshot`, `twoshot` and `direct` read and write peers' buffers, which
-/// needs the one-sided transports of the GPU path).
-const HOST_ALGOS: [Algorithm; 6] =
-    [Algorithm::Ring, Algorithm::Tree, Algorithm::Rhd, Algorithm::Doubling, Algorithm::Pairwise, Algorithm::Linear];
+/// Bytes per second of a local copy (one-shot copies its result out).
+const HOST_COPY_BW: f64 = 10e9;
+
+fn is_one_sided(a: Algorithm) -> bool {
+    matches!(a, Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Direct)
+}
 
 /// Which algorithms each collective may use.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AlgoFilter {
     /// For all collectives without an entry of their own: allowed set.
-    all: Option<(bool, Vec<Algorithm>)>,
-    per: HashMap<CollKind, (bool, Vec<Algorithm>)>,
+    all: Option<(bool, Vec<Choice>)>,
+    per: HashMap<CollKind, (bool, Vec<Choice>)>,
 }
 
 fn kind_key(s: &str) -> Option<CollKind> {
@@ -49,8 +68,9 @@ fn kind_key(s: &str) -> Option<CollKind> {
 }
 
 impl AlgoFilter {
-    /// Parses NCCL's `NCCL_ALGO` grammar.
-    pub fn parse(text: &str) -> Result<AlgoFilter> {
+    /// Parses NCCL's `NCCL_ALGO` grammar; `programs` are the names
+    /// (besides the built-in algorithms') it may use.
+    pub fn parse(text: &str, programs: &[ProgramId]) -> Result<AlgoFilter> {
         let mut f = AlgoFilter::default();
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (kinds, list) = match part.split_once(':') {
@@ -73,15 +93,28 @@ impl AlgoFilter {
             };
             let mut algos = Vec::new();
             for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                if let Some(&id) = programs.iter().find(|&&id| programs::name(id) == name) {
+                    algos.push(Choice::Program(id));
+                    continue;
+                }
                 match name.parse::<Algorithm>() {
-                    Ok(a) => algos.push(a),
+                    Ok(a) => algos.push(Choice::Builtin(a)),
                     Err(_)
                         if ["collnet", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"]
                             .contains(&name.to_ascii_lowercase().as_str()) =>
                     {
                         tracing::warn!("OXCCL_ALGO: oxccl has no {name} algorithm; ignored");
                     }
-                    Err(e) => return Err(Error::invalid(format!("OXCCL_ALGO={text:?}: {e}"))),
+                    Err(e) => {
+                        let extra = match programs.is_empty() {
+                            true => String::new(),
+                            false => {
+                                let names: Vec<String> = programs.iter().map(|&i| programs::name(i)).collect();
+                                format!(", or one of this communicator's programs: {}", names.join(" "))
+                            }
+                        };
+                        return Err(Error::invalid(format!("OXCCL_ALGO={text:?}: {e}{extra}")));
+                    }
                 }
             }
             match kinds {
@@ -97,69 +130,166 @@ impl AlgoFilter {
     }
 
     /// Whether `algo` may run `kind`.
-    pub fn allows(&self, kind: CollKind, algo: Algorithm) -> bool {
+    pub fn allows(&self, kind: CollKind, algo: Choice) -> bool {
         match self.per.get(&kind).or(self.all.as_ref()) {
             None => true,
             Some((negate, list)) => list.contains(&algo) != *negate,
         }
+    }
+
+    /// Checks that every per-collective list leaves the collective an
+    /// algorithm that implements it (`allreduce:pairwise` cannot run).
+    fn check(&self, candidates: impl Fn(CollKind) -> Vec<Choice>) -> Result<()> {
+        for (kind, (negate, list)) in &self.per {
+            let have = candidates(*kind);
+            if !have.iter().any(|c| list.contains(c) != *negate) {
+                let names: Vec<String> = have.iter().map(Choice::to_string).collect();
+                let asked: Vec<String> = list.iter().map(Choice::to_string).collect();
+                return Err(Error::invalid(format!(
+                    "OXCCL_ALGO: {kind}:{}{} leaves {kind} no algorithm that implements it; it has {}",
+                    if *negate { "^" } else { "" },
+                    asked.join(","),
+                    names.join(", ")
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
 /// Picks algorithms for one communicator.
 #[derive(Clone, Debug)]
 pub struct Tuner {
-    topo: Topology,
+    /// Priced with FIFO links (two-sided algorithms and programs).
+    two: Topology,
+    /// Priced with one-sided links.
+    one: Topology,
     filter: AlgoFilter,
+    programs: Vec<ProgramId>,
     /// FIFO capacity of the slowest connection kind: chunks must fit twice.
     fifo: usize,
 }
 
+fn link(c: LinkCost) -> Link {
+    Link::new(c.bw, c.lat)
+}
+
 impl Tuner {
     /// A tuner for ranks spread over `nodes` hosts with `per_node` ranks each
-    /// (1 host per rank when uneven), linked by `intra` inside a host and
-    /// `inter` between hosts.
-    pub fn new(nodes: usize, per_node: usize, intra: Kind, inter: Kind, filter: AlgoFilter, fifo: usize) -> Tuner {
-        let topo =
-            Topology::new(nodes.max(1), per_node.max(1), link_of(intra), link_of(inter)).with_reduce_bw(HOST_REDUCE_BW);
-        Tuner { topo, filter, fifo }
+    /// (1 host per rank when uneven), with the link parameters the
+    /// providers report for peers on this host (`intra`) and on others
+    /// (`inter`); `programs` join the built-in algorithms. An error when
+    /// the filter asks for what cannot run here, saying why.
+    pub fn new(
+        (nodes, per_node): (usize, usize),
+        (intra, inter): (Option<LinkParams>, Option<LinkParams>),
+        filter: AlgoFilter,
+        programs: Vec<ProgramId>,
+        fifo: usize,
+    ) -> Result<Tuner> {
+        let fallback = LinkParams {
+            fifo: LinkCost { bw: 5e9, lat: 5e-6 },
+            one_sided: LinkCost { bw: 5e9, lat: 5e-6 },
+            native: true,
+        };
+        let intra = intra.or(inter).unwrap_or(fallback);
+        let inter = inter.unwrap_or(intra);
+        let topo = |f: fn(&LinkParams) -> LinkCost| {
+            Topology::new(nodes.max(1), per_node.max(1), link(f(&intra)), link(f(&inter)))
+                .with_reduce_bw(HOST_REDUCE_BW)
+                .with_copy_bw(HOST_COPY_BW)
+        };
+        let t = Tuner { two: topo(|l| l.fifo), one: topo(|l| l.one_sided), filter, programs, fifo };
+        t.filter.check(|k| t.candidates(k))?;
+        Ok(t)
+    }
+
+    /// Everything that implements `kind` here: built-in algorithms, then
+    /// the communicator's programs of that kind.
+    fn candidates(&self, kind: CollKind) -> Vec<Choice> {
+        let builtin = Algorithm::ALL.into_iter().filter(|a| a.supports(kind)).map(Choice::Builtin);
+        let progs = self.programs.iter().filter(|&&id| programs::get(id).program.collective.kind == kind);
+        builtin.chain(progs.map(|&id| Choice::Program(id))).collect()
     }
 
     /// Whether the filter lets `algo` run `kind`.
     pub fn allows(&self, kind: CollKind, algo: Algorithm) -> bool {
-        self.filter.allows(kind, algo)
+        self.filter.allows(kind, Choice::Builtin(algo))
+    }
+
+    /// The name of a choice, for logs.
+    pub fn name(&self, c: Choice) -> String {
+        c.to_string()
     }
 
     /// The algorithm for `coll`, or an error when the filter leaves none.
     /// A list for all collectives (`OXCCL_ALGO=tree`) applies to those it
     /// names an algorithm of; the others keep every algorithm (a tree-only
     /// run still needs its all-gathers). A list for one collective
-    /// (`allgather:tree`) is strict.
-    pub fn pick(&self, coll: &Collective) -> Result<Algorithm> {
-        let supported = || HOST_ALGOS.into_iter().filter(|a| a.supports(coll.kind));
-        let mut allowed: Vec<Algorithm> = supported().filter(|a| self.filter.allows(coll.kind, *a)).collect();
+    /// (`allgather:tree`) is strict. Programs are candidates where they run
+    /// `coll` (kind, ranks, root; a count they scale to).
+    pub fn pick(&self, coll: &Collective) -> Result<Choice> {
+        let runs = |c: &Choice| match c {
+            Choice::Builtin(_) => true,
+            Choice::Program(id) => programs::runs(*id, coll),
+        };
+        let supported: Vec<Choice> = self.candidates(coll.kind).into_iter().filter(runs).collect();
+        let mut allowed: Vec<Choice> =
+            supported.iter().copied().filter(|a| self.filter.allows(coll.kind, *a)).collect();
         if allowed.is_empty() && !self.filter.per.contains_key(&coll.kind) {
-            allowed = supported().collect();
+            allowed = supported.iter().copied().filter(|c| matches!(c, Choice::Builtin(_))).collect();
         }
         if allowed.is_empty() {
-            let have: Vec<&str> =
-                HOST_ALGOS.into_iter().filter(|a| a.supports(coll.kind)).map(Algorithm::name).collect();
+            let have: Vec<String> = supported.iter().map(Choice::to_string).collect();
             return Err(Error::InvalidUsage(format!(
-                "OXCCL_ALGO allows no algorithm for {}; it has {}",
-                coll.kind,
+                "OXCCL_ALGO allows no algorithm that runs {coll}; it has {}",
                 have.join(", ")
             )));
         }
-        let mut topo = self.topo;
-        if topo.nranks() != coll.nranks {
-            topo = Topology::one_rank_per_node(coll.nranks, topo.bottleneck()).with_reduce_bw(HOST_REDUCE_BW);
+        if allowed.len() == 1 {
+            return Ok(allowed[0]);
         }
         let best = allowed
             .iter()
-            .map(|a| (cost::estimate(*a, coll, &topo).unwrap_or(f64::INFINITY), *a))
+            .map(|c| (self.estimate(*c, coll).unwrap_or(f64::INFINITY), *c))
             .min_by(|x, y| x.0.total_cmp(&y.0))
-            .map(|(_, a)| a)
+            .map(|(_, c)| c)
             .unwrap_or(allowed[0]);
         Ok(best)
+    }
+
+    /// The topology priced for `coll` with `two` or `one`-sided links
+    /// (one rank per node at the bottleneck when the rank count differs).
+    fn topo(&self, coll: &Collective, one_sided: bool) -> Topology {
+        let topo = if one_sided { self.one } else { self.two };
+        if topo.nranks() == coll.nranks {
+            return topo;
+        }
+        Topology::one_rank_per_node(coll.nranks, topo.bottleneck())
+            .with_reduce_bw(HOST_REDUCE_BW)
+            .with_copy_bw(HOST_COPY_BW)
+    }
+
+    /// The predicted time of `c` for `coll`, if there is a model for it.
+    pub fn estimate(&self, c: Choice, coll: &Collective) -> Option<f64> {
+        match c {
+            Choice::Builtin(a) => cost::estimate(a, coll, &self.topo(coll, is_one_sided(a))),
+            Choice::Program(_) => {
+                let p = self.build(c, coll).ok()?;
+                oxccl_algo::sim::simulate(&p, &self.topo(coll, p.has_one_sided())).ok().map(|r| r.time)
+            }
+        }
+    }
+
+    /// The program of `c` for `coll`.
+    pub fn build(&self, c: Choice, coll: &Collective) -> Result<Program> {
+        match c {
+            Choice::Builtin(a) => {
+                let opts = BuildOptions { chunk_bytes: self.chunk_bytes(), max_chunks: usize::MAX };
+                build(a, coll, &opts)
+            }
+            Choice::Program(id) => programs::instantiate(id, coll),
+        }
     }
 
     /// Pipeline chunk in bytes: two messages (the verifier's two slots)
@@ -173,46 +303,65 @@ impl Tuner {
 mod tests {
     use super::*;
 
+    const B: fn(Algorithm) -> Choice = Choice::Builtin;
+
     #[test]
     fn nccl_grammar() {
-        let f = AlgoFilter::parse("ring").unwrap();
-        assert!(f.allows(CollKind::AllReduce, Algorithm::Ring));
-        assert!(!f.allows(CollKind::AllReduce, Algorithm::Tree));
-        let f = AlgoFilter::parse("^tree").unwrap();
-        assert!(f.allows(CollKind::AllReduce, Algorithm::Ring) && !f.allows(CollKind::Broadcast, Algorithm::Tree));
-        let f = AlgoFilter::parse("allreduce:tree;broadcast:ring").unwrap();
-        assert!(f.allows(CollKind::AllReduce, Algorithm::Tree) && !f.allows(CollKind::AllReduce, Algorithm::Ring));
-        assert!(f.allows(CollKind::Broadcast, Algorithm::Ring) && !f.allows(CollKind::Broadcast, Algorithm::Tree));
-        assert!(f.allows(CollKind::AllGather, Algorithm::Rhd));
-        let f = AlgoFilter::parse("ring,nvls").unwrap();
-        assert!(f.allows(CollKind::AllReduce, Algorithm::Ring));
-        let e = AlgoFilter::parse("allreduce:spiral").unwrap_err().to_string();
+        let p = |t: &str| AlgoFilter::parse(t, &[]);
+        let f = p("ring").unwrap();
+        assert!(f.allows(CollKind::AllReduce, B(Algorithm::Ring)));
+        assert!(!f.allows(CollKind::AllReduce, B(Algorithm::Tree)));
+        let f = p("^tree").unwrap();
+        assert!(
+            f.allows(CollKind::AllReduce, B(Algorithm::Ring)) && !f.allows(CollKind::Broadcast, B(Algorithm::Tree))
+        );
+        let f = p("allreduce:tree;broadcast:ring").unwrap();
+        assert!(
+            f.allows(CollKind::AllReduce, B(Algorithm::Tree)) && !f.allows(CollKind::AllReduce, B(Algorithm::Ring))
+        );
+        assert!(
+            f.allows(CollKind::Broadcast, B(Algorithm::Ring)) && !f.allows(CollKind::Broadcast, B(Algorithm::Tree))
+        );
+        assert!(f.allows(CollKind::AllGather, B(Algorithm::Rhd)));
+        let f = p("ring,nvls").unwrap();
+        assert!(f.allows(CollKind::AllReduce, B(Algorithm::Ring)));
+        let e = p("allreduce:spiral").unwrap_err().to_string();
         assert!(e.contains("spiral"), "{e}");
-        assert!(AlgoFilter::parse("allscatter:ring").unwrap_err().to_string().contains("allscatter"));
+        assert!(p("allscatter:ring").unwrap_err().to_string().contains("allscatter"));
+    }
+
+    fn shm() -> LinkParams {
+        LinkParams { fifo: LinkCost { bw: 5e9, lat: 5e-6 }, one_sided: LinkCost { bw: 8e9, lat: 6e-6 }, native: true }
+    }
+
+    fn tuner(n: usize, filter: &str) -> Result<Tuner> {
+        Tuner::new((1, n), (Some(shm()), None), AlgoFilter::parse(filter, &[])?, Vec::new(), 4 << 20)
     }
 
     #[test]
     fn picks_by_cost_and_respects_filter() {
-        let t = Tuner::new(1, 8, Kind::Shm, Kind::Tcp, AlgoFilter::default(), 4 << 20);
-        // Bandwidth-optimal algorithms for big messages (ring and
-        // Rabenseifner tie on bandwidth; the model prefers fewer latencies),
-        // not the ring's 2(n-1) latencies for tiny ones.
+        let t = tuner(8, "").unwrap();
+        // Few latencies for tiny messages, bandwidth-optimal algorithms
+        // for big ones.
+        let tiny = t.pick(&Collective::new(CollKind::AllReduce, 8, 2)).unwrap();
+        assert!(matches!(tiny, Choice::Builtin(Algorithm::Doubling | Algorithm::OneShot)), "{tiny}");
         let big = Collective::new(CollKind::AllReduce, 8, 64 << 20);
-        assert!(matches!(t.pick(&big).unwrap(), Algorithm::Ring | Algorithm::Rhd));
-        assert_eq!(t.pick(&Collective::new(CollKind::AllReduce, 8, 2)).unwrap(), Algorithm::Doubling);
-        // Two ranks: one exchange of the whole buffer while it is small,
-        // halves (each rank reduces half) once reduction time dominates.
-        let t2 = Tuner::new(1, 2, Kind::Shm, Kind::Tcp, AlgoFilter::default(), 4 << 20);
-        assert_eq!(t2.pick(&Collective::new(CollKind::AllReduce, 2, 256)).unwrap(), Algorithm::Doubling);
-        assert_ne!(t2.pick(&Collective::new(CollKind::AllReduce, 2, 2 << 20)).unwrap(), Algorithm::Doubling);
-        let t = Tuner::new(1, 8, Kind::Shm, Kind::Tcp, AlgoFilter::parse("tree").unwrap(), 4 << 20);
-        assert_eq!(t.pick(&big).unwrap(), Algorithm::Tree);
+        let pick = t.pick(&big).unwrap();
+        assert!(
+            matches!(pick, Choice::Builtin(Algorithm::Ring | Algorithm::Rhd | Algorithm::TwoShot)),
+            "{pick} for 256 MiB"
+        );
+        let t = tuner(8, "tree").unwrap();
+        assert_eq!(t.pick(&big).unwrap(), B(Algorithm::Tree));
         // A global list leaves collectives it has nothing for alone ...
         assert!(t.pick(&Collective::new(CollKind::AllGather, 8, 4)).is_ok());
-        // ... a list for one collective is strict.
-        let t = Tuner::new(1, 8, Kind::Shm, Kind::Tcp, AlgoFilter::parse("allgather:tree").unwrap(), 4 << 20);
-        let none = t.pick(&Collective::new(CollKind::AllGather, 8, 4)).unwrap_err().to_string();
-        assert!(none.contains("all_gather") && none.contains("ring"), "{none}");
         assert_eq!(t.chunk_bytes(), (2 << 20) - 128);
+        // ... a list for one collective is strict, and one that leaves it
+        // nothing is an error when the communicator is made.
+        let e = tuner(8, "allgather:tree").unwrap_err().to_string();
+        assert!(e.contains("all_gather") && e.contains("ring") && e.contains("tree"), "{e}");
+        assert!(tuner(8, "allreduce:pairwise").is_err());
+        let t = tuner(8, "allreduce:twoshot").unwrap();
+        assert_eq!(t.pick(&big).unwrap(), B(Algorithm::TwoShot), "one-sided algorithms run on host transports");
     }
 }

@@ -5,9 +5,8 @@
 use super::backend::{Backend, Marker, Pinned, Words};
 use super::direct::Direct;
 use super::route::{self, Card, Route};
-use super::{CudaStream, DeviceBuf, DeviceComm};
-use crate::buf::Region;
-use crate::comm::Communicator;
+use super::{Ctx, DeviceComm};
+use crate::buf::{CudaStream, DeviceBuf, Region};
 use crate::config::DevicePath;
 use oxccl_core::{DataType, Error, Result};
 use oxccl_cuda::{Device, Event, HostMapped, KernelOp, Module, Stream};
@@ -65,7 +64,7 @@ impl Pinned for CudaPinned {
         // keeps until the stream has passed the call's last copy; it hands
         // out sub-regions of one chunk at a time to the engine, between
         // that chunk's copy in and copy out (see `Region::from_raw`).
-        unsafe { Region::from_raw(self.0.as_ptr(), self.0.len()) }
+        unsafe { Region::from_raw(self.0.as_ptr(), self.0.len(), true) }
     }
 }
 
@@ -166,13 +165,12 @@ impl Backend for Gpu {
 
 /// Sets up the device side of `comm` on the GPU that holds `buf`:
 /// collective (every rank's first device call runs it).
-pub(super) fn open(comm: &Communicator, buf: DeviceBuf) -> Result<DeviceComm> {
-    let inner = &comm.inner;
-    let who = &inner.shared.who;
+pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf) -> Result<DeviceComm> {
+    let who = ctx.who;
     oxccl_cuda::driver_available().map_err(|e| Error::Unavailable(format!("{who}: {e}")))?;
     let ordinal = oxccl_cuda::device_of(buf.addr())?;
     let gpu = Arc::new(Gpu::open(ordinal)?);
-    let cfg = &inner.cfg;
+    let cfg = ctx.cfg;
     // Everyone exchanges a card, even ranks that want the staged path, so
     // that all decide together.
     let window = if cfg.device_path == DevicePath::Staged {
@@ -188,23 +186,23 @@ pub(super) fn open(comm: &Communicator, buf: DeviceBuf) -> Result<DeviceComm> {
         window: cfg.device_window as u64,
         blocks: cfg.device_blocks as u32,
         wants: cfg.device_path,
-        ready: window.is_some() && (handle.is_some() || inner.nranks == 1),
+        ready: window.is_some() && (handle.is_some() || ctx.nranks == 1),
         handle: handle.unwrap_or([0; 64]),
     };
-    let gathered = inner.boot.all_gather(&card.encode())?;
+    let gathered = ctx.boot.all_gather(&card.encode())?;
     let cards = gathered
         .iter()
         .enumerate()
         .map(|(r, b)| Card::decode(r, b))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(Error::Internal)?;
-    let hosts: Vec<&str> = inner.boot.peers().iter().map(|p| p.host.as_str()).collect();
-    let route = route::decide(inner.rank, &cards, &hosts).map_err(|e| Error::InvalidUsage(format!("{who}: {e}")))?;
+    let hosts: Vec<&str> = ctx.boot.peers().iter().map(|p| p.host.as_str()).collect();
+    let route = route::decide(ctx.rank, &cards, &hosts).map_err(|e| Error::InvalidUsage(format!("{who}: {e}")))?;
     let direct = match (route, window) {
         (Route::Direct { blocks, window: bytes, peers }, Some(mem)) => {
-            let d = Direct::open(comm, gpu.clone(), mem, &peers, blocks, bytes);
+            let d = Direct::open(ctx, gpu.clone(), mem, &peers, blocks, bytes);
             // Everyone must have opened every peer, or nobody goes direct.
-            let ok = inner.boot.all_gather(&[d.is_ok() as u8])?;
+            let ok = ctx.boot.all_gather(&[d.is_ok() as u8])?;
             match d {
                 Ok(d) if ok.iter().all(|b| b == &[1]) => Some(d),
                 Err(e) if cfg.device_path == DevicePath::Direct => return Err(e),
@@ -224,5 +222,9 @@ pub(super) fn open(comm: &Communicator, buf: DeviceBuf) -> Result<DeviceComm> {
     if direct.is_some() {
         tracing::info!("{who}: device path direct on GPU {ordinal}");
     }
-    Ok(DeviceComm { stager: super::stage::Stager::new(gpu.clone(), cfg.stage_chunk, cfg.timeout), dev: gpu, direct })
+    Ok(DeviceComm {
+        stager: super::stage::Stager::new(gpu.clone(), cfg.stage_chunk, cfg.timeout, who),
+        dev: gpu,
+        direct,
+    })
 }

@@ -2,12 +2,11 @@
 //! every rank shares with the others (cuda/README.md has the protocol).
 #![allow(unsafe_code)]
 
-use super::CudaStream;
+use super::Ctx;
 use super::cuda::Gpu;
 use super::route::Reach;
-use super::stage::Call;
-use crate::comm::Communicator;
-use oxccl_algo::algos::Algorithm;
+use crate::buf::{CudaStream, DeviceBuf};
+use crate::call::Call;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_cuda::{Coll, CollArgs, DevMem, Event, FLAG_BYTES, IpcMapping, KernelOp, MAX_RANKS};
@@ -50,14 +49,13 @@ pub(crate) struct Direct {
 impl Direct {
     /// Maps every peer's window; `mem` is this rank's (flags first).
     pub fn open(
-        comm: &Communicator,
+        ctx: &Ctx<'_>,
         gpu: Arc<Gpu>,
         mem: DevMem,
         peers: &[Reach],
         blocks: u32,
         window_bytes: u64,
     ) -> Result<Direct> {
-        let inner = &comm.inner;
         let (mut windows, mut flags) = ([0u64; MAX_RANKS], [0u64; MAX_RANKS]);
         let mut maps = Vec::new();
         for (q, reach) in peers.iter().enumerate() {
@@ -66,7 +64,7 @@ impl Direct {
                 Reach::Pointer(a) => *a,
                 Reach::Ipc(h) => {
                     let m = gpu.dev.open_ipc(h).map_err(|e| {
-                        Error::System(format!("rank {}: cannot open rank {q}'s device window: {e}", inner.rank))
+                        Error::System(format!("rank {}: cannot open rank {q}'s device window: {e}", ctx.rank))
                     })?;
                     let a = m.addr();
                     maps.push(m);
@@ -76,7 +74,6 @@ impl Direct {
             flags[q] = base;
             windows[q] = base + FLAG_BYTES as u64;
         }
-        let allows = |a| comm.inner.tuner.allows(CollKind::AllReduce, a);
         Ok(Direct {
             gpu,
             _mem: mem,
@@ -85,17 +82,17 @@ impl Direct {
             flags,
             window_bytes,
             blocks,
-            rank: inner.rank,
-            nranks: inner.nranks,
-            timeout_ns: super::cuda::nanos(inner.cfg.timeout),
-            one_shot: allows(Algorithm::OneShot),
-            two_shot: allows(Algorithm::TwoShot),
+            rank: ctx.rank,
+            nranks: ctx.nranks,
+            timeout_ns: super::cuda::nanos(ctx.cfg.timeout),
+            one_shot: ctx.one_shot,
+            two_shot: ctx.two_shot,
             order: Mutex::new(None),
         })
     }
 
     /// The kernel algorithm for `call`.
-    fn coll(&self, call: &Call) -> Coll {
+    fn coll(&self, call: &Call<DeviceBuf>) -> Coll {
         match call.kind {
             CollKind::AllReduce => {
                 let bytes = call.count * call.dtype.size();
@@ -111,7 +108,7 @@ impl Direct {
     }
 
     /// Enqueues `call` on `stream`.
-    pub fn run(&self, call: &Call, stream: CudaStream) -> Result<()> {
+    pub fn run(&self, call: &Call<DeviceBuf>, stream: CudaStream) -> Result<()> {
         let coll = self.coll(call);
         // Collectives that only move bytes run the byte module.
         let (dtype, kop, count) = if call.kind.reduces() {

@@ -17,13 +17,13 @@
 //! other call. Staging memory comes from a pool and goes back to it once
 //! the stream has passed the call's end.
 
+use super::DevCounters;
 use super::backend::{Backend, Marker, Pinned, word};
-use super::{CudaStream, DeviceBuf};
-use crate::buf::Region;
-use crate::comm::Communicator;
-use crate::engine::Action;
+use crate::buf::{CudaStream, DeviceBuf, Region};
+use crate::call::Call;
+use crate::job::{Action, Counters, Job};
 use oxccl_algo::collective::CollKind;
-use oxccl_core::{DataType, Error, ReduceOp, Result};
+use oxccl_core::{Error, Result};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -48,18 +48,6 @@ pub(crate) fn chunks(kind: CollKind, count: usize, es: usize, chunk_bytes: usize
     (0..count).step_by(step).map(|a| (a, (a + step).min(count))).collect()
 }
 
-/// One staged call, checked and resolved to this rank's input and output.
-pub(crate) struct Call {
-    pub kind: CollKind,
-    pub count: usize,
-    pub dtype: DataType,
-    pub op: ReduceOp,
-    pub root: usize,
-    /// This rank's input and output (empty where the rank has none).
-    pub input: DeviceBuf,
-    pub output: DeviceBuf,
-}
-
 struct InFlight {
     bufs: [Box<dyn Pinned>; 2],
     end: Box<dyn Marker>,
@@ -78,23 +66,32 @@ struct Pool {
 /// The staging path of one communicator.
 pub(crate) struct Stager {
     dev: Arc<dyn Backend>,
+    counters: Arc<dyn Counters>,
     chunk: usize,
     timeout: Duration,
     pool: Mutex<Pool>,
 }
 
 impl Stager {
-    pub fn new(dev: Arc<dyn Backend>, chunk: usize, timeout: Duration) -> Stager {
-        Stager { dev, chunk: chunk.max(1), timeout, pool: Mutex::new(Pool::default()) }
+    pub fn new(dev: Arc<dyn Backend>, chunk: usize, timeout: Duration, who: &str) -> Stager {
+        let counters = Arc::new(DevCounters { dev: dev.clone(), who: who.to_string() });
+        Stager { dev, counters, chunk: chunk.max(1), timeout, pool: Mutex::new(Pool::default()) }
     }
 
-    /// Enqueues `call` on `stream` and queues its host collectives; returns
-    /// at once.
-    pub fn run(&self, comm: &Communicator, call: &Call, stream: CudaStream) -> Result<()> {
+    /// Enqueues `call` on `stream` and returns the host jobs to queue, in
+    /// order (each planned by `plan` from a host call on staging memory):
+    /// the caller submits them and returns at once. Nothing is enqueued
+    /// when planning fails.
+    pub fn run(
+        &self,
+        plan: &dyn Fn(&Call<Region>) -> Result<Job>,
+        call: &Call<DeviceBuf>,
+        stream: CudaStream,
+    ) -> Result<Vec<Job>> {
         let es = call.dtype.size();
         let ranges = chunks(call.kind, call.count, es, self.chunk);
         if ranges.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut pool = self.pool.lock();
         self.reap(&mut pool)?;
@@ -122,9 +119,12 @@ impl Stager {
             let v = base + k as u64 + 1;
             let (i, _) = piece(&hin, &call.input, (a, b))?;
             let (o, _) = piece(&hout, &call.output, (a, b))?;
-            let mut job = comm.collective_job(call.kind, n, call.dtype, call.op, call.root, i, o, None)?;
-            job.pre.insert(0, Action::Await { dev: self.dev.clone(), word: word::D2H, value: v });
-            job.post.push(Action::Signal { dev: self.dev.clone(), word: word::H2D, value: v });
+            let mut host = call.with_buffers(i, o);
+            host.count = n;
+            host.in_place = false;
+            let mut job = plan(&host)?;
+            job.pre.insert(0, Action::Await { dev: self.counters.clone(), word: word::D2H, value: v });
+            job.post.push(Action::Signal { dev: self.counters.clone(), word: word::H2D, value: v });
             jobs.push(job);
         }
         pool.seq += ranges.len() as u64;
@@ -134,9 +134,6 @@ impl Stager {
                 self.dev.enqueue_d2h(stream, h, d)?;
             }
             self.dev.enqueue_signal(stream, word::D2H, base + k as u64 + 1)?;
-        }
-        for job in jobs {
-            comm.submit(job);
         }
         for (k, &r) in ranges.iter().enumerate() {
             self.dev.enqueue_wait(stream, word::H2D, base + k as u64 + 1, self.timeout)?;
@@ -148,7 +145,7 @@ impl Stager {
         let end = self.dev.marker(stream)?;
         pool.in_flight.push_back(InFlight { bufs: [pin_in, pin_out], end });
         pool.last = Some(stream);
-        Ok(())
+        Ok(jobs)
     }
 
     /// Returns the staging memory of calls their streams have passed to

@@ -13,15 +13,26 @@
 //! a collective have channels of their own; point-to-point lanes share
 //! [`P2P_CHANNEL`], so they take turns per peer in the order they were
 //! issued.
+//!
+//! One-sided steps ([`one_sided`]) address peers' buffers: a task with
+//! any registers its buffers when it starts and sends their descriptors
+//! to the peers whose steps access them; it reads a peer's descriptors
+//! when it first needs them; the registration ends with the task
+//! ([`release`]), success or not.
 
-use crate::buf::{self, Operand, Owned, Region};
-use oxccl_algo::algos::Algorithm;
+mod one_sided;
+mod two_sided;
+
+use crate::buf::{self, Owned, Region};
 use oxccl_algo::ir::{Buf, Slice, Step};
+use oxccl_algo::scale::OneSidedPeers;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
-use oxccl_transport::fabric::Fabric;
-use oxccl_transport::{Channel, P2P_CHANNEL, Piece, Sender};
+use oxccl_transport::fabric::{Exposure, Fabric, OpId};
+use oxccl_transport::provider::MemDesc;
+use oxccl_transport::{Channel, P2P_CHANNEL};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use two_sided::pump;
 
 /// A task's three buffers.
 #[derive(Clone, Copy, Debug)]
@@ -32,7 +43,7 @@ pub(crate) struct Bufs {
 }
 
 impl Bufs {
-    fn region(&self, s: &Slice, es: usize) -> Result<Region> {
+    pub(super) fn region(&self, s: &Slice, es: usize) -> Result<Region> {
         let r = match s.buf {
             Buf::Input => &self.input,
             Buf::Output => &self.output,
@@ -58,6 +69,10 @@ pub(crate) struct Lane {
     begun: bool,
     /// Sends the lane moved past before they finished (see [`MAX_DEFERRED`]).
     deferred: Vec<Deferred>,
+    /// The current one-sided step's operation in flight.
+    op: Option<OpId>,
+    /// Where a get-reduce lands the peer's bytes before reducing them.
+    stage: Option<Owned>,
 }
 
 /// A plain send still draining into its connection while the lane goes on.
@@ -86,7 +101,7 @@ const MAX_DEFERRED: usize = 8;
 
 impl Lane {
     pub fn new(steps: Arc<Vec<Step>>, wire: Channel) -> Lane {
-        Lane { steps, wire, pc: 0, got: 0, put: 0, begun: false, deferred: Vec::new() }
+        Lane { steps, wire, pc: 0, got: 0, put: 0, begun: false, deferred: Vec::new(), op: None, stage: None }
     }
     fn done(&self) -> bool {
         self.pc >= self.steps.len() && self.deferred.is_empty()
@@ -106,26 +121,11 @@ fn written(step: &Step) -> Option<&Slice> {
     }
 }
 
-/// Copies `src[*put..]` into the connection as far as room allows, whole
-/// elements at a time; true if anything moved.
-fn pump(s: &mut dyn Sender, src: &Region, put: &mut usize, es: usize) -> Result<bool> {
-    let mut moved = false;
-    while *put < src.len() {
-        let room = s.room(src.len() - *put)?;
-        let n = room.len() / es * es;
-        if n == 0 {
-            break;
-        }
-        src.sub(*put, n)?.read(|b| room[..n].copy_from_slice(b));
-        s.commit(n)?;
-        *put += n;
-        moved = true;
-    }
-    Ok(moved)
-}
-
 /// Drains a lane's deferred sends as far as room allows.
 fn drain(fabric: &mut Fabric, lane: &mut Lane, es: usize) -> Result<bool> {
+    if lane.deferred.is_empty() {
+        return Ok(false);
+    }
     let mut moved = false;
     for d in &mut lane.deferred {
         moved |= pump(fabric.sender(d.peer, lane.wire)?, &d.src, &mut d.put, es)?;
@@ -168,7 +168,7 @@ fn blocked_by_deferred(lane: &mut Lane, step: &Step, bufs: &Bufs, es: usize) -> 
 pub(crate) struct Label {
     pub what: &'static str,
     pub seq: u64,
-    pub algo: Option<Algorithm>,
+    pub algo: Option<crate::tuner::Choice>,
     /// A point-to-point task's direction (true: send) and peer.
     pub p2p: Option<(bool, usize)>,
 }
@@ -202,6 +202,57 @@ pub(crate) struct Task {
     pub op: ReduceOp,
     /// What the task is, for messages.
     pub label: Label,
+    /// One-sided programs: whose buffers are involved.
+    pub peers: Option<Arc<OneSidedPeers>>,
+    started: bool,
+    exposure: Option<Exposure>,
+    /// Peers' buffer descriptors (input, output, scratch) for this task.
+    remote: HashMap<usize, Vec<MemDesc>>,
+}
+
+impl Task {
+    /// A task of `lanes` over `bufs`.
+    pub fn new(
+        lanes: Vec<Lane>,
+        bufs: Bufs,
+        dtype: DataType,
+        op: ReduceOp,
+        label: Label,
+        peers: Option<Arc<OneSidedPeers>>,
+    ) -> Task {
+        Task { lanes, bufs, dtype, op, label, peers, started: false, exposure: None, remote: HashMap::new() }
+    }
+
+    /// Registers this rank's buffers for the peers that access them (once,
+    /// when the task first runs).
+    fn start(&mut self, fabric: &mut Fabric) -> Result<()> {
+        if std::mem::replace(&mut self.started, true) {
+            return Ok(());
+        }
+        if let Some(p) = &self.peers
+            && !p.accessed_by.is_empty()
+        {
+            let b = &self.bufs;
+            self.exposure = Some(fabric.expose(&[b.input, b.output, b.scratch], &p.accessed_by)?);
+        }
+        Ok(())
+    }
+}
+
+/// Ends what `tasks` registered and started with the fabric: after this,
+/// no peer touches their buffers and no one-sided operation writes them.
+/// The engine calls it when a batch ends, whether it succeeded or not.
+pub(crate) fn release(fabric: &mut Fabric, tasks: &mut [Task]) {
+    for t in tasks {
+        for lane in &mut t.lanes {
+            if let Some(op) = lane.op.take() {
+                fabric.forget(op);
+            }
+        }
+        if let Some(e) = t.exposure.take() {
+            fabric.unexpose(e);
+        }
+    }
 }
 
 /// The point-to-point turn book: which lane may use (direction, peer)
@@ -251,6 +302,7 @@ impl Turns {
 pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -> Result<bool> {
     let mut moved = false;
     for (ti, task) in tasks.iter_mut().enumerate() {
+        task.start(fabric).map_err(|e| annotate(e, &format!("{}: registering its buffers", task.label)))?;
         for li in 0..task.lanes.len() {
             let es = task.dtype.size();
             moved |= drain(fabric, &mut task.lanes[li], es)
@@ -272,6 +324,7 @@ pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -
                         break;
                     }
                 }
+                let advance = if step.is_one_sided() { one_sided::advance } else { two_sided::advance };
                 let (progressed, finished) = advance(fabric, task, li, &step).map_err(|e| {
                     let where_ = format!("{}: channel {} step {} ({step})", task.label, li, task.lanes[li].pc);
                     annotate(e, &where_)
@@ -320,11 +373,18 @@ pub(crate) fn waiting_for(tasks: &[Task]) -> String {
     for t in tasks {
         for (li, lane) in t.lanes.iter().enumerate() {
             if let Some(step) = lane.steps.get(lane.pc) {
-                let what = match (step.recv_peer(), step.send_peer()) {
-                    (Some(p), _) if lane.got < step.wire_elems() || step.wire_elems() == 0 => {
+                let what = match (step.recv_peer(), step.send_peer(), step) {
+                    (_, _, Step::Wait { peer }) => format!("a signal from rank {peer}"),
+                    (_, _, Step::Put { peer, .. } | Step::Get { peer, .. } | Step::GetReduce { peer, .. }) => {
+                        match t.remote.contains_key(peer) {
+                            false => format!("rank {peer}'s buffer descriptors (it has not started the call)"),
+                            true => format!("one-sided access to rank {peer}'s buffers to complete"),
+                        }
+                    }
+                    (Some(p), _, _) if lane.got < step.wire_elems() || step.wire_elems() == 0 => {
                         format!("data from rank {p}")
                     }
-                    (_, Some(p)) => format!("room to send to rank {p}"),
+                    (_, Some(p), _) => format!("room to send to rank {p}"),
                     _ => "a local step".to_string(),
                 };
                 out.push(format!("{} channel {li} step {} ({step}) waits for {what}", t.label, lane.pc));
@@ -335,7 +395,7 @@ pub(crate) fn waiting_for(tasks: &[Task]) -> String {
     out.join("; ")
 }
 
-fn annotate(e: Error, where_: &str) -> Error {
+pub(crate) fn annotate(e: Error, where_: &str) -> Error {
     match e {
         Error::Remote(m) => Error::Remote(format!("{where_}: {m}")),
         Error::Timeout(m) => Error::Timeout(format!("{where_}: {m}")),
@@ -343,169 +403,4 @@ fn annotate(e: Error, where_: &str) -> Error {
         Error::Internal(m) => Error::Internal(format!("{where_}: {m}")),
         other => other,
     }
-}
-
-/// Checks a piece against what the step expects; the usable length in
-/// whole elements.
-fn usable(piece: &Piece<'_>, expect: usize, got: usize, es: usize, peer: usize) -> Result<usize> {
-    if piece.msg_len != expect {
-        return Err(Error::Remote(format!(
-            "rank {peer} sent a message of {} bytes where {expect} were expected: the ranks are running different \
-             operations (set OXCCL_CHECK=1 to find the rank that differs)",
-            piece.msg_len
-        )));
-    }
-    if piece.offset != got {
-        return Err(Error::Internal(format!("piece at byte {} of a message, expected {got}", piece.offset)));
-    }
-    Ok(piece.data.len() / es * es)
-}
-
-/// One step's progress: (moved anything, step complete).
-fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Result<(bool, bool)> {
-    let es = task.dtype.size();
-    let (bufs, dtype, op) = (task.bufs, task.dtype, task.op);
-    let lane = &mut task.lanes[li];
-    let wire = lane.wire;
-    let reg = |s: &Slice| bufs.region(s, es);
-    match step {
-        Step::Copy { src, dst } => {
-            buf::copy(&reg(dst)?, &reg(src)?)?;
-            Ok((true, true))
-        }
-        Step::Reduce { srcs, dst } => {
-            let d = reg(dst)?;
-            let first = reg(&srcs[0])?;
-            if srcs.len() == 1 {
-                buf::copy(&d, &first)?;
-            } else {
-                buf::reduce(dtype, op, &d, Operand::Region(first), Operand::Region(reg(&srcs[1])?))?;
-                for s in &srcs[2..] {
-                    buf::reduce(dtype, op, &d, Operand::Region(d), Operand::Region(reg(s)?))?;
-                }
-            }
-            Ok((true, true))
-        }
-        Step::Send { peer, src } => {
-            let src = reg(src)?;
-            let s = fabric.sender(*peer, wire)?;
-            if !lane.begun {
-                s.begin(src.len())?;
-                lane.begun = true;
-            }
-            let moved = pump(s, &src, &mut lane.put, es)?;
-            Ok((moved, lane.put == src.len()))
-        }
-        Step::Recv { peer, dst } | Step::RecvReduce { peer, dst, .. } => {
-            let d = reg(dst)?;
-            let local = match step {
-                Step::RecvReduce { src, .. } => Some(reg(src)?),
-                _ => None,
-            };
-            let r = fabric.receiver(*peer, wire)?;
-            let mut moved = false;
-            while let Some(piece) = r.peek()? {
-                let n = usable(&piece, d.len(), lane.got, es, *peer)?;
-                if d.is_empty() {
-                    r.consume(0)?;
-                    return Ok((true, true));
-                }
-                if n == 0 {
-                    break;
-                }
-                let out = d.sub(lane.got, n)?;
-                match local {
-                    None => out.write(|o| o.copy_from_slice(&piece.data[..n]))?,
-                    Some(l) => buf::reduce(
-                        dtype,
-                        op,
-                        &out,
-                        Operand::Region(l.sub(lane.got, n)?),
-                        Operand::Bytes(&piece.data[..n]),
-                    )?,
-                }
-                r.consume(n)?;
-                lane.got += n;
-                moved = true;
-                if lane.got == d.len() {
-                    return Ok((true, true));
-                }
-            }
-            Ok((moved, false))
-        }
-        Step::RecvReduceSend { recv, send, src } => {
-            let l = reg(src)?;
-            forward(fabric, lane, (*recv, *send, wire), l.len(), es, |off, piece, room| {
-                buf::reduce(
-                    dtype,
-                    op,
-                    &Region::of_mut(room),
-                    Operand::Region(l.sub(off, piece.len())?),
-                    Operand::Bytes(piece),
-                )
-            })
-        }
-        Step::RecvCopySend { recv, send, dst } => {
-            let d = reg(dst)?;
-            forward(fabric, lane, (*recv, *send, wire), d.len(), es, |off, piece, room| {
-                room.copy_from_slice(piece);
-                buf::write_at(&d, off, piece)
-            })
-        }
-        Step::RecvReduceCopySend { recv, send, src, dst } => {
-            let (l, d) = (reg(src)?, reg(dst)?);
-            forward(fabric, lane, (*recv, *send, wire), d.len(), es, |off, piece, room| {
-                let out = d.sub(off, piece.len())?;
-                buf::reduce(dtype, op, &out, Operand::Region(l.sub(off, piece.len())?), Operand::Bytes(piece))?;
-                out.read(|o| room.copy_from_slice(o));
-                Ok(())
-            })
-        }
-        Step::Put { .. } | Step::Get { .. } | Step::GetReduce { .. } | Step::Signal { .. } | Step::Wait { .. } => {
-            Err(Error::Unavailable(format!(
-                "one-sided step ({step}): the host transports run two-sided programs only; pick another algorithm"
-            )))
-        }
-    }
-}
-
-/// A receive-and-send step: for each arrived piece, `f(offset, piece,
-/// room)` fills the outgoing room (of the piece's length) and stores what
-/// the step stores.
-fn forward(
-    fabric: &mut Fabric,
-    lane: &mut Lane,
-    (from, to, wire): (usize, usize, Channel),
-    len: usize,
-    es: usize,
-    mut f: impl FnMut(usize, &[u8], &mut [u8]) -> Result<()>,
-) -> Result<(bool, bool)> {
-    let (r, s) = fabric.pair(from, to, wire)?;
-    if !lane.begun {
-        s.begin(len)?;
-        lane.begun = true;
-    }
-    let mut moved = false;
-    while let Some(piece) = r.peek()? {
-        let n = usable(&piece, len, lane.got, es, from)?;
-        if len == 0 {
-            r.consume(0)?;
-            return Ok((true, true));
-        }
-        let room = s.room(n)?;
-        let m = room.len().min(n) / es * es;
-        if m == 0 {
-            break;
-        }
-        f(lane.got, &piece.data[..m], &mut room[..m])?;
-        s.commit(m)?;
-        r.consume(m)?;
-        lane.got += m;
-        lane.put += m;
-        moved = true;
-        if lane.got == len {
-            return Ok((true, true));
-        }
-    }
-    Ok((moved, false))
 }

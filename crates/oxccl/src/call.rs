@@ -1,0 +1,187 @@
+//! One call descriptor: what NCCL packs into `ncclInfo` before
+//! `ncclEnqueueCheck`. Every collective is described once, checked once
+//! here (an error names the rank, the operation and the buffer, and
+//! changes nothing), and handed down as it is: to the host planner, into a
+//! group, to the device path, and from the C ABI.
+
+use crate::buf::Span;
+use oxccl_algo::collective::{CollKind, Collective};
+use oxccl_core::{DataType, Error, ReduceOp, Result};
+
+/// One collective call on `B` buffers (host [`Region`](crate::buf::Region)s
+/// or [`DeviceBuf`](crate::DeviceBuf)s), checked and resolved to this
+/// rank's input and output.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<B> {
+    /// What is computed.
+    pub kind: CollKind,
+    /// NCCL's count (see [`Collective`]).
+    pub count: usize,
+    /// Element type.
+    pub dtype: DataType,
+    /// Reduction (ignored by collectives that do not reduce).
+    pub op: ReduceOp,
+    /// Root of rooted collectives (0 otherwise).
+    pub root: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// This rank's input: exactly `input_len` elements (empty where the
+    /// rank has none).
+    pub input: B,
+    /// This rank's output: exactly `output_len` elements.
+    pub output: B,
+    /// Whether input and output live in one buffer (NCCL's in-place call).
+    pub in_place: bool,
+}
+
+impl<B: Span> Call<B> {
+    /// Checks a call on `rank` of `nranks` and resolves its buffers:
+    /// `send: None` is in place (NCCL's in-place layout inside `recv`);
+    /// buffers may be longer than the call needs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        kind: CollKind,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        send: Option<B>,
+        recv: B,
+        rank: usize,
+        nranks: usize,
+    ) -> Result<Call<B>> {
+        let coll = Collective { kind, nranks, count, root, dtype };
+        let ((ia, il), (oa, ol)) = spans(&coll, op, rank, send.map(|s| s.len()), recv.len())?;
+        let input = send.unwrap_or(recv).sub(ia, il)?;
+        let output = recv.sub(oa, ol)?;
+        Ok(Call { kind, count, dtype, op, root, rank, nranks, input, output, in_place: send.is_none() })
+    }
+
+    /// The same call on other buffers (a staged device call's host copy).
+    pub fn with_buffers<C>(&self, input: C, output: C) -> Call<C> {
+        Call {
+            kind: self.kind,
+            count: self.count,
+            dtype: self.dtype,
+            op: self.op,
+            root: self.root,
+            rank: self.rank,
+            nranks: self.nranks,
+            input,
+            output,
+            in_place: self.in_place,
+        }
+    }
+}
+
+impl<B> Call<B> {
+    /// What the algorithms see.
+    pub fn collective(&self) -> Collective {
+        Collective { kind: self.kind, nranks: self.nranks, count: self.count, root: self.root, dtype: self.dtype }
+    }
+
+    /// Whether the call moves nothing (count 0 on every rank alike).
+    pub fn is_empty(&self) -> bool
+    where
+        B: Span,
+    {
+        self.input.is_empty() && self.output.is_empty()
+    }
+}
+
+/// Checks that a caller's buffer of `have` elements holds `need`.
+pub(crate) fn check_len(what: &str, op: &str, rank: usize, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(Error::invalid(format!(
+            "rank {rank}: {op}: {what} holds {have} elements but the call needs {need}"
+        )));
+    }
+    Ok(())
+}
+
+/// Where `rank`'s input and output of `coll` lie, as (offset, length) in
+/// bytes: in the send and receive buffers of `send_len` and `recv_len`
+/// bytes, or, in place (`send_len: None`), both in the receive buffer at
+/// NCCL's in-place offsets. Checks the collective and the lengths first
+/// (errors name the rank, the operation and the buffer), so the offsets
+/// cannot overflow.
+pub(crate) fn spans(
+    coll: &Collective,
+    op: ReduceOp,
+    rank: usize,
+    send_len: Option<usize>,
+    recv_len: usize,
+) -> Result<((usize, usize), (usize, usize))> {
+    check_collective(coll, op, rank)?;
+    let (es, name) = (coll.dtype.size(), coll.kind.name());
+    let (ni, no) = (coll.input_len(rank), coll.output_len(rank));
+    match send_len {
+        Some(s) => {
+            check_len("the send buffer", name, rank, s / es, ni)?;
+            check_len("the receive buffer", name, rank, recv_len / es, no)?;
+            Ok(((0, ni * es), (0, no * es)))
+        }
+        None => {
+            let l = coll.in_place_layout(rank);
+            check_len("the buffer", name, rank, recv_len / es, l.len)?;
+            Ok(((l.input_at * es, ni * es), (l.output_at * es, no * es)))
+        }
+    }
+}
+
+/// Checks a collective's arguments on `rank`: rank count, root, op for
+/// the type, sizes that fit in memory.
+pub(crate) fn check_collective(coll: &Collective, op: ReduceOp, rank: usize) -> Result<()> {
+    if coll.nranks == 0 || rank >= coll.nranks {
+        return Err(Error::invalid(format!("rank {rank} is out of range for {} ranks", coll.nranks)));
+    }
+    coll.validate().map_err(|e| match e {
+        Error::InvalidArgument(m) => Error::invalid(format!("rank {rank}: {m}")),
+        other => other,
+    })?;
+    if coll.kind.reduces() {
+        op.check(coll.dtype).map_err(|e| Error::invalid(format!("rank {rank}: {}: {e}", coll.kind)))?;
+    }
+    if coll.kind == CollKind::SendRecv {
+        return Err(Error::invalid("sendrecv is not a call; use send and recv in a group"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buf::Region;
+
+    #[test]
+    fn resolves_in_and_out_of_place_and_names_bad_buffers() {
+        let send = [0u8; 16];
+        let mut recv = [0u8; 64];
+        let c = Call::new(
+            CollKind::AllGather,
+            4,
+            DataType::Float32,
+            ReduceOp::Sum,
+            0,
+            Some(Region::of(&send)),
+            Region::of_mut(&mut recv),
+            1,
+            4,
+        )
+        .unwrap();
+        assert_eq!((c.input.len(), c.output.len(), c.in_place), (16, 64, false));
+        let whole = Region::of_mut(&mut recv);
+        let c = Call::new(CollKind::AllGather, 4, DataType::Float32, ReduceOp::Sum, 0, None, whole, 1, 4).unwrap();
+        assert_eq!(c.input.addr(), whole.addr() + 16, "rank 1's block is its input");
+        let e = Call::new(CollKind::AllGather, 5, DataType::Float32, ReduceOp::Sum, 0, None, whole, 1, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank 1") && e.contains("all_gather") && e.contains("16 elements"), "{e}");
+        let e = Call::new(CollKind::Reduce, 1, DataType::Float32, ReduceOp::Sum, 4, None, whole, 1, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("root"), "{e}");
+    }
+}

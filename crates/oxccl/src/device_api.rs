@@ -1,0 +1,131 @@
+//! The communicator's calls on device buffers (see [`crate::device`]).
+
+use crate::buf::{CudaStream, DeviceBuf, Region};
+use crate::call::Call;
+use crate::comm::Communicator;
+use crate::device::{Ctx, DeviceComm};
+use oxccl_algo::algos::Algorithm;
+use oxccl_algo::collective::CollKind;
+use oxccl_core::{DataType, Error, ReduceOp, Result};
+use std::sync::Arc;
+
+impl Communicator {
+    /// Runs a collective on device buffers, ordered on `stream` (NCCL's
+    /// `ncclAllReduce` … with device pointers): checks the arguments,
+    /// enqueues the work and returns. `count` follows NCCL's conventions
+    /// (see [`Collective`](oxccl_algo::collective::Collective)); `send:
+    /// None` is in place, with NCCL's in-place layout inside `recv`.
+    /// Buffers may be longer than needed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_device(
+        &self,
+        kind: CollKind,
+        send: Option<DeviceBuf>,
+        recv: DeviceBuf,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: CudaStream,
+    ) -> Result<()> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let call = Call::new(kind, count, dtype, op, root, send, recv, self.rank(), self.size())?;
+        if call.is_empty() {
+            // count 0, on every rank alike: nothing to move (NCCL accepts
+            // any pointers then).
+            return Ok(());
+        }
+        let dc = self.device_comm(if call.output.is_empty() { call.input } else { call.output })?;
+        let names = if send.is_some() { ["the send buffer", "the receive buffer"] } else { ["the buffer"; 2] };
+        for (what, b) in names.into_iter().zip([call.input, call.output]) {
+            if !b.is_empty() {
+                dc.dev.check(what, b).map_err(|e| {
+                    let why = match e {
+                        Error::InvalidArgument(m) => m,
+                        e => e.to_string(),
+                    };
+                    Error::invalid(format!("rank {}: {}: {what}: {why}", self.rank(), kind.name()))
+                })?;
+            }
+        }
+        if dc.run_direct(&call, stream)? {
+            return Ok(());
+        }
+        let plan = |c: &Call<Region>| self.collective_job(c, None);
+        for job in dc.stager.run(&plan, &call, stream)? {
+            self.submit(job);
+        }
+        Ok(())
+    }
+
+    /// All-reduce of `count` elements on device buffers (in place when
+    /// `send` is `None`).
+    pub fn all_reduce_device(
+        &self,
+        send: Option<DeviceBuf>,
+        recv: DeviceBuf,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: CudaStream,
+    ) -> Result<()> {
+        self.collective_device(CollKind::AllReduce, send, recv, count, dtype, op, 0, stream)
+    }
+
+    /// Waits until `stream` has run everything enqueued on it (at most the
+    /// communicator's timeout), then reports any error of the device path:
+    /// a kernel that timed out or was stopped, a failed host step, a dead
+    /// peer.
+    pub fn device_synchronize(&self, stream: CudaStream) -> Result<()> {
+        let dc = self.device_slot().lock().clone();
+        let Some(dc) = dc else {
+            return self.async_error().map_or(Ok(()), Err);
+        };
+        if let Err(e) = dc.dev.synchronize(stream, self.resolved().timeout) {
+            self.shared().set_poison(&e);
+            return Err(e);
+        }
+        self.async_error().map_or(Ok(()), Err)
+    }
+
+    /// The device side, set up on first use (collective: every rank's first
+    /// device call gets here in the same order).
+    fn device_comm(&self, buf: DeviceBuf) -> Result<Arc<DeviceComm>> {
+        let mut slot = self.device_slot().lock();
+        if let Some(dc) = &*slot {
+            return Ok(dc.clone());
+        }
+        let ctx = Ctx {
+            who: &self.shared().who,
+            rank: self.rank(),
+            nranks: self.size(),
+            boot: self.boot(),
+            cfg: self.resolved(),
+            one_shot: self.tuner().allows(CollKind::AllReduce, Algorithm::OneShot),
+            two_shot: self.tuner().allows(CollKind::AllReduce, Algorithm::TwoShot),
+        };
+        let dc = Arc::new(DeviceComm::open(&ctx, buf)?);
+        self.hook_device(&dc);
+        *slot = Some(dc.clone());
+        Ok(dc)
+    }
+
+    /// A poisoned communicator or a dead peer tells the device's kernels
+    /// to give up.
+    fn hook_device(&self, dc: &Arc<DeviceComm>) {
+        let abort_dev = dc.dev.clone();
+        self.shared().on_poison.lock().push(Box::new(move || abort_dev.words().abort()));
+        let abort_dev = dc.dev.clone();
+        self.boot().on_failure(Box::new(move || abort_dev.words().abort()));
+    }
+
+    /// Tests: a communicator whose device is `dev`, on the staged path.
+    #[cfg(test)]
+    pub(crate) fn use_device_backend(&self, dev: Arc<dyn crate::device::backend::Backend>, chunk: usize) {
+        let dc = Arc::new(DeviceComm::staged_only(dev, chunk, self.resolved().timeout, &self.shared().who));
+        self.hook_device(&dc);
+        *self.device_slot().lock() = Some(dc);
+    }
+}

@@ -1,0 +1,191 @@
+//! Two-sided steps: messages through the connections' FIFOs, read and
+//! written in place piece by piece.
+
+use super::{Lane, Task};
+use crate::buf::{self, Operand, Region};
+use oxccl_algo::ir::{Slice, Step};
+use oxccl_core::{Error, Result};
+use oxccl_transport::fabric::Fabric;
+use oxccl_transport::{Channel, Piece, Sender};
+
+/// Copies `src[*put..]` into the connection as far as room allows, whole
+/// elements at a time; true if anything moved.
+pub(super) fn pump(s: &mut dyn Sender, src: &Region, put: &mut usize, es: usize) -> Result<bool> {
+    let mut moved = false;
+    while *put < src.len() {
+        let room = s.room(src.len() - *put)?;
+        let n = room.len() / es * es;
+        if n == 0 {
+            break;
+        }
+        src.sub(*put, n)?.read(|b| room[..n].copy_from_slice(b));
+        s.commit(n)?;
+        *put += n;
+        moved = true;
+    }
+    Ok(moved)
+}
+
+/// Checks a piece against what the step expects; the usable length in
+/// whole elements.
+fn usable(piece: &Piece<'_>, expect: usize, got: usize, es: usize, peer: usize) -> Result<usize> {
+    if piece.msg_len != expect {
+        return Err(Error::Remote(format!(
+            "rank {peer} sent a message of {} bytes where {expect} were expected: the ranks are running different \
+             operations (set OXCCL_CHECK=1 to find the rank that differs)",
+            piece.msg_len
+        )));
+    }
+    if piece.offset != got {
+        return Err(Error::Internal(format!("piece at byte {} of a message, expected {got}", piece.offset)));
+    }
+    Ok(piece.data.len() / es * es)
+}
+
+/// One two-sided or local step's progress: (moved anything, step
+/// complete).
+pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Result<(bool, bool)> {
+    let es = task.dtype.size();
+    let (bufs, dtype, op) = (task.bufs, task.dtype, task.op);
+    let lane = &mut task.lanes[li];
+    let wire = lane.wire;
+    let reg = |s: &Slice| bufs.region(s, es);
+    match step {
+        Step::Copy { src, dst } => {
+            buf::copy(&reg(dst)?, &reg(src)?)?;
+            Ok((true, true))
+        }
+        Step::Reduce { srcs, dst } => {
+            let d = reg(dst)?;
+            let first = reg(&srcs[0])?;
+            if srcs.len() == 1 {
+                buf::copy(&d, &first)?;
+            } else {
+                buf::reduce(dtype, op, &d, Operand::Region(first), Operand::Region(reg(&srcs[1])?))?;
+                for s in &srcs[2..] {
+                    buf::reduce(dtype, op, &d, Operand::Region(d), Operand::Region(reg(s)?))?;
+                }
+            }
+            Ok((true, true))
+        }
+        Step::Send { peer, src } => {
+            let src = reg(src)?;
+            let s = fabric.sender(*peer, wire)?;
+            if !lane.begun {
+                s.begin(src.len())?;
+                lane.begun = true;
+            }
+            let moved = pump(s, &src, &mut lane.put, es)?;
+            Ok((moved, lane.put == src.len()))
+        }
+        Step::Recv { peer, dst } | Step::RecvReduce { peer, dst, .. } => {
+            let d = reg(dst)?;
+            let local = match step {
+                Step::RecvReduce { src, .. } => Some(reg(src)?),
+                _ => None,
+            };
+            let r = fabric.receiver(*peer, wire)?;
+            let mut moved = false;
+            while let Some(piece) = r.peek()? {
+                let n = usable(&piece, d.len(), lane.got, es, *peer)?;
+                if d.is_empty() {
+                    r.consume(0)?;
+                    return Ok((true, true));
+                }
+                if n == 0 {
+                    break;
+                }
+                let out = d.sub(lane.got, n)?;
+                match local {
+                    None => out.write(|o| o.copy_from_slice(&piece.data[..n]))?,
+                    Some(l) => buf::reduce(
+                        dtype,
+                        op,
+                        &out,
+                        Operand::Region(l.sub(lane.got, n)?),
+                        Operand::Bytes(&piece.data[..n]),
+                    )?,
+                }
+                r.consume(n)?;
+                lane.got += n;
+                moved = true;
+                if lane.got == d.len() {
+                    return Ok((true, true));
+                }
+            }
+            Ok((moved, false))
+        }
+        Step::RecvReduceSend { recv, send, src } => {
+            let l = reg(src)?;
+            forward(fabric, lane, (*recv, *send, wire), l.len(), es, |off, piece, room| {
+                buf::reduce(
+                    dtype,
+                    op,
+                    &Region::of_mut(room),
+                    Operand::Region(l.sub(off, piece.len())?),
+                    Operand::Bytes(piece),
+                )
+            })
+        }
+        Step::RecvCopySend { recv, send, dst } => {
+            let d = reg(dst)?;
+            forward(fabric, lane, (*recv, *send, wire), d.len(), es, |off, piece, room| {
+                room.copy_from_slice(piece);
+                buf::write_at(&d, off, piece)
+            })
+        }
+        Step::RecvReduceCopySend { recv, send, src, dst } => {
+            let (l, d) = (reg(src)?, reg(dst)?);
+            forward(fabric, lane, (*recv, *send, wire), d.len(), es, |off, piece, room| {
+                let out = d.sub(off, piece.len())?;
+                buf::reduce(dtype, op, &out, Operand::Region(l.sub(off, piece.len())?), Operand::Bytes(piece))?;
+                out.read(|o| room.copy_from_slice(o));
+                Ok(())
+            })
+        }
+        Step::Put { .. } | Step::Get { .. } | Step::GetReduce { .. } | Step::Signal { .. } | Step::Wait { .. } => {
+            Err(Error::Internal(format!("one-sided step ({step}) among the two-sided ones")))
+        }
+    }
+}
+
+/// A receive-and-send step: for each arrived piece, `f(offset, piece,
+/// room)` fills the outgoing room (of the piece's length) and stores what
+/// the step stores.
+fn forward(
+    fabric: &mut Fabric,
+    lane: &mut Lane,
+    (from, to, wire): (usize, usize, Channel),
+    len: usize,
+    es: usize,
+    mut f: impl FnMut(usize, &[u8], &mut [u8]) -> Result<()>,
+) -> Result<(bool, bool)> {
+    let (r, s) = fabric.pair(from, to, wire)?;
+    if !lane.begun {
+        s.begin(len)?;
+        lane.begun = true;
+    }
+    let mut moved = false;
+    while let Some(piece) = r.peek()? {
+        let n = usable(&piece, len, lane.got, es, from)?;
+        if len == 0 {
+            r.consume(0)?;
+            return Ok((true, true));
+        }
+        let room = s.room(n)?;
+        let m = room.len().min(n) / es * es;
+        if m == 0 {
+            break;
+        }
+        f(lane.got, &piece.data[..m], &mut room[..m])?;
+        s.commit(m)?;
+        r.consume(m)?;
+        lane.got += m;
+        lane.put += m;
+        moved = true;
+        if lane.got == len {
+            return Ok((true, true));
+        }
+    }
+    Ok((moved, false))
+}
