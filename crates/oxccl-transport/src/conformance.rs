@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::{Channel, Error, P2P_CHANNEL, Receiver, Result, Sender};
 
+pub mod one_sided;
+
 /// A provider under test.
 pub trait Provider {
     /// Name for failure messages.

@@ -176,7 +176,13 @@ impl Hub {
         let reg = reg.ok_or_else(gone)?;
         let guard = reg.read();
         let region = guard.as_ref().ok_or_else(gone)?;
-        f(&region.sub(off, len)?)
+        let part = region.sub(off, len).map_err(|_| {
+            Error::invalid(format!(
+                "bytes {off}..+{len} are outside the {} bytes rank {owner} registered",
+                region.len()
+            ))
+        })?;
+        f(&part)
     }
 }
 

@@ -50,3 +50,8 @@ fn payload_alignment() {
 fn peer_drop() {
     conformance::peer_drop(&Mem);
 }
+
+#[test]
+fn one_sided() {
+    oxccl_transport::conformance::one_sided::run_all(oxccl_transport::Kind::Mem, true);
+}

@@ -304,3 +304,14 @@ fn two_processes() {
     assert!(e.to_string().contains("rank 0 closed its connection on channel 0"), "{e}");
     assert!(!exists(&name));
 }
+
+#[test]
+fn one_sided_by_cross_memory_attach() {
+    oxccl_transport::conformance::one_sided::run_all(oxccl_transport::Kind::Shm, true);
+}
+
+#[test]
+fn one_sided_emulated_through_the_fifos() {
+    // As where the kernel refuses process_vm_readv (OXCCL_SHM_CMA=0).
+    oxccl_transport::conformance::one_sided::run_all(oxccl_transport::Kind::Shm, false);
+}

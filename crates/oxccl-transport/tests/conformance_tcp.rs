@@ -31,3 +31,8 @@ fn tcp_conformance() {
     // different times), so that case is a Timeout there, not a Remote error.
     // tests/tcp.rs covers a peer dropped mid-message and between messages.
 }
+
+#[test]
+fn one_sided() {
+    oxccl_transport::conformance::one_sided::run_all(oxccl_transport::Kind::Tcp, true);
+}

@@ -5,8 +5,7 @@
 //! Memory kind is explicit in the types: a host call's buffers are
 //! `Region`s and run through the host executor; a device call's are
 //! `DeviceBuf`s and run through the device path on the caller's stream.
-//! [`Span`] is what both share, so one call descriptor
-//! ([`crate::call::Call`]) serves either.
+//! [`Span`] is what both share, so one call descriptor serves either.
 
 use oxccl_core::{DataType, Error, ReduceOp, Result, kernels};
 pub use oxccl_transport::region::{Owned, Region};

@@ -9,6 +9,9 @@ use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use std::sync::Arc;
 
+#[cfg(test)]
+mod tests;
+
 impl Communicator {
     /// Runs a collective on device buffers, ordered on `stream` (NCCL's
     /// `ncclAllReduce` … with device pointers): checks the arguments,

@@ -26,8 +26,8 @@
 //!
 //! This module knows nothing of the communicator: its set-up takes a
 //! [`Ctx`] (rank, bootstrap, configuration), and the staging path returns
-//! the host jobs it needs run ([`stage::Stager::run`]); the API methods
-//! live in `crate::device_api`.
+//! the host jobs it needs run ([`stage::Stager::run`]); the communicator's
+//! device methods call in here.
 
 pub(crate) mod backend;
 #[cfg(feature = "cuda")]
@@ -38,8 +38,6 @@ mod direct;
 pub(crate) mod fake;
 mod route;
 pub(crate) mod stage;
-#[cfg(test)]
-mod tests;
 
 use crate::buf::{CudaStream, DeviceBuf};
 use crate::call::Call;

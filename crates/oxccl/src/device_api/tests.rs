@@ -1,9 +1,8 @@
 //! The device path's host side over the fake device: staged collectives,
 //! checked against the host path on the same communicators.
 
-use super::fake::Fake;
-use super::{CudaStream, DeviceBuf};
-use crate::{Communicator, Config};
+use crate::device::fake::Fake;
+use crate::{Communicator, Config, CudaStream, DeviceBuf};
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Error, ReduceOp};
 use std::time::{Duration, Instant};
