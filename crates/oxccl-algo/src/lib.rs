@@ -20,6 +20,10 @@
 //!   simulator that prices a program with link contention.
 //! - [`interp`]: runs a program on real data in one thread, with the host
 //!   kernels: the bits it produces.
+//! - [`scale`]: one program at every count (each element a contiguous
+//!   piece), with the argument why verification carries over.
+//! - [`exact`]: inputs every reduction order reduces bit for bit, and the
+//!   reference to check any rank's output against.
 //! - [`scale`]: runs a program written for one count at any count, with
 //!   the argument why the verifier's proof carries over.
 //!
@@ -37,6 +41,7 @@
 pub mod algos;
 pub mod collective;
 pub mod cost;
+pub mod exact;
 pub mod interp;
 pub mod ir;
 pub mod scale;

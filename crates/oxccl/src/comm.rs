@@ -283,6 +283,17 @@ impl Communicator {
         self.inner.seq.load(Ordering::Relaxed)
     }
 
+    /// What would run `kind` of `count` elements of `dtype` (rooted at
+    /// `root`) on this communicator: the built-in algorithm or program
+    /// `OXCCL_ALGO` forces or the tuner picks (the same on every rank).
+    /// `OXCCL_DEBUG=INFO` logs the same choice when a call first runs it.
+    pub fn choice(&self, kind: CollKind, count: usize, dtype: DataType, root: usize) -> Result<crate::tuner::Choice> {
+        let coll = oxccl_algo::collective::Collective { kind, nranks: self.size(), count, root, dtype };
+        crate::call::check_collective(&coll, ReduceOp::Sum, self.rank())?;
+        let inner = &self.inner;
+        Ok(inner.cache.part(&inner.tuner, &coll, inner.rank, None, &inner.shared.who)?.choice)
+    }
+
     /// Checks and resolves a host call on this rank (nothing changes on
     /// an error).
     pub(crate) fn call(

@@ -9,12 +9,12 @@
 
 use crate::args::{Average, Options};
 use crate::buffer::Buffer;
-use crate::data::{Pattern, premul_scalar};
 use crate::gpu::Gpu;
 use crate::report::Reporter;
 use crate::shape::{Shape, bandwidth, sweep, warmup_sizes};
 use oxccl::{CollKind, Communicator, DataType, ReduceOp, Result};
 use oxccl_algo::collective::Collective;
+use oxccl_algo::exact::{Pattern, premul_scalar};
 use std::time::Instant;
 
 /// What a rank reports when its benchmark is over.

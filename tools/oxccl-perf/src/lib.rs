@@ -7,7 +7,7 @@
 //! parse this one. Modules:
 //! - [`args`]: the command line;
 //! - [`shape`]: per-collective counts, size sweeps, bandwidths;
-//! - [`data`]: exactly reducible inputs and the check;
+//! - the inputs and the check: `oxccl_algo::exact`;
 //! - [`bench`]: one rank's timing and check loop;
 //! - [`gpu`]: device buffers (`-H gpu`);
 //! - [`format`] and [`report`]: the text output and the JSON record;
@@ -16,7 +16,6 @@
 pub mod args;
 pub mod bench;
 pub mod buffer;
-pub mod data;
 pub mod format;
 pub mod gpu;
 pub mod launch;

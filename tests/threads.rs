@@ -2,33 +2,40 @@
 //! threads of this process (the `mem` transport), checked against an
 //! independent reference.
 
-mod common;
-
-use common::{DTYPES, matrix, run_case};
-use oxccl::{CollKind, Communicator, Config, DataType, ReduceOp};
-use std::time::Duration;
+use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp};
+use oxccl_e2e::{DTYPES, matrix, run_case};
 
 fn config() -> Config {
-    Config { timeout: Some(Duration::from_secs(60)), ..Config::default() }
+    oxccl_e2e::config(None)
 }
 
-/// Runs `f` on every rank of an `n`-thread communicator; the first failure.
-pub fn on_threads(n: usize, f: impl Fn(&Communicator) -> Result<(), String> + Sync) {
-    let comms = Communicator::init_threads_with(n, config()).expect("init_threads");
-    std::thread::scope(|s| {
-        let handles: Vec<_> = comms.iter().map(|c| s.spawn(|| f(c))).collect();
-        for h in handles {
-            if let Err(e) = h.join().expect("rank thread panicked") {
-                panic!("{e}");
-            }
-        }
-    });
+/// Runs `f` on every rank of an `n`-thread communicator over `mem`.
+fn on_threads(n: usize, f: impl Fn(&Communicator) -> Result<(), String> + Sync) {
+    oxccl_e2e::on_threads(n, config(), f)
 }
 
 #[test]
 fn every_collective_type_and_op_small_counts() {
     for n in 1..=8 {
         on_threads(n, |c| matrix(c, &[0, 1, 7], &DTYPES).map(|_| ()));
+    }
+}
+
+/// Ranks as threads, but over shared memory and TCP (forced), so every
+/// transport runs the whole matrix here too (processes in procs.rs).
+#[test]
+fn every_collective_over_every_transport() {
+    for kind in [Kind::Shm, Kind::Tcp] {
+        for n in [2, 3] {
+            oxccl_e2e::on_threads(n, oxccl_e2e::config(Some(kind)), |c| {
+                for p in 0..n {
+                    if p != c.rank() && c.transport_to(p) != Some(kind) {
+                        return Err(format!("rank {} reaches {p} over {:?}, not {kind}", c.rank(), c.transport_to(p)));
+                    }
+                }
+                matrix(c, &[0, 1, 7, 1000], &[DataType::Float32, DataType::Bfloat16, DataType::Int8]).map(|_| ())
+            });
+        }
     }
 }
 
@@ -43,13 +50,13 @@ fn every_collective_type_and_op_count_1000() {
 fn large_counts() {
     for n in [1, 2, 3, 4, 8] {
         on_threads(n, |c| {
-            for kind in common::kinds() {
+            for kind in oxccl_e2e::kinds() {
                 for in_place in [false, true] {
-                    run_case::<f32>(c, kind, 1_000_003, ReduceOp::Sum, n / 2, in_place)?;
+                    run_case(c, kind, DataType::Float32, 1_000_003, ReduceOp::Sum, n / 2, in_place)?;
                 }
             }
-            run_case::<half::bf16>(c, CollKind::AllReduce, 1_000_003, ReduceOp::Max, 0, false)?;
-            run_case::<i64>(c, CollKind::ReduceScatter, 1_000_003, ReduceOp::Prod, 0, true)
+            run_case(c, CollKind::AllReduce, DataType::Bfloat16, 1_000_003, ReduceOp::Max, 0, false)?;
+            run_case(c, CollKind::ReduceScatter, DataType::Int64, 1_000_003, ReduceOp::Prod, 0, true)
         });
     }
 }
@@ -161,7 +168,7 @@ fn unchunked_messages_bigger_than_the_fifo() {
                 for c in &comms {
                     s.spawn(move || {
                         for in_place in [false, true] {
-                            run_case::<f32>(c, CollKind::AllReduce, 100_003, ReduceOp::Sum, 0, in_place)
+                            run_case(c, CollKind::AllReduce, DataType::Float32, 100_003, ReduceOp::Sum, 0, in_place)
                                 .unwrap_or_else(|e| panic!("{algo} n={n} in_place={in_place}: {e}"));
                         }
                     });
@@ -178,7 +185,9 @@ fn algorithm_override_and_split() {
         let comms = Communicator::init_threads_with(n, cfg).unwrap();
         std::thread::scope(|s| {
             for c in &comms {
-                s.spawn(move || run_case::<f32>(c, CollKind::AllReduce, 100_003, ReduceOp::Sum, 0, false).unwrap());
+                s.spawn(move || {
+                    run_case(c, CollKind::AllReduce, DataType::Float32, 100_003, ReduceOp::Sum, 0, false).unwrap()
+                });
             }
         });
     }
@@ -270,6 +279,6 @@ fn bad_arguments_are_errors_and_change_nothing() {
         }
         let _ = &mut b;
         // Still usable afterwards.
-        run_case::<f32>(c, CollKind::AllReduce, 10, ReduceOp::Sum, 0, false)
+        run_case(c, CollKind::AllReduce, DataType::Float32, 10, ReduceOp::Sum, 0, false)
     });
 }

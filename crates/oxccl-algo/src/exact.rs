@@ -17,10 +17,11 @@
 //!
 //! The reference is f64 arithmetic over the contributions that
 //! [`Collective::expected`] names, converted to the element type; the
-//! check compares bits.
+//! check compares bits. oxccl-perf's check and the end-to-end tests both
+//! use this one generator and reference.
 
-use oxccl::{CollKind, DataType, ReduceOp};
-use oxccl_algo::collective::{Collective, Expect};
+use crate::collective::{CollKind, Collective, Expect};
+use oxccl_core::{DataType, ReduceOp};
 
 /// The largest integer below which every integer is exact in `dtype`
 /// (capped: larger budgets add nothing to the check).
@@ -196,13 +197,13 @@ impl Pattern {
     }
 }
 
-fn fill_typed<T: oxccl::Element>(dst: &mut [u8], value: impl Fn(usize) -> f64) {
+fn fill_typed<T: oxccl_core::Element>(dst: &mut [u8], value: impl Fn(usize) -> f64) {
     for (i, chunk) in dst.chunks_exact_mut(size_of::<T>()).enumerate() {
         chunk.copy_from_slice(bytemuck::bytes_of(&T::from_scalar(value(i))));
     }
 }
 
-fn count_wrong_typed<T: oxccl::Element>(window: &[u8], want: impl Fn(usize) -> f64) -> u64 {
+fn count_wrong_typed<T: oxccl_core::Element>(window: &[u8], want: impl Fn(usize) -> f64) -> u64 {
     let mut wrong = 0;
     for (i, chunk) in window.chunks_exact(size_of::<T>()).enumerate() {
         if chunk != bytemuck::bytes_of(&T::from_scalar(want(i))) {

@@ -1,11 +1,9 @@
-//! Ranks as processes (see `common::child`): over shared memory, over TCP,
+//! Ranks as processes (see `oxccl_e2e::child`): over shared memory, over TCP,
 //! across two network namespaces, and a rank killed mid-collective.
 
-mod common;
-
-use common::child::{self, fresh_id, output, spawn};
-use common::{DTYPES, matrix, run_case};
-use oxccl::{Communicator, Config, ReduceOp, UniqueId};
+use oxccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
+use oxccl_e2e::child::{self, fresh_id, output, spawn};
+use oxccl_e2e::{DTYPES, matrix, run_case};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -26,9 +24,9 @@ fn child() {
     println!("KINDS {}", kinds.join(" "));
     let result = match mode.as_str() {
         "matrix" => matrix(&comm, &[0, 1, 7, 1000], &DTYPES).and_then(|cases| {
-            for kind in common::kinds() {
-                run_case::<f32>(&comm, kind, 1_000_003, ReduceOp::Sum, size - 1, false)?;
-                run_case::<i32>(&comm, kind, 1_000_003, ReduceOp::Max, 0, true)?;
+            for kind in oxccl_e2e::kinds() {
+                run_case(&comm, kind, DataType::Float32, 1_000_003, ReduceOp::Sum, size - 1, false)?;
+                run_case(&comm, kind, DataType::Int32, 1_000_003, ReduceOp::Max, 0, true)?;
             }
             println!("CASES {cases}");
             Ok(())

@@ -6,26 +6,12 @@
 //! Every test here needs a CUDA GPU and is `#[ignore]`d; on the GPU machine:
 //! `test-device_gpu --ignored --test-threads=1`. Without one, `no_gpu_is_an_error_value`
 //! runs everywhere.
-#![cfg(feature = "cuda")]
 
-mod common;
-
-use common::child::{self, fresh_id, output, spawn};
 use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DevicePath, ReduceOp};
 use oxccl_algo::collective::Collective;
 use oxccl_cuda::Device;
+use oxccl_e2e::child::{self, fresh_id, output, spawn};
 use std::time::{Duration, Instant};
-
-/// Rank `r`'s input for `op` as bytes: [`common::value`]'s small integers,
-/// whose reductions are exact in every type whatever the rounding order
-/// (the device kernels round once, the host path after every step).
-fn input(op: ReduceOp, rank: usize, elems: usize, dtype: DataType) -> Vec<u8> {
-    oxccl_core::with_element_type!(dtype, T => {
-        let v: Vec<T> =
-            (0..elems).map(|i| <T as oxccl_core::Element>::from_scalar(common::value(op, dtype, rank, i))).collect();
-        bytemuck::cast_slice::<T, u8>(&v).to_vec()
-    })
-}
 
 /// One call on device buffers, in or out of place, against the host path.
 #[allow(clippy::too_many_arguments)]
@@ -42,12 +28,12 @@ fn check(
     let (n, rank, es) = (c.size(), c.rank(), dtype.size());
     let coll = Collective { kind, nranks: n, count, root, dtype };
     let (ni, no) = (coll.input_len(rank), coll.output_len(rank));
-    // PreMulSum: each rank its own scalar.
-    let op = match op {
-        ReduceOp::PreMulSum { .. } => ReduceOp::PreMulSum { scalar: (rank % 2 + 1) as f64 },
-        o => o,
-    };
-    let send = input(op, rank, ni, dtype);
+    // The kit's exact inputs: their reductions are exact in every type
+    // whatever the rounding order (the device kernels round once, the host
+    // path after every step).
+    let (input, _) = oxccl_e2e::input_of(&coll, op, rank);
+    let send = oxccl_e2e::bytes(&input, ni * es).to_vec();
+    let op = oxccl_e2e::rank_op(op, rank);
     let mut want = vec![0u8; no * es];
     c.collective_bytes(kind, Some(&send), &mut want, count, dtype, op, root).map_err(|e| e.to_string())?;
     let stream = dev.new_stream().map_err(|e| e.to_string())?;
@@ -85,10 +71,10 @@ fn check(
 fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
     let dev = Device::open(0).map_err(|e| e.to_string())?;
     let mut cases = 0;
-    for kind in common::kinds() {
+    for kind in oxccl_e2e::kinds() {
         let dtypes: &[DataType] = if kind.reduces() { &DataType::ALL } else { &[DataType::Float32, DataType::Int8] };
         for &dtype in dtypes {
-            for op in common::ops(kind, dtype) {
+            for op in oxccl_e2e::ops(kind, dtype) {
                 for &count in counts {
                     for in_place in [false, true] {
                         check(c, &dev, kind, count, dtype, op, c.size() - 1, in_place)?;
