@@ -118,6 +118,18 @@ pub fn name(id: ProgramId) -> String {
     get(id).program.name.clone()
 }
 
+/// The collective program `id` was written for (its count is the one it
+/// was written at; it runs at others).
+pub fn collective(id: ProgramId) -> Collective {
+    get(id).program.collective
+}
+
+/// Whether program `id` is index-aligned, so it runs at every count (else
+/// only at multiples of its count).
+pub fn aligned(id: ProgramId) -> bool {
+    get(id).aligned
+}
+
 /// Whether program `id` runs `coll` (kind, ranks and root; any type and
 /// count, but a program that is not index-aligned only at multiples of
 /// its count).

@@ -77,6 +77,9 @@ pub struct Options {
     pub unalign: usize,
     /// `-I`: per-iteration timing columns.
     pub per_iter_timing: bool,
+    /// `-A`/`--program` (oxccl): benchmark this researcher's program (a
+    /// JSON file) instead of the built-in algorithms.
+    pub program: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -108,6 +111,7 @@ impl Default for Options {
             average: Average::Mean,
             unalign: 0,
             per_iter_timing: false,
+            program: None,
         }
     }
 }
@@ -155,6 +159,7 @@ const OPTIONS: &[(char, &str)] = &[
     ('I', "per_iter_timing"),
     ('H', "mem"),
     ('P', "ranks_per_gpu"),
+    ('A', "program"),
 ];
 
 /// The usage text, in nccl-tests' shape.
@@ -164,6 +169,7 @@ pub fn usage(prog: &str) -> String {
         "[-g,--ngpus <gpus per thread>] ranks per thread on GPUs; 1 on host",
         "[-H,--mem <host/gpu>] buffers in host memory (default) or on GPUs (oxccl)",
         "[-P,--ranks_per_gpu <num>] ranks of this process that may share one GPU (default 1; oxccl)",
+        "[-A,--program <file.json>] benchmark this program (oxccl's IR, verified when loaded) (oxccl)",
         "[-b,--minbytes <min size in bytes>] (K/M/G suffixes; default 32M)",
         "[-e,--maxbytes <max size in bytes>] (default 32M)",
         "[-i,--stepbytes <increment size>] (default 1M)",
@@ -266,6 +272,7 @@ fn set(o: &mut Options, flag: char, v: &str) -> Result<(), String> {
             }
         }
         'P' => o.ranks_per_gpu = parse_uint(f, v, 1, 1024)?,
+        'A' => o.program = Some(PathBuf::from(v)),
         'b' => o.min_bytes = parse_size(f, v)?,
         'e' => o.max_bytes = parse_size(f, v)?,
         'i' => o.step_bytes = parse_size(f, v)?,

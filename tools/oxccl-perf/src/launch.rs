@@ -106,9 +106,34 @@ fn fitted(comm: &Communicator, o: &Options) -> oxccl::Result<Options> {
     Ok(fit)
 }
 
+/// The configuration every rank uses: `-T`, and with `-A` the program,
+/// loaded, verified and selected for `kind` (an error says why it cannot
+/// run that benchmark).
+fn config(kind: CollKind, o: &Options) -> Result<Config, String> {
+    let mut config = Config { timeout: (o.timeout > 0).then(|| Duration::from_secs(o.timeout)), ..Config::default() };
+    if let Some(path) = &o.program {
+        let ids = oxccl::programs::load(path).map_err(|e| e.to_string())?;
+        let id = *ids
+            .iter()
+            .find(|&&id| oxccl::programs::collective(id).kind == kind)
+            .ok_or_else(|| format!("{}: no {kind} program in the file", path.display()))?;
+        let name = oxccl::programs::name(id);
+        config.algo = Some(format!("{}:{name}", kind.name().replace('_', "")));
+        config.programs = ids;
+    }
+    Ok(config)
+}
+
+/// The collective of the first program in `path` (`oxccl-perf -A FILE`
+/// without a collective's name).
+pub fn program_kind(path: &str) -> Result<CollKind, String> {
+    let ids = oxccl::programs::load(path).map_err(|e| e.to_string())?;
+    Ok(oxccl::programs::collective(ids[0]).kind)
+}
+
 /// This process's communicators: (communicator, device index) per thread.
-fn communicators(o: &Options, launch: Option<&Launch>) -> Result<Vec<(Communicator, usize)>, String> {
-    let config = Config { timeout: (o.timeout > 0).then(|| Duration::from_secs(o.timeout)), ..Config::default() };
+fn communicators(kind: CollKind, o: &Options, launch: Option<&Launch>) -> Result<Vec<(Communicator, usize)>, String> {
+    let config = config(kind, o)?;
     // On GPUs, each of the -t threads drives -g ranks (each its own thread
     // here: oxccl's calls block only until enqueued, but set-up is collective).
     let t = o.nthreads * if o.gpu { o.ngpus } else { 1 };
@@ -150,8 +175,12 @@ fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, 
     let launch = detect(|k| std::env::var(k).ok())?;
     let main_proc = launch.as_ref().is_none_or(|l| l.rank == 0);
     let mut reporter = main_proc.then(|| Reporter::new(prog, o, argv));
-    let comms = communicators(o, launch.as_ref()).map_err(|e| format!("cannot create the communicators: {e}"))?;
+    let comms = communicators(kind, o, launch.as_ref()).map_err(|e| format!("cannot create the communicators: {e}"))?;
     let n = comms[0].0.size();
+    if let (Some(path), true) = (&o.program, main_proc) {
+        let c = comms[0].0.choice(kind, 0, oxccl::DataType::Float32, o.root.unwrap_or(0)).map_err(|e| e.to_string())?;
+        println!("# Program: {c} from {}", path.display());
+    }
     if let (true, Some(r)) = (kind.is_rooted(), o.root)
         && r >= n
     {

@@ -42,11 +42,34 @@ pub fn main(kind: CollKind) -> ! {
 pub fn main_named() -> ! {
     let argv: Vec<String> = std::env::args().collect();
     let names: Vec<&str> = CollKind::ALL.iter().map(|k| k.name()).collect();
-    let usage = format!("USAGE: oxccl-perf COLLECTIVE [options]\n  COLLECTIVE: {}\n", names.join(" "));
+    let usage = format!(
+        "USAGE: oxccl-perf COLLECTIVE [options]\n       oxccl-perf -A PROGRAM.json [options]\n  COLLECTIVE: {}\n",
+        names.join(" ")
+    );
     let code = match argv.get(1).map(String::as_str) {
         None | Some("-h" | "--help") => {
             println!("{usage}  options: as all_reduce_perf -h shows");
             if argv.len() < 2 { launch::USAGE } else { 0 }
+        }
+        Some(a) if a.starts_with("-A") || a.starts_with("--program") => {
+            let path = if a.contains('=') {
+                a.split_once('=').map(|x| x.1.to_string())
+            } else if a.len() > 2 && a.starts_with("-A") {
+                Some(a[2..].to_string())
+            } else {
+                argv.get(2).cloned()
+            };
+            match path.as_deref().map(launch::program_kind) {
+                Some(Ok(kind)) => launch::cli(kind, &format!("{}_perf", kind.name()), &argv[1..], &argv),
+                Some(Err(e)) => {
+                    eprintln!("oxccl-perf: {e}");
+                    1
+                }
+                None => {
+                    eprintln!("oxccl-perf: -A needs a program file\n{usage}");
+                    launch::USAGE
+                }
+            }
         }
         Some(name) => match name.parse::<CollKind>() {
             Ok(kind) => launch::cli(kind, &format!("{}_perf", kind.name()), &argv[2..], &argv),

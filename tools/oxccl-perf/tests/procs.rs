@@ -70,3 +70,24 @@ fn threads_inside_processes() {
     assert_eq!(p.ranks[0].1, p.ranks[1].1, "ranks 0 and 1 share a process");
     assert_ne!(p.ranks[1].1, p.ranks[2].1, "ranks 1 and 2 do not");
 }
+
+/// The README's program under a launcher: two processes over shared memory
+/// and over TCP, at sizes that are not multiples of its count.
+#[test]
+fn a_researchers_program_as_processes() {
+    let file = std::env::temp_dir().join(format!("oxccl-perf-procs-hand-{}.json", std::process::id()));
+    std::fs::write(&file, include_str!("hand.json")).unwrap();
+    for transport in ["shm", "tcp"] {
+        let args = ["--program", file.to_str().unwrap(), "-b", "4", "-e", "1M", "-f", "9", "-n", "2"];
+        let runs = run_procs("all_reduce", 2, transport, &[], &args);
+        let e = Expect {
+            stem: "all_reduce",
+            nranks: 2,
+            sizes: sizes(4, 1 << 20, 9),
+            combos: combos("all_reduce", &["float"], &["sum"], &[0]),
+            checked: true,
+        };
+        check("all_reduce", &runs, &e);
+        assert!(runs[0].stdout.contains("# Program: program hand"), "{}", runs[0].stdout);
+    }
+}

@@ -92,3 +92,52 @@ fn aggregation_blocking_and_averaging_flags() {
     };
     check("gather", 2, &["-b", "256", "-e", "256", "-m", "5", "-a", "2", "-r", "1", "-z", "2", "-c", "0"], e)
 }
+
+/// The README's program, written for 4 floats on 2 ranks.
+const HAND: &str = include_str!("hand.json");
+
+/// Writes `text` to a fresh file; its path.
+pub fn program_file(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("oxccl-perf-prog-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_researchers_program_is_benchmarked_at_every_size() {
+    let file = program_file("hand", HAND);
+    // Sizes that are not multiples of the program's 4 elements (40 B is
+    // 10 floats), every type and operator, checked.
+    let e = Expect {
+        stem: "all_reduce",
+        nranks: 2,
+        sizes: sizes(8, 9000, 5),
+        combos: combos("all_reduce", &TYPES, &OPS, &[0]),
+        checked: true,
+    };
+    let args =
+        ["-A", file.as_str(), "-t", "2", "-b", "8", "-e", "9000", "-f", "5", "-n", "2", "-d", "all", "-o", "all"];
+    let run = run_threads("all_reduce", &args);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("# Program: program hand from"), "{}", run.stdout);
+    verify(&run.stdout, &e).unwrap_or_else(|err| panic!("{err}\n{}", run.stdout));
+    // `oxccl-perf -A FILE` finds the collective in the file.
+    let run = run_threads("oxccl-perf", &["-A", &file, "-t", "2", "-b", "4K", "-e", "4K", "-n", "2"]);
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let e = Expect { sizes: vec![4096], combos: combos("all_reduce", &["float"], &["sum"], &[0]), ..e };
+    verify(&run.stdout, &e).unwrap_or_else(|err| panic!("{err}\n{}", run.stdout));
+    // The wrong rank count, a broken program, a program of another
+    // collective: errors that say so, before anything runs.
+    let run = run_threads("all_reduce", &["-A", &file, "-t", "3", "-b", "8", "-e", "8"]);
+    assert_eq!(run.code, Some(1));
+    assert!(run.stderr.contains("hand") && run.stderr.contains("2 ranks"), "{}", run.stderr);
+    let wrong = r#""src": "input[2..4]", "dst": "output[2..4]""#;
+    let broken = program_file("broken", &HAND.replace(wrong, r#""src": "input[0..2]", "dst": "output[0..2]""#));
+    let run = run_threads("all_reduce", &["-A", &broken, "-t", "2", "-b", "8", "-e", "8"]);
+    assert_eq!(run.code, Some(1), "{}", run.stdout);
+    assert!(run.stderr.contains("broken.json") && run.stderr.contains("rank 1"), "{}", run.stderr);
+    let run = run_threads("all_gather", &["-A", &file, "-t", "2", "-b", "8", "-e", "8"]);
+    assert!(run.code == Some(1) && run.stderr.contains("no all_gather program"), "{}", run.stderr);
+}
