@@ -120,7 +120,7 @@ impl Default for Options {
 #[derive(Debug, PartialEq)]
 pub enum Command {
     /// Run the benchmark.
-    Run(Options),
+    Run(Box<Options>),
     /// Print the usage (`-h`).
     Help,
 }
@@ -384,7 +384,7 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
             o.ngpus, o.ranks_per_gpu
         ));
     }
-    Ok(Command::Run(o))
+    Ok(Command::Run(Box::new(o)))
 }
 
 #[cfg(test)]
@@ -394,7 +394,7 @@ mod tests {
     fn run(args: &[&str]) -> Result<Options, String> {
         let v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         match parse(&v)? {
-            Command::Run(o) => Ok(o),
+            Command::Run(o) => Ok(*o),
             Command::Help => Err("help".into()),
         }
     }
