@@ -39,6 +39,29 @@ fn every_collective_over_every_transport() {
     }
 }
 
+/// Shared memory with every message of 4 KiB and more sent by reference
+/// (read once by the receiver straight from the sender's buffer), and TCP,
+/// which sends large messages straight from the caller's buffer and lands
+/// plain receives in theirs: large counts, every algorithm the tuner may
+/// pick and the unchunked ones.
+#[test]
+fn single_copy_messages() {
+    let shm = Config { single_copy_min: Some(oxccl::SingleCopy::From(4096)), ..oxccl_e2e::config(Some(Kind::Shm)) };
+    for cfg in [shm, oxccl_e2e::config(Some(Kind::Tcp))] {
+        for algo in ["", "rhd", "doubling", "ring", "pairwise"] {
+            let cfg = Config { algo: (!algo.is_empty()).then(|| algo.to_string()), ..cfg.clone() };
+            oxccl_e2e::on_threads(3, cfg, |c| {
+                for kind in oxccl_e2e::kinds() {
+                    for in_place in [false, true] {
+                        run_case(c, kind, DataType::Float32, 100_003, ReduceOp::Sum, 1, in_place)?;
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
 #[test]
 fn every_collective_type_and_op_count_1000() {
     for n in [2, 3, 5, 8] {

@@ -485,3 +485,124 @@ pub fn peer_drop(p: &dyn Provider) {
     }
     assert_eq!(got, b"abc", "provider {name}: case peer_drop: bytes committed before the drop");
 }
+
+/// Messages sent straight from their source (`send_from`, where the
+/// provider takes them) and through the FIFO interleave in order, and are
+/// received into their destination (`recv_into`) or by peek whatever way
+/// they were sent; a source is released only after it was sent, and a
+/// length that differs from the destination's is an error.
+pub fn send_from_and_recv_into(p: &dyn Provider) {
+    let name = p.name().to_string();
+    let cap = 64 << 10;
+    let sizes: Vec<usize> = vec![0, 1, 100_000, 64, 3 * cap + 5, 40_000, 0, 1 << 20, 7, 200_000];
+    let (mut s, mut r) = p.pair(9, cap);
+    let msgs: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| (0..n).map(|k| byte(i, k)).collect()).collect();
+    let (n2, m2) = (name.clone(), msgs.clone());
+    let t = std::thread::spawn(move || {
+        let mut clock = Clock::new(&n2, "send_from_and_recv_into");
+        let mut tokens = Vec::new();
+        let mut from = 0;
+        for (i, m) in m2.iter().enumerate() {
+            // Every other large message straight from its buffer.
+            if i % 2 == 0 && s.takes_from(m.len()) {
+                let t = s.send_from(crate::region::Region::of(m)).unwrap().expect("takes_from said it would");
+                tokens.push(t);
+                from += 1;
+                continue;
+            }
+            s.begin(m.len()).unwrap();
+            let mut off = 0;
+            while off < m.len() {
+                let room = s.room(m.len() - off).unwrap();
+                let n = room.len();
+                room.copy_from_slice(&m[off..off + n]);
+                s.commit(n).unwrap();
+                off += n;
+                if n == 0 {
+                    s.progress().unwrap();
+                    clock.idle("room");
+                } else {
+                    clock.moved();
+                }
+            }
+        }
+        while !s.flushed() || !tokens.iter().all(|&t| s.released(t)) {
+            if s.progress().unwrap() {
+                clock.moved();
+            }
+            clock.idle("release");
+        }
+        (s, from)
+    });
+    let mut clock = Clock::new(&name, "send_from_and_recv_into");
+    for (i, m) in msgs.iter().enumerate() {
+        let mut got = vec![0u8; m.len()];
+        if i % 3 != 1 {
+            let dst = crate::region::Region::of_mut(&mut got);
+            loop {
+                r.progress().unwrap();
+                let (moved, done) = r.recv_into(&dst).unwrap_or_else(|e| panic!("provider {name}: recv_into: {e}"));
+                if done {
+                    break;
+                }
+                if moved {
+                    clock.moved();
+                }
+                clock.idle("recv_into");
+            }
+        } else {
+            let mut off = 0;
+            while off < m.len() || (m.is_empty() && off == 0) {
+                r.progress().unwrap();
+                match r.peek().unwrap() {
+                    Some(piece) => {
+                        assert_eq!((piece.msg_len, piece.offset), (m.len(), off), "provider {name}: message {i}");
+                        let n = piece.data.len();
+                        got[off..off + n].copy_from_slice(piece.data);
+                        r.consume(n).unwrap();
+                        off += n;
+                        clock.moved();
+                        if m.is_empty() {
+                            break;
+                        }
+                    }
+                    None => clock.idle("peek"),
+                }
+            }
+        }
+        assert!(got == *m, "provider {name}: message {i} of {} bytes arrived wrong", m.len());
+    }
+    let (s, from) = t.join().unwrap_or_else(|_| panic!("provider {name}: sender panicked"));
+    let total: usize = sizes.iter().sum();
+    assert_eq!((s.bytes(), r.bytes()), (total as u64, total as u64), "provider {name}: byte counters");
+    if from == 0 {
+        eprintln!("provider {name}: sends every message through its FIFO (send_from not taken)");
+    }
+    // A destination of the wrong length is an error, whichever way.
+    let (mut s, mut r) = p.pair(10, cap);
+    let big = vec![7u8; 100_000];
+    let by_ref = s.takes_from(big.len());
+    if by_ref {
+        s.send_from(crate::region::Region::of(&big)).unwrap();
+    } else {
+        s.begin(big.len()).unwrap();
+    }
+    let mut small = vec![0u8; 10];
+    let dst = crate::region::Region::of_mut(&mut small);
+    loop {
+        if !by_ref {
+            let n = s.room(64).map(|r| r.len()).unwrap_or(0);
+            s.commit(n).unwrap();
+        }
+        s.progress().unwrap();
+        r.progress().unwrap();
+        match r.recv_into(&dst) {
+            Err(e) => {
+                assert!(e.to_string().contains("100000") && e.to_string().contains("10"), "provider {name}: {e}");
+                break;
+            }
+            Ok((_, done)) => assert!(!done, "provider {name}: a 100000-byte message received into 10 bytes"),
+        }
+        clock.idle("length mismatch");
+    }
+}

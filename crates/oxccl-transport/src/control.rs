@@ -239,9 +239,12 @@ impl Plane {
         }
         link.out.push_back(Out { hdr: hdr.encode(), payload, done: 0, begun: false });
         self.flush_link(peer)?;
-        match &self.link(peer)?.tx_failed {
-            Some(e) => Err(e.clone()),
-            None => Ok(()),
+        // A record already in the connection is sent, whatever the
+        // connection said afterwards (the peer may have got it and left).
+        let link = self.link(peer)?;
+        match &link.tx_failed {
+            Some(e) if !link.out.is_empty() => Err(e.clone()),
+            _ => Ok(()),
         }
     }
 
@@ -687,7 +690,9 @@ fn flush(link: &mut Link) -> Result<bool> {
         }
         link.out.pop_front();
     }
-    link.tx.progress()?;
+    if !link.tx.flushed() {
+        moved |= link.tx.progress()?;
+    }
     Ok(moved)
 }
 

@@ -44,6 +44,8 @@ pub struct Fabric {
     boot: Arc<Bootstrap>,
     rank: usize,
     providers: Vec<Box<dyn Provider>>,
+    /// Per provider: its link parameters as every rank agreed them.
+    links: Vec<LinkParams>,
     /// Per rank: the provider that carries traffic with it (this rank: the
     /// in-process one, for messages to itself).
     carrier: Vec<usize>,
@@ -148,6 +150,48 @@ fn worst(a: LinkParams, b: LinkParams) -> LinkParams {
     LinkParams { fifo: w(a.fifo, b.fifo), one_sided: w(a.one_sided, b.one_sided), native: a.native && b.native }
 }
 
+/// Every rank's link parameters per provider, all-gathered: each
+/// provider's worst over the ranks it serves. Providers may measure their
+/// links; the tuner must decide alike on every rank, so they agree first.
+fn agree(
+    boot: &Bootstrap,
+    providers: &[Box<dyn Provider>],
+    serves: &[Vec<bool>],
+    rank: usize,
+) -> Result<Vec<LinkParams>> {
+    let mut mine = Vec::with_capacity(providers.len() * 41);
+    for (p, s) in providers.iter().zip(serves) {
+        let l = p.link();
+        let any = s.iter().enumerate().any(|(r, &on)| on && r != rank);
+        mine.push(u8::from(any) | (u8::from(l.native) << 1));
+        for v in [l.fifo.bw, l.fifo.lat, l.one_sided.bw, l.one_sided.lat, 0.0] {
+            mine.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    let all = boot.all_gather(&mine)?;
+    let mut out: Vec<LinkParams> = providers.iter().map(|p| p.link()).collect();
+    let mut seen = vec![false; providers.len()];
+    for (r, b) in all.iter().enumerate() {
+        if b.len() != mine.len() {
+            return Err(Error::Remote(format!("rank {r} sent link parameters of {} bytes", b.len())));
+        }
+        for (i, rec) in b.chunks_exact(41).enumerate() {
+            if rec[0] & 1 == 0 {
+                continue;
+            }
+            let f = |k: usize| f64::from_le_bytes(rec[1 + 8 * k..9 + 8 * k].try_into().expect("8 bytes"));
+            let l = LinkParams {
+                fifo: LinkCost { bw: f(0), lat: f(1) },
+                one_sided: LinkCost { bw: f(2), lat: f(3) },
+                native: rec[0] & 2 != 0,
+            };
+            out[i] = if seen[i] { worst(out[i], l) } else { l };
+            seen[i] = true;
+        }
+    }
+    Ok(out)
+}
+
 impl Fabric {
     /// Sets up this rank's side; every rank of the bootstrap calls it.
     pub fn new(boot: Arc<Bootstrap>, nonce: [u8; 16], opts: &FabricOptions) -> Result<Fabric> {
@@ -197,6 +241,7 @@ impl Fabric {
         for p in &mut providers {
             p.ready()?;
         }
+        let links = agree(&boot, &providers, &serves, rank)?;
         let mut hosts: BTreeMap<&str, usize> = BTreeMap::new();
         for p in &peers {
             *hosts.entry(p.host.as_str()).or_default() += 1;
@@ -208,6 +253,7 @@ impl Fabric {
             boot,
             rank,
             providers,
+            links,
             carrier,
             polled,
             bell,
@@ -253,7 +299,7 @@ impl Fabric {
             if p == self.rank {
                 continue;
             }
-            let l = self.providers[c].link();
+            let l = self.links[c];
             let slot = if &peers[p].host == me { &mut intra } else { &mut inter };
             *slot = Some(slot.map_or(l, |s| worst(s, l)));
         }

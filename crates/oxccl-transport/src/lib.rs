@@ -50,6 +50,7 @@ pub mod tcp;
 pub mod wire;
 
 pub use oxccl_core::{Error, Result};
+use region::Region;
 
 /// Channel number of a connection. Collectives use small numbers; point-to-
 /// point operations use [`P2P_CHANNEL`].
@@ -152,6 +153,24 @@ pub trait Sender: Send {
     fn flushed(&self) -> bool;
     /// Payload bytes committed so far (message headers not counted).
     fn bytes(&self) -> u64;
+    /// Whether [`send_from`](Sender::send_from) would take a message of
+    /// `len` bytes (the provider sends it without a copy into the FIFO
+    /// and prefers to, at that size).
+    fn takes_from(&self, _len: usize) -> bool {
+        false
+    }
+    /// Sends a whole message straight from `src`, without copying it into
+    /// the FIFO: TCP writes it from there, shared memory lets the receiver
+    /// read it from there. No message may be in progress. `src` must stay
+    /// unchanged and alive until [`released`](Sender::released) says so for
+    /// the returned token. `Ok(None)`: not here (use begin/room/commit).
+    fn send_from(&mut self, _src: Region) -> Result<Option<u64>> {
+        Ok(None)
+    }
+    /// Whether the message of `token` no longer needs its source.
+    fn released(&self, _token: u64) -> bool {
+        true
+    }
 }
 
 /// Arrived bytes of the incoming message, read in place.
@@ -177,6 +196,35 @@ pub trait Receiver: Send {
     fn progress(&mut self) -> Result<bool>;
     /// Payload bytes consumed so far.
     fn bytes(&self) -> u64;
+    /// Receives the current message (the next one not yet consumed)
+    /// straight into `dst`, which must be exactly its length: call it until
+    /// it says the message is complete (it is then consumed); (anything
+    /// moved, complete). Providers skip the FIFO where they can: TCP reads
+    /// the sockets into `dst` (when none of the message has arrived yet),
+    /// shared memory copies a by-reference message from the sender's
+    /// buffer. This default copies what [`peek`](Receiver::peek) shows.
+    /// `dst` must stay alive until complete.
+    fn recv_into(&mut self, dst: &Region) -> Result<(bool, bool)> {
+        let mut moved = false;
+        while let Some(piece) = self.peek()? {
+            if piece.msg_len != dst.len() {
+                return Err(Error::Remote(format!(
+                    "a message of {} bytes arrived where {} were expected: the ranks are running different \
+                     operations (set OXCCL_CHECK=1 to find the rank that differs)",
+                    piece.msg_len,
+                    dst.len()
+                )));
+            }
+            let (off, n) = (piece.offset, piece.data.len());
+            dst.sub(off, n)?.write(|d| d.copy_from_slice(piece.data))?;
+            self.consume(n)?;
+            moved = true;
+            if off + n == dst.len() {
+                return Ok((true, true));
+            }
+        }
+        Ok((moved, false))
+    }
 }
 
 /// Bytes moved with one peer over one provider.

@@ -47,6 +47,11 @@ pub struct FabricOptions {
     /// `process_vm_readv`/`process_vm_writev` (cross-memory attach) where
     /// the kernel allows it (`OXCCL_SHM_CMA`, default on).
     pub cma: bool,
+    /// Messages of at least this many bytes go by reference over shared
+    /// memory (the receiver copies them once, straight from the sender's
+    /// buffer); `None`: from where this machine's measured single copy
+    /// beats the FIFO's two (perhaps never); `usize::MAX`: never.
+    pub single_copy_min: Option<usize>,
 }
 
 impl Default for FabricOptions {
@@ -59,6 +64,7 @@ impl Default for FabricOptions {
             ifname: None,
             timeout: Duration::from_secs(300),
             cma: true,
+            single_copy_min: None,
         }
     }
 }

@@ -394,6 +394,11 @@ impl Producer {
         Ok(Some(self.ref_next))
     }
 
+    /// Whether the receiver allows by-reference messages.
+    pub fn ref_allowed(&self) -> bool {
+        self.ring.hdr().ref_ok.load(Ordering::Acquire) != 0
+    }
+
     /// Whether the receiver has finished reading by-reference message
     /// `token` (so its source buffer may be reused).
     pub fn ref_done(&self, token: u64) -> bool {
@@ -516,6 +521,59 @@ impl Consumer {
     /// [`crate::shm::vm_read`]).
     pub fn allow_ref(&self, allow: bool) {
         self.ring.hdr().ref_ok.store(allow as u32, Ordering::Release);
+    }
+
+    /// The current message, once its header has arrived: (length, sent by
+    /// reference).
+    pub fn current(&mut self) -> Result<Option<(usize, bool)>> {
+        if self.cur.is_none() {
+            let tail = self.ring.hdr().tail.load(Ordering::Acquire);
+            if !self.next_header(tail)? {
+                return self.nothing().map(|_| None);
+            }
+        }
+        Ok(self.cur.map(|m| (m.hdr.len as usize, m.hdr.flags & FLAG_REF != 0)))
+    }
+
+    /// Reads the rest of the current by-reference message straight from the
+    /// sender's memory into `dst` (the whole message's length), at most
+    /// `max` bytes per call; true when it is complete (then consumed and
+    /// acknowledged: the sender may reuse its buffer).
+    pub fn read_ref_into(&mut self, dst: &mut [u8], max: usize) -> Result<bool> {
+        let Some(mut m) = self.cur.filter(|m| m.hdr.flags & FLAG_REF != 0) else {
+            return Err(Error::Internal(format!("{}: no by-reference message to read", self.label)));
+        };
+        if dst.len() as u64 != m.hdr.len || self.stage_off + self.staging.len() as u64 > m.off {
+            return Err(Error::Internal(format!(
+                "{}: by-reference read of {} bytes into {}",
+                self.label,
+                m.hdr.len,
+                dst.len()
+            )));
+        }
+        let end = (m.off + max as u64).min(m.hdr.len) as usize;
+        let mut at = m.off as usize;
+        while at < end {
+            let got = crate::shm::vm_read(m.hdr.pid as i32, m.hdr.addr as usize + at, &mut dst[at..end])
+                .map_err(|e| Error::Remote(format!("{}: reading a by-reference message: {e}", self.label)))?;
+            if got == 0 {
+                return Err(Error::Remote(format!(
+                    "{}: by-reference message of {} bytes at {:#x} in pid {} is no longer readable",
+                    self.label, m.hdr.len, m.hdr.addr, m.hdr.pid
+                )));
+            }
+            at += got;
+        }
+        self.bytes += (end as u64) - m.off;
+        m.off = end as u64;
+        if m.off == m.hdr.len {
+            self.finish(m);
+            self.ring.hdr().head.store(self.pos, Ordering::Release);
+            self.bell.ring();
+            return Ok(true);
+        }
+        self.cur = Some(m);
+        Ok(false)
     }
 
     fn peer_closed(&self) -> bool {

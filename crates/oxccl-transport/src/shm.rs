@@ -37,6 +37,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::futex::{Doorbell, DoorbellWord};
+use crate::region::Region;
 use crate::ring::{Consumer, Label, Producer, RING_HEADER, Ring, check_capacity};
 use crate::{CONTROL_CHANNEL, Channel, Error, P2P_CHANNEL, Piece, Receiver, Result, Sender};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -394,16 +395,27 @@ impl Outbox {
     /// Like [`sender`](Self::sender), with [`ShmSender::send_ref`].
     pub fn shm_sender(&self, ch: Channel) -> Result<ShmSender> {
         let ring = self.seg.ring(self.my_rank, ch)?;
-        Ok(ShmSender { p: ring.producer(self.doorbell(), Label { peer: self.peer(), ch })? })
+        Ok(ShmSender { p: ring.producer(self.doorbell(), Label { peer: self.peer(), ch })?, single_copy: usize::MAX })
     }
 }
 
 /// The sending end of an shm connection.
 pub struct ShmSender {
     p: Producer,
+    /// Messages at least this long go by reference through
+    /// [`Sender::send_from`] (where the receiver allows it).
+    single_copy: usize,
 }
 
 impl ShmSender {
+    /// Sends messages of at least `min` bytes by reference when offered
+    /// through [`Sender::send_from`] (the receiver reads them straight
+    /// from this process's buffer; `usize::MAX`: never).
+    pub fn with_single_copy(mut self, min: usize) -> ShmSender {
+        self.single_copy = min;
+        self
+    }
+
     /// Sends `len` bytes at `src` by reference: the receiver reads them from
     /// this process with `process_vm_readv`. `Ok(None)` when the receiver
     /// has not allowed it (use begin/room/commit instead). No message may be
@@ -439,6 +451,18 @@ impl Sender for ShmSender {
     fn bytes(&self) -> u64 {
         self.p.bytes()
     }
+    fn takes_from(&self, len: usize) -> bool {
+        len >= self.single_copy && self.p.ref_allowed()
+    }
+    fn send_from(&mut self, src: Region) -> Result<Option<u64>> {
+        if !self.takes_from(src.len()) {
+            return Ok(None);
+        }
+        self.send_ref(src.addr() as *const u8, src.len())
+    }
+    fn released(&self, token: u64) -> bool {
+        self.ref_done(token)
+    }
 }
 
 /// The receiving end of an shm connection.
@@ -468,6 +492,24 @@ impl Receiver for ShmReceiver {
     }
     fn bytes(&self) -> u64 {
         self.c.bytes()
+    }
+    fn recv_into(&mut self, dst: &Region) -> Result<(bool, bool)> {
+        match self.c.current()? {
+            Some((len, true)) => {
+                if len != dst.len() {
+                    return Err(Error::Remote(format!(
+                        "a message of {len} bytes arrived where {} were expected: the ranks are running different \
+                         operations (set OXCCL_CHECK=1 to find the rank that differs)",
+                        dst.len()
+                    )));
+                }
+                // A piece at a time, so the rank keeps serving its peers.
+                let done = dst.write(|d| self.c.read_ref_into(d, 8 << 20))??;
+                Ok((true, done))
+            }
+            Some((_, false)) => Receiver::recv_into(&mut self.c, dst),
+            None => Ok((false, false)),
+        }
     }
 }
 

@@ -55,3 +55,8 @@ fn peer_drop() {
 fn one_sided() {
     oxccl_transport::conformance::one_sided::run_all(oxccl_transport::Kind::Mem, true);
 }
+
+#[test]
+fn send_from_and_recv_into() {
+    conformance::send_from_and_recv_into(&Mem);
+}

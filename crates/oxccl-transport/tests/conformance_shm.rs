@@ -34,9 +34,12 @@ impl Provider for Shm {
         let outbox = Outbox::open(&name, 0).unwrap();
         inbox.unlink().unwrap();
         assert!(!exists(&name));
-        let s = outbox.sender(ch).unwrap();
-        let r = inbox.receiver(0, ch, Doorbell::heap()).unwrap();
-        (s, r)
+        // Messages of 4 KiB and more go by reference where a case offers
+        // them through send_from (the receiver allows it: same process).
+        let s = outbox.shm_sender(ch).unwrap().with_single_copy(4096);
+        let r = inbox.shm_receiver(0, ch, Doorbell::heap()).unwrap();
+        assert!(r.allow_ref(std::process::id() as i32));
+        (Box::new(s), Box::new(r))
     }
 }
 
@@ -314,4 +317,9 @@ fn one_sided_by_cross_memory_attach() {
 fn one_sided_emulated_through_the_fifos() {
     // As where the kernel refuses process_vm_readv (OXCCL_SHM_CMA=0).
     oxccl_transport::conformance::one_sided::run_all(oxccl_transport::Kind::Shm, false);
+}
+
+#[test]
+fn send_from_and_recv_into() {
+    conformance::send_from_and_recv_into(&Shm);
 }

@@ -26,6 +26,7 @@ fn tcp_conformance() {
     conformance::zero_byte_messages(&Tcp);
     conformance::misuse_errors(&Tcp);
     conformance::payload_alignment(&Tcp);
+    conformance::send_from_and_recv_into(&Tcp);
     // `peer_drop` drops the receiver before the sender ever connected; TCP
     // retries a refused connection until its connect timeout (peers start at
     // different times), so that case is a Timeout there, not a Remote error.

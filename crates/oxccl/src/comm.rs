@@ -129,6 +129,11 @@ impl Communicator {
             ifname: cfg.socket_ifname.clone(),
             timeout: cfg.timeout,
             cma: cfg.cma,
+            single_copy_min: match cfg.single_copy {
+                crate::config::SingleCopy::Auto => None,
+                crate::config::SingleCopy::From(n) => Some(n),
+                crate::config::SingleCopy::Off => Some(usize::MAX),
+            },
         };
         let fabric = Fabric::new(boot.clone(), id.nonce(), &opts)?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();

@@ -53,6 +53,38 @@ pub struct Config {
     /// (`process_vm_readv`, cross-memory attach) where the kernel allows it
     /// (`OXCCL_SHM_CMA`; default on).
     pub cma: Option<bool>,
+    /// Messages of at least this many bytes go over shared memory by
+    /// reference, copied once by the receiver straight from the sender's
+    /// buffer (`OXCCL_SINGLE_COPY_MIN`: bytes, `auto` (default: from where
+    /// this machine's measured single copy beats the FIFO's two, perhaps
+    /// never) or `off`).
+    pub single_copy_min: Option<SingleCopy>,
+}
+
+/// When shared memory sends a message by reference
+/// ([`Config::single_copy_min`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SingleCopy {
+    /// From the measured crossover of this machine (perhaps never).
+    #[default]
+    Auto,
+    /// From this many bytes on.
+    From(usize),
+    /// Never.
+    Off,
+}
+
+impl std::str::FromStr for SingleCopy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<SingleCopy> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(SingleCopy::Auto),
+            "off" | "never" | "0" => Ok(SingleCopy::Off),
+            n => n.parse().map(SingleCopy::From).map_err(|_| {
+                Error::invalid(format!("OXCCL_SINGLE_COPY_MIN={s:?}: expected a number of bytes, auto or off"))
+            }),
+        }
+    }
 }
 
 /// How device buffers travel between ranks ([`Config::device_path`]).
@@ -112,6 +144,8 @@ pub struct Resolved {
     pub programs: Vec<ProgramId>,
     /// See [`Config::cma`].
     pub cma: bool,
+    /// See [`Config::single_copy_min`].
+    pub single_copy: SingleCopy,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -228,9 +262,14 @@ impl Config {
             Some(c) => c,
             None => parse_bool("OXCCL_SHM_CMA")?.unwrap_or(true),
         };
+        let single_copy = match self.single_copy_min {
+            Some(s) => s,
+            None => env("OXCCL_SINGLE_COPY_MIN").map(|v| v.parse()).transpose()?.unwrap_or_default(),
+        };
         Ok(Resolved {
             programs,
             cma,
+            single_copy,
             device_path,
             device_window: device_window / 256 * 256,
             device_blocks,

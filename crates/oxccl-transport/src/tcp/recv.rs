@@ -8,12 +8,21 @@
 //! `consumer position + capacity`. `peek` returns the bytes arrived
 //! contiguously from the consumer position, cut to a multiple of 8 bytes
 //! of the message (whole elements) unless they end the message.
+//!
+//! [`recv_into`](Receiver::recv_into) lands a message in the caller's
+//! buffer instead: when none of its payload has arrived yet, the sockets
+//! read its stripes straight to their place there (the message still
+//! occupies its stream positions, not FIFO memory). A socket reads the
+//! rest of a stripe and the next header in one `readv`, and a short read
+//! ends that socket's turn (the next read would only say "nothing").
 
 use super::{Shared, aligned_buffer};
+use crate::region::Region;
 use crate::wire::{HEADER_LEN, Header, stripe_range};
 use crate::{Channel, Error, Piece, Receiver, Result};
 use socket2::Socket;
 use std::collections::VecDeque;
+use std::io::IoSliceMut;
 use std::io::{ErrorKind, Read};
 use std::sync::Arc;
 
@@ -59,6 +68,11 @@ pub(super) struct TcpReceiver {
     peeked_empty: bool,
     bytes: u64,
     failed: Option<Error>,
+    /// Where the current message lands (`recv_into`): its sequence number
+    /// once its header is known, and the caller's buffer.
+    land: Option<(Option<u64>, Region)>,
+    /// Bytes of the landing message in place at the last look.
+    landed: u64,
 }
 
 fn align64(x: u64) -> u64 {
@@ -67,6 +81,8 @@ fn align64(x: u64) -> u64 {
 
 enum Step {
     Moved,
+    /// Read less than asked: the socket has nothing more for now.
+    Drained,
     Blocked,
 }
 
@@ -91,6 +107,8 @@ impl TcpReceiver {
             peeked_empty: false,
             bytes: 0,
             failed: None,
+            land: None,
+            landed: 0,
         }
     }
 
@@ -146,6 +164,15 @@ impl TcpReceiver {
         let (seq, start) = if i == 0 {
             h.check_seq(self.next_seq).map_err(|e| self.remote(i, e))?;
             let start = self.next_start;
+            if self.msgs.is_empty()
+                && let Some((None, dst)) = self.land
+            {
+                if dst.len() as u64 != h.msg_len {
+                    let why = format!("sent a message of {} bytes where {} were expected", h.msg_len, dst.len());
+                    return Err(self.remote(i, why));
+                }
+                self.land = Some((Some(h.seq), dst));
+            }
             self.msgs.push_back(Msg { seq: h.seq, start, len: h.msg_len });
             self.next_seq += 1;
             self.next_start = align64(start + h.msg_len);
@@ -193,7 +220,8 @@ impl TcpReceiver {
         }
     }
 
-    /// One read on socket `i`.
+    /// One read on socket `i`: the rest of its stripe (into the FIFO, or
+    /// where the message lands) and the next header after it.
     fn step(&mut self, i: usize) -> Result<Step> {
         if self.streams[i].eof {
             return Ok(Step::Blocked);
@@ -201,29 +229,53 @@ impl TcpReceiver {
         let Some((seq, pos, end)) = self.streams[i].cur else {
             return self.read_header(i);
         };
-        let limit = end.min(self.rpos + self.cap);
+        let landing = match &self.land {
+            Some((Some(s), dst)) if *s == seq => Some(*dst),
+            _ => None,
+        };
+        let start = self.msgs.iter().find(|m| m.seq == seq).map_or(0, |m| m.start);
+        let limit = if landing.is_some() { end } else { end.min(self.rpos + self.cap) };
         if pos >= limit {
             return Ok(Step::Blocked);
         }
-        let off = (pos % self.cap) as usize;
-        let n = ((limit - pos) as usize).min(self.cap as usize - off);
-        let off = self.base + off;
-        let s = &self.streams[i];
-        match (&*s.sock).read(&mut self.buf[off..off + n]) {
+        let want = (limit - pos) as usize;
+        let s = &mut self.streams[i];
+        let hdr_room = if limit == end && s.hdr_got == 0 { HEADER_LEN } else { 0 };
+        let read = |buf: &mut [u8], hdr: &mut [u8]| {
+            let mut iov = [IoSliceMut::new(buf), IoSliceMut::new(hdr)];
+            (&*s.sock).read_vectored(&mut iov)
+        };
+        let (r, n) = match landing {
+            Some(dst) => {
+                let at = (pos - start) as usize;
+                let r = dst.sub(at, want)?.write(|b| read(b, &mut s.hdr[..hdr_room]))?;
+                (r, want)
+            }
+            None => {
+                let off = (pos % self.cap) as usize;
+                let n = want.min(self.cap as usize - off);
+                let off = self.base + off;
+                let room = if n < want { 0 } else { hdr_room };
+                (read(&mut self.buf[off..off + n], &mut s.hdr[..room]), n)
+            }
+        };
+        match r {
             Ok(0) => {
                 let left = end - pos;
                 Err(self.closed(i, &format!(" in the middle of message {seq} ({left} bytes of its stripe missing)")))
             }
             Ok(k) => {
                 let s = &mut self.streams[i];
-                let pos = pos + k as u64;
+                let (payload, extra) = (k.min(n), k.saturating_sub(n));
+                let pos = pos + payload as u64;
                 if pos == end {
                     s.cur = None;
                     s.done = Some(seq);
+                    s.hdr_got += extra;
                 } else {
                     s.cur = Some((seq, pos, end));
                 }
-                Ok(Step::Moved)
+                Ok(if k < n + hdr_room && payload < n { Step::Drained } else { Step::Moved })
             }
             Err(e) => self.io_err(i, e),
         }
@@ -246,6 +298,10 @@ impl TcpReceiver {
                 for _ in 0..64 {
                     match self.step(i) {
                         Ok(Step::Moved) => any = true,
+                        Ok(Step::Drained) => {
+                            any = true;
+                            break;
+                        }
                         Ok(Step::Blocked) => break,
                         Err(e) => return Err(e),
                     }
@@ -371,5 +427,71 @@ impl Receiver for TcpReceiver {
 
     fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    fn recv_into(&mut self, dst: &Region) -> Result<(bool, bool)> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.land.is_none() {
+            match self.msgs.front() {
+                Some(m) if m.len != dst.len() as u64 => {
+                    return Err(Error::Remote(format!(
+                        "rank {} sent a message of {} bytes where {} were expected: the ranks are running \
+                         different operations (set OXCCL_CHECK=1 to find the rank that differs)",
+                        self.peer,
+                        m.len,
+                        dst.len()
+                    )));
+                }
+                // Its bytes already started arriving in the FIFO: copy.
+                Some(m) if self.rpos != m.start || (0..self.streams.len()).any(|i| self.filled(m, i) > 0) => {
+                    return self.recv_copy(dst);
+                }
+                Some(m) => self.land = Some((Some(m.seq), *dst)),
+                None => self.land = Some((None, *dst)),
+            }
+            self.landed = 0;
+        }
+        let r = self.pump();
+        if let Err(e) = &r {
+            self.failed = Some(e.clone());
+        }
+        r?;
+        let Some((Some(seq), _)) = self.land else { return Ok((false, false)) };
+        let m = self.msgs.front().filter(|m| m.seq == seq).expect("the landing message is the front one");
+        let filled: u64 = (0..self.streams.len()).map(|i| self.filled(m, i)).sum();
+        let moved = filled > self.landed || self.landed == u64::MAX;
+        self.landed = filled;
+        if filled < m.len {
+            if let Some(e) = self.starved() {
+                self.failed = Some(e.clone());
+                return Err(e);
+            }
+            return Ok((moved, false));
+        }
+        self.rpos = align64(m.start + m.len);
+        self.bytes += m.len;
+        self.msgs.pop_front();
+        self.land = None;
+        self.last_peek = 0;
+        Ok((true, true))
+    }
+}
+
+impl TcpReceiver {
+    /// `recv_into` through the FIFO (the trait's default way).
+    fn recv_copy(&mut self, dst: &Region) -> Result<(bool, bool)> {
+        let mut moved = false;
+        while let Some(piece) = self.peek()? {
+            let (off, n) = (piece.offset, piece.data.len());
+            dst.sub(off, n)?.write(|d| d.copy_from_slice(piece.data))?;
+            self.consume(n)?;
+            moved = true;
+            if off + n == dst.len() {
+                return Ok((true, true));
+            }
+        }
+        Ok((moved, false))
     }
 }

@@ -7,8 +7,14 @@
 //! behind a [`Header`]. Space is released up to the least position not yet
 //! handed to the kernel on any socket, rounded down to 64 so `room` always
 //! returns whole elements.
+//!
+//! A message given to [`send_from`](Sender::send_from) takes no FIFO space:
+//! its stripes are written to the sockets straight from the caller's
+//! buffer, each behind its header in one `writev`, in order with the other
+//! messages; the buffer is released once the kernel has all of it.
 
 use super::{Shared, aligned_buffer, start_connect};
+use crate::region::Region;
 use crate::wire::{HANDSHAKE_LEN, HEADER_LEN, Handshake, Header, MAX_MSG, stripe_range};
 use crate::{Channel, Error, Result, Sender};
 use socket2::{SockAddr, Socket};
@@ -25,11 +31,23 @@ const MAX_IOV: usize = 64;
 struct Job {
     hdr: [u8; HEADER_LEN],
     hdr_sent: usize,
-    /// Stream position of the stripe's first byte.
+    /// Stream position of the stripe's first byte (FIFO messages).
     pos: u64,
     len: u64,
     sent: u64,
+    /// The stripe's bytes in the caller's buffer (`send_from`), and the
+    /// message's token.
+    ext: Option<(Region, u64)>,
 }
+
+impl Job {
+    fn done(&self) -> bool {
+        self.hdr_sent == HEADER_LEN && self.sent == self.len
+    }
+}
+
+/// Messages at least this long go straight from the caller's buffer.
+const FROM_MIN: usize = 32 << 10;
 
 struct Stream {
     sock: Arc<Socket>,
@@ -178,14 +196,17 @@ impl TcpSender {
     fn release(&self) -> u64 {
         let mut r = self.commit;
         for q in &self.queues {
-            if let Some(j) = q.front() {
+            if let Some(j) = q.iter().find(|j| j.ext.is_none() && !j.done()) {
                 r = r.min(j.pos + j.sent);
             }
         }
         r
     }
 
-    /// Writes what each socket can take; true if anything moved.
+    /// Writes what each socket can take; true if anything moved. Each
+    /// `writev` carries the handshake if due, then headers and payloads of
+    /// consecutive messages: FIFO bytes, and at most one caller's buffer
+    /// (last).
     fn push(&mut self) -> Result<bool> {
         let mut moved = false;
         let (cap, commit) = (self.cap, self.commit);
@@ -196,12 +217,17 @@ impl TcpSender {
                 if s.hs_sent < HANDSHAKE_LEN {
                     iov.push(IoSlice::new(&s.hs[s.hs_sent..]));
                 }
+                let mut ext: Option<(Region, u64)> = None;
                 for j in jobs.iter() {
                     if iov.len() + 3 > MAX_IOV {
                         break;
                     }
                     if j.hdr_sent < HEADER_LEN {
                         iov.push(IoSlice::new(&j.hdr[j.hdr_sent..]));
+                    }
+                    if let Some((src, _)) = j.ext {
+                        ext = (j.sent < j.len).then_some((src, j.sent));
+                        break;
                     }
                     let from = j.pos + j.sent;
                     let to = (j.pos + j.len).min(commit);
@@ -217,10 +243,19 @@ impl TcpSender {
                         break;
                     }
                 }
-                if iov.is_empty() {
+                if iov.is_empty() && ext.is_none() {
                     break;
                 }
-                let n = match s.sock.send_vectored_with_flags(&iov, libc::MSG_NOSIGNAL) {
+                let send = |iov: &[IoSlice<'_>]| s.sock.send_vectored_with_flags(iov, libc::MSG_NOSIGNAL);
+                let r = match ext {
+                    None => send(&iov),
+                    Some((src, from)) => src.read(|b| {
+                        let mut all: Vec<IoSlice<'_>> = iov.iter().map(|s| IoSlice::new(s)).collect();
+                        all.push(IoSlice::new(&b[from as usize..]));
+                        send(&all)
+                    }),
+                };
+                let n = match r {
                     Ok(n) => n,
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -228,7 +263,6 @@ impl TcpSender {
                         return Err(self.shared.lost(self.peer, self.ch, i, &format!(": {e}")));
                     }
                 };
-                drop(iov);
                 if n == 0 {
                     break;
                 }
@@ -237,19 +271,18 @@ impl TcpSender {
                 let hs = n.min(HANDSHAKE_LEN - s.hs_sent);
                 s.hs_sent += hs;
                 n -= hs;
+                let mut k = 0;
                 while n > 0 {
-                    let Some(j) = jobs.front_mut() else { break };
+                    let Some(j) = jobs.get_mut(k) else { break };
                     let h = n.min(HEADER_LEN - j.hdr_sent);
                     j.hdr_sent += h;
                     n -= h;
                     let p = (n as u64).min(j.len - j.sent);
                     j.sent += p;
                     n -= p as usize;
-                    if j.hdr_sent == HEADER_LEN && j.sent == j.len {
-                        jobs.pop_front();
-                    }
+                    k += 1;
                 }
-                while jobs.front().is_some_and(|j| j.hdr_sent == HEADER_LEN && j.sent == j.len) {
+                while jobs.front().is_some_and(Job::done) {
                     jobs.pop_front();
                 }
             }
@@ -290,7 +323,7 @@ impl Sender for TcpSender {
             let r = stripe_range(len64, self.nstripes, i);
             if i == 0 || r.end > r.start {
                 let hdr = Header::new(self.seq, len64, self.nstripes, i).encode();
-                let job = Job { hdr, hdr_sent: 0, pos: start + r.start, len: r.end - r.start, sent: 0 };
+                let job = Job { hdr, hdr_sent: 0, pos: start + r.start, len: r.end - r.start, sent: 0, ext: None };
                 self.queues[usize::from(i)].push_back(job);
             }
         }
@@ -366,14 +399,53 @@ impl Sender for TcpSender {
 
     fn flushed(&self) -> bool {
         self.streams.iter().all(|s| s.hs_sent == HANDSHAKE_LEN)
-            && self
-                .queues
-                .iter()
-                .flatten()
-                .all(|j| j.hdr_sent == HEADER_LEN && j.pos + j.sent >= (j.pos + j.len).min(self.commit))
+            && self.queues.iter().flatten().all(|j| match j.ext {
+                Some(_) => j.done(),
+                None => j.hdr_sent == HEADER_LEN && j.pos + j.sent >= (j.pos + j.len).min(self.commit),
+            })
     }
 
     fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    fn takes_from(&self, len: usize) -> bool {
+        len >= FROM_MIN
+    }
+
+    fn send_from(&mut self, src: Region) -> Result<Option<u64>> {
+        self.check()?;
+        if let Some(c) = &self.cur {
+            return Err(Error::InvalidUsage(format!(
+                "{}: send_from while message {} has {} of {} bytes committed",
+                self.who(),
+                self.seq - 1,
+                c.written,
+                c.len
+            )));
+        }
+        let len = src.len() as u64;
+        if len > MAX_MSG {
+            return Err(Error::invalid(format!("{}: message of {len} bytes exceeds {MAX_MSG}", self.who())));
+        }
+        let token = self.seq;
+        for i in 0..self.nstripes {
+            let r = stripe_range(len, self.nstripes, i);
+            if i == 0 || r.end > r.start {
+                let hdr = Header::new(self.seq, len, self.nstripes, i).encode();
+                let part = src.sub(r.start as usize, (r.end - r.start) as usize)?;
+                let job = Job { hdr, hdr_sent: 0, pos: 0, len: r.end - r.start, sent: 0, ext: Some((part, token)) };
+                self.queues[usize::from(i)].push_back(job);
+            }
+        }
+        self.seq += 1;
+        self.bytes += len;
+        let r = self.connect().and_then(|_| if self.ready { self.push() } else { Ok(false) });
+        self.fail(r)?;
+        Ok(Some(token))
+    }
+
+    fn released(&self, token: u64) -> bool {
+        !self.queues.iter().flatten().any(|j| j.ext.is_some_and(|(_, t)| t == token))
     }
 }

@@ -73,6 +73,9 @@ pub(crate) struct Lane {
     op: Option<OpId>,
     /// Where a get-reduce lands the peer's bytes before reducing them.
     stage: Option<Owned>,
+    /// The current send's token when it went straight from its source
+    /// ([`Sender::send_from`](oxccl_transport::Sender::send_from)).
+    token: Option<u64>,
 }
 
 /// A plain send still draining into its connection while the lane goes on.
@@ -83,6 +86,8 @@ struct Deferred {
     /// The rest of the message, copied aside when a later step overwrote
     /// its source (`src` then points here).
     _copy: Option<Owned>,
+    /// Sent straight from `src`: done when the provider releases it.
+    token: Option<u64>,
 }
 
 /// How many unfinished sends a lane may leave behind.
@@ -101,7 +106,18 @@ const MAX_DEFERRED: usize = 8;
 
 impl Lane {
     pub fn new(steps: Arc<Vec<Step>>, wire: Channel) -> Lane {
-        Lane { steps, wire, pc: 0, got: 0, put: 0, begun: false, deferred: Vec::new(), op: None, stage: None }
+        Lane {
+            steps,
+            wire,
+            pc: 0,
+            got: 0,
+            put: 0,
+            begun: false,
+            deferred: Vec::new(),
+            op: None,
+            stage: None,
+            token: None,
+        }
     }
     fn done(&self) -> bool {
         self.pc >= self.steps.len() && self.deferred.is_empty()
@@ -116,9 +132,25 @@ fn written(step: &Step) -> Option<&Slice> {
         | Step::RecvCopySend { dst, .. }
         | Step::RecvReduceCopySend { dst, .. }
         | Step::Copy { dst, .. }
-        | Step::Reduce { dst, .. } => Some(dst),
+        | Step::Reduce { dst, .. }
+        | Step::Get { dst, .. }
+        | Step::GetReduce { dst, .. } => Some(dst),
         _ => None,
     }
+}
+
+/// Whether a step after the current one of `lane` writes bytes of `src`
+/// (then a send from `src` cannot leave it as its source: the receiver
+/// would read the later bytes).
+fn rewritten_later(lane: &Lane, bufs: &Bufs, src: &Region, es: usize) -> Result<bool> {
+    for step in &lane.steps[lane.pc + 1..] {
+        if let Some(w) = written(step)
+            && bufs.region(w, es)?.overlaps(src)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// Drains a lane's deferred sends as far as room allows.
@@ -128,7 +160,15 @@ fn drain(fabric: &mut Fabric, lane: &mut Lane, es: usize) -> Result<bool> {
     }
     let mut moved = false;
     for d in &mut lane.deferred {
-        moved |= pump(fabric.sender(d.peer, lane.wire)?, &d.src, &mut d.put, es)?;
+        let s = fabric.sender(d.peer, lane.wire)?;
+        match d.token {
+            Some(t) if s.released(t) => {
+                d.put = d.src.len();
+                moved = true;
+            }
+            Some(_) => {}
+            None => moved |= pump(s, &d.src, &mut d.put, es)?,
+        }
     }
     lane.deferred.retain(|d| d.put < d.src.len());
     Ok(moved)
@@ -145,18 +185,21 @@ fn blocked_by_deferred(lane: &mut Lane, step: &Step, bufs: &Bufs, es: usize) -> 
         return Ok(false);
     }
     if let Some(p) = step.send_peer()
-        && lane.deferred.iter().any(|d| d.peer == p)
+        && lane.deferred.iter().any(|d| d.peer == p && d.token.is_none())
     {
         return Ok(true);
     }
     if let Some(w) = written(step) {
         let w = bufs.region(w, es)?;
+        if lane.deferred.iter().any(|d| d.token.is_some() && d.src.overlaps(&w)) {
+            return Ok(true);
+        }
         for d in lane.deferred.iter_mut().filter(|d| d.src.overlaps(&w)) {
             let rest = d.src.sub(d.put, d.src.len() - d.put)?;
             let mut copy = Owned::zeroed(rest.len());
             let to = copy.region();
             buf::copy(&to, &rest)?;
-            *d = Deferred { peer: d.peer, src: to, put: 0, _copy: Some(copy) };
+            *d = Deferred { peer: d.peer, src: to, put: 0, _copy: Some(copy), token: None };
         }
     }
     Ok(false)
@@ -338,7 +381,8 @@ pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -
                         && lane.deferred.len() < MAX_DEFERRED
                     {
                         let src = task.bufs.region(src, es)?;
-                        lane.deferred.push(Deferred { peer: *peer, src, put: lane.put, _copy: None });
+                        let (put, token) = (lane.put, lane.token.take());
+                        lane.deferred.push(Deferred { peer: *peer, src, put, _copy: None, token });
                     } else {
                         break;
                     }
@@ -355,6 +399,7 @@ pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -
                 lane.got = 0;
                 lane.put = 0;
                 lane.begun = false;
+                lane.token = None;
                 moved = true;
             }
         }

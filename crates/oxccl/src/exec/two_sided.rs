@@ -1,7 +1,7 @@
 //! Two-sided steps: messages through the connections' FIFOs, read and
 //! written in place piece by piece.
 
-use super::{Lane, Task};
+use super::{Lane, Task, rewritten_later};
 use crate::buf::{self, Operand, Region};
 use oxccl_algo::ir::{Slice, Step};
 use oxccl_core::{Error, Result};
@@ -70,15 +70,36 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
         }
         Step::Send { peer, src } => {
             let src = reg(src)?;
+            let later = fabric.sender(*peer, wire)?.takes_from(src.len()) && rewritten_later(lane, &bufs, &src, es)?;
             let s = fabric.sender(*peer, wire)?;
             if !lane.begun {
-                s.begin(src.len())?;
+                // Large messages straight from their source where the
+                // provider takes them and no later step rewrites it.
+                if s.takes_from(src.len()) && !later {
+                    lane.token = s.send_from(src)?;
+                }
+                if lane.token.is_none() {
+                    s.begin(src.len())?;
+                }
                 lane.begun = true;
+            }
+            if let Some(t) = lane.token {
+                let done = s.released(t);
+                return Ok((done, done));
             }
             let moved = pump(s, &src, &mut lane.put, es)?;
             Ok((moved, lane.put == src.len()))
         }
-        Step::Recv { peer, dst } | Step::RecvReduce { peer, dst, .. } => {
+        Step::Recv { peer, dst } => {
+            let d = reg(dst)?;
+            let (moved, done) = fabric.receiver(*peer, wire)?.recv_into(&d).map_err(|e| match e {
+                Error::Remote(m) if !m.contains(&format!("rank {peer}")) => Error::Remote(format!("rank {peer}: {m}")),
+                other => other,
+            })?;
+            lane.begun = true;
+            Ok((moved, done))
+        }
+        Step::RecvReduce { peer, dst, .. } => {
             let d = reg(dst)?;
             let local = match step {
                 Step::RecvReduce { src, .. } => Some(reg(src)?),
