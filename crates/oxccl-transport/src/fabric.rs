@@ -606,7 +606,7 @@ impl Fabric {
     /// Starts reading `dst.len()` bytes at `off` of `peer`'s memory `desc`
     /// into `dst`.
     pub fn read(&mut self, peer: usize, desc: &MemDesc, off: usize, dst: Region) -> Result<OpId> {
-        desc.check(off, dst.len(), false, &format!("rank {}: a get from rank {peer}", self.rank))?;
+        desc.check(off, dst.len(), false, || format!("rank {}: a get from rank {peer}", self.rank))?;
         let via = if self.native(peer, desc) {
             let c = self.carrier[peer];
             match self.providers[c].direct().expect("native").read(peer, desc, off, &dst)? {
@@ -622,7 +622,7 @@ impl Fabric {
 
     /// Starts writing `src` into `peer`'s memory `desc` at `off`.
     pub fn write(&mut self, peer: usize, src: Region, desc: &MemDesc, off: usize) -> Result<OpId> {
-        desc.check(off, src.len(), true, &format!("rank {}: a put into rank {peer}", self.rank))?;
+        desc.check(off, src.len(), true, || format!("rank {}: a put into rank {peer}", self.rank))?;
         let via = if self.native(peer, desc) {
             let c = self.carrier[peer];
             match self.providers[c].direct().expect("native").write(peer, &src, desc, off)? {
@@ -682,7 +682,7 @@ impl Fabric {
         len: usize,
         f: &mut dyn FnMut(&Region) -> Result<()>,
     ) -> Result<bool> {
-        desc.check(off, len, false, &format!("rank {}: a get from rank {peer}", self.rank))?;
+        desc.check(off, len, false, || format!("rank {}: a get from rank {peer}", self.rank))?;
         if !self.native(peer, desc) {
             return Ok(false);
         }

@@ -8,11 +8,22 @@
 //!   addresses and host identities. The bootstrap connections stay open for
 //!   the communicator's life: they carry small all-gathers (split, argument
 //!   checks) and tell every rank when another one dies.
+//! - Providers ([`provider`]): the seam a transport implements: which
+//!   peers it reaches, what it publishes through the bootstrap and how it
+//!   connects, its link parameters for the tuner, connection ends,
+//!   progress, what the engine sleeps on, and native one-sided access if
+//!   it has any. [`mem`] (ranks that are threads of one process), [`shm`]
+//!   (processes on one host, shared segments) and [`tcp`] (anything
+//!   reachable). The [`fabric::Fabric`] picks one per peer from one table
+//!   ([`fabric::registry`]) and matches on no [`Kind`].
 //! - Connections: messages from one rank to one peer on one channel, in
-//!   order ([`Sender`], [`Receiver`]). Each provider implements them:
-//!   [`mem`] (ranks that are threads of one process), [`shm`] (processes on
-//!   one host, shared segments) and [`tcp`] (anything reachable). The
-//!   [`fabric::Fabric`] picks the provider per peer.
+//!   order ([`Sender`], [`Receiver`]).
+//! - One-sided access: a rank registers its buffers for a call
+//!   ([`fabric::Fabric::expose`]) and peers read and write them through
+//!   serializable descriptors ([`provider::MemDesc`]): natively where the
+//!   provider can ([`provider::Direct`]: copies between threads, cross-
+//!   memory attach between processes), else by request and answer over the
+//!   control plane ([`control`]), which also carries signals.
 //! - A connection is a bounded FIFO of bytes with message boundaries. The
 //!   sender asks for *room* and writes into it directly; the receiver
 //!   *peeks* at arrived bytes and reads them in place. So an executor
@@ -32,8 +43,9 @@
 //!
 //! ## Unsafe
 //! Only where memory is shared with another process or the kernel: the
-//! ring over a shared mapping, futexes, `process_vm_readv`, segment
-//! mapping. Each block has a `// SAFETY:` comment.
+//! ring over a shared mapping, futexes, `process_vm_readv`/`writev`,
+//! segment mapping, `poll`; and [`region`], the one module that turns a
+//! caller's buffer into a raw view. Each block has a `// SAFETY:` comment.
 
 pub mod bootstrap;
 pub mod conformance;

@@ -307,16 +307,18 @@ impl MemDesc {
 
     /// Checks that `[off, off + len)` lies inside the registered memory
     /// (and that it may be written, for a write); `what` names the access.
-    pub fn check(&self, off: usize, len: usize, write: bool, what: &str) -> Result<()> {
+    pub fn check(&self, off: usize, len: usize, write: bool, what: impl Fn() -> String) -> Result<()> {
         let end = off.checked_add(len).map(|e| e as u64);
         if end.is_none_or(|e| e > self.len) {
             return Err(Error::invalid(format!(
-                "{what}: bytes {off}..+{len} are outside the {} bytes rank {} registered",
-                self.len, self.owner
+                "{}: bytes {off}..+{len} are outside the {} bytes rank {} registered",
+                what(),
+                self.len,
+                self.owner
             )));
         }
         if write && !self.writable {
-            return Err(Error::invalid(format!("{what}: rank {}'s buffer is read-only (its input)", self.owner)));
+            return Err(Error::invalid(format!("{}: rank {}'s buffer is read-only (its input)", what(), self.owner)));
         }
         Ok(())
     }
@@ -338,11 +340,11 @@ mod tests {
         let mut bad = b;
         bad[0] = 200;
         assert!(MemDesc::decode(&bad, 1).unwrap_err().to_string().contains("provider code 200"));
-        assert!(d.check(4000, 96, true, "get").is_ok());
-        let e = d.check(4000, 97, false, "get from rank 3").unwrap_err().to_string();
-        assert!(e.contains("outside the 4096 bytes rank 3 registered"), "{e}");
+        assert!(d.check(4000, 96, true, || "get".into()).is_ok());
+        let e = d.check(4000, 97, false, || "get from rank 3".into()).unwrap_err().to_string();
+        assert!(e.contains("get from rank 3: bytes") && e.contains("outside the 4096 bytes rank 3 registered"), "{e}");
         d.writable = false;
-        assert!(d.check(0, 1, true, "put").unwrap_err().to_string().contains("read-only"));
-        assert!(d.check(usize::MAX, 2, false, "x").is_err());
+        assert!(d.check(0, 1, true, || "put".into()).unwrap_err().to_string().contains("read-only"));
+        assert!(d.check(usize::MAX, 2, false, || "x".into()).is_err());
     }
 }

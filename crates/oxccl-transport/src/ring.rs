@@ -241,6 +241,8 @@ impl Ring {
             bell: peer_bell,
             label,
             tail: self.hdr().tail.load(Ordering::Acquire),
+            published: self.hdr().tail.load(Ordering::Acquire),
+            head_seen: self.hdr().head.load(Ordering::Acquire) & !63,
             pending: VecDeque::new(),
             cur: None,
             last_room: 0,
@@ -322,6 +324,10 @@ pub struct Producer {
     label: Label,
     tail: u64,
     pending: VecDeque<[u8; MSG_HEADER]>,
+    /// The tail the consumer has been told of.
+    published: u64,
+    /// The consumer's head as last read (rounded down to 64).
+    head_seen: u64,
     /// (length, bytes written) of the message being written.
     cur: Option<(u64, u64)>,
     last_room: usize,
@@ -337,18 +343,44 @@ impl Producer {
         Ok(())
     }
 
-    fn free(&self) -> u64 {
-        let head = self.ring.hdr().head.load(Ordering::Acquire) & !63;
-        (self.ring.cap as u64).saturating_sub(self.tail.wrapping_sub(head))
+    /// Free bytes, at least `need` if there are: from the consumer's head
+    /// as last seen, reloaded only when that is not enough (the head lives
+    /// on the consumer's cache line).
+    fn free(&mut self, need: u64) -> u64 {
+        let cap = self.ring.cap as u64;
+        let known = cap.saturating_sub(self.tail.wrapping_sub(self.head_seen));
+        if known >= need {
+            return known;
+        }
+        self.head_seen = self.ring.hdr().head.load(Ordering::Acquire) & !63;
+        cap.saturating_sub(self.tail.wrapping_sub(self.head_seen))
     }
 
-    /// Writes queued headers while there is room; true when none is left.
+    /// Publishes what was written (the tail) and rings the consumer.
+    fn publish(&mut self) {
+        if self.published != self.tail {
+            self.published = self.tail;
+            self.ring.hdr().tail.store(self.tail, Ordering::Release);
+            self.bell.ring();
+        }
+    }
+
+    /// Writes queued headers while there is room (publishing them unless
+    /// a payload follows at once); true when none is left.
     fn flush_headers(&mut self) -> bool {
-        let mut wrote = false;
-        while let Some(h) = self.pending.front() {
-            if self.free() < MSG_HEADER as u64 {
+        self.write_headers();
+        self.publish();
+        self.pending.is_empty()
+    }
+
+    /// Writes queued headers while there is room, without publishing them;
+    /// true when none is left.
+    fn write_headers(&mut self) -> bool {
+        while !self.pending.is_empty() {
+            if self.free(MSG_HEADER as u64) < MSG_HEADER as u64 {
                 break;
             }
+            let h = self.pending.front().expect("checked");
             let at = (self.tail % self.ring.cap as u64) as usize;
             // SAFETY: `at` is 64-aligned and at most cap-64 (tail is a
             // multiple of 64 between messages), the 64 bytes are free (not
@@ -356,20 +388,16 @@ impl Producer {
             unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.ring.data.add(at), MSG_HEADER) };
             self.tail += MSG_HEADER as u64;
             self.pending.pop_front();
-            wrote = true;
-        }
-        if wrote {
-            self.ring.hdr().tail.store(self.tail, Ordering::Release);
-            self.bell.ring();
         }
         self.pending.is_empty()
     }
 
-    fn check_idle(&self, what: &str) -> Result<()> {
+    fn check_idle(&self, what: impl FnOnce() -> String) -> Result<()> {
         if let Some((len, written)) = self.cur {
             return Err(Error::InvalidUsage(format!(
-                "{what} to {} while the previous message has {} of its {len} bytes uncommitted; \
+                "{} to {} while the previous message has {} of its {len} bytes uncommitted; \
                  commit the rest first",
+                what(),
                 self.label,
                 len - written
             )));
@@ -382,7 +410,7 @@ impl Producer {
     /// allowed it. Returns the token to pass to [`ref_done`](Self::ref_done).
     pub fn send_ref(&mut self, pid: u32, addr: u64, len: usize) -> Result<Option<u64>> {
         self.check_peer()?;
-        self.check_idle("send_ref")?;
+        self.check_idle(|| "send_ref".into())?;
         if self.ring.hdr().ref_ok.load(Ordering::Acquire) == 0 {
             return Ok(None);
         }
@@ -409,17 +437,21 @@ impl Producer {
 impl Sender for Producer {
     fn begin(&mut self, len: usize) -> Result<()> {
         self.check_peer()?;
-        self.check_idle(&format!("begin({len})"))?;
+        self.check_idle(|| format!("begin({len})"))?;
         if len as u64 > MAX_MSG {
             return Err(Error::invalid(format!("message of {len} bytes to {}: at most 2^48 bytes", self.label)));
         }
         let h = Header { flags: 0, len: len as u64, pid: 0, addr: 0, token: 0 };
         self.pending.push_back(h.encode());
-        if len > 0 {
-            self.cur = Some((len as u64, 0));
-        }
         self.last_room = 0;
-        self.flush_headers();
+        if len > 0 {
+            // The header goes out with the first bytes of the payload (one
+            // publication, one ring), or at the next progress.
+            self.cur = Some((len as u64, 0));
+            self.write_headers();
+        } else {
+            self.flush_headers();
+        }
         Ok(())
     }
 
@@ -435,11 +467,17 @@ impl Sender for Producer {
                 self.label
             )));
         };
-        if !self.flush_headers() {
+        if !self.write_headers() {
+            self.publish();
             return Ok(&mut []);
         }
         let at = self.tail % self.ring.cap as u64;
-        let n = (want as u64).min(len - written).min(self.ring.cap as u64 - at).min(self.free()) as usize;
+        let most = (want as u64).min(len - written).min(self.ring.cap as u64 - at);
+        let n = most.min(self.free(most)) as usize;
+        if n == 0 {
+            // Headers written but no room for bytes yet: let them out.
+            self.publish();
+        }
         self.last_room = n;
         // SAFETY: [at, at+n) is inside the data area and free: the consumer
         // released it (head) and reads only below the published tail, so
@@ -469,20 +507,19 @@ impl Sender for Producer {
         }
         self.last_room -= n;
         self.bytes += n as u64;
-        self.ring.hdr().tail.store(self.tail, Ordering::Release);
-        self.bell.ring();
+        self.publish();
         Ok(())
     }
 
     fn progress(&mut self) -> Result<bool> {
         self.check_peer()?;
-        let had = self.pending.len();
+        let had = (self.pending.len(), self.published);
         self.flush_headers();
-        Ok(self.pending.len() != had)
+        Ok((self.pending.len(), self.published) != had)
     }
 
     fn flushed(&self) -> bool {
-        self.pending.is_empty()
+        self.pending.is_empty() && self.published == self.tail
     }
 
     fn bytes(&self) -> u64 {

@@ -198,56 +198,65 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
 
 /// Runs the tasks of one batch to their end.
 fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &mut [exec::Task]) -> Result<()> {
-    {
-        let mut turns = exec::Turns::book(batch);
-        // When the lane last stopped moving (None: it is moving).
-        let mut idle_since: Option<Instant> = None;
-        loop {
-            if shared.abort.load(Ordering::Acquire) {
-                return Err(Error::Remote(format!("{} op #{} {label}: aborted", shared.who, label.seq)));
-            }
-            let seen = shared.bell.seq();
-            let mut moved = fabric.progress()?;
-            moved |= exec::poll(fabric, batch, &mut turns)?;
-            if exec::finished(batch) {
-                break;
-            }
-            if moved {
-                idle_since = None;
-                continue;
-            }
-            // Nothing moved: poll again at once for a moment, then yield
-            // the core to whoever is runnable (on a full machine, likely
-            // the peer this rank waits for), and after `spin` sleep until
-            // a peer rings. The first phase is timed, not counted: a poll
-            // over sockets costs syscalls, one over shared memory does not.
-            let Some(since) = idle_since else {
-                idle_since = Some(Instant::now());
-                continue;
-            };
-            let idle = since.elapsed();
-            if idle < HOT_SPIN {
-                std::hint::spin_loop();
-                continue;
-            }
-            fabric.check()?;
-            if idle > shared.timeout {
-                return Err(Error::Timeout(format!(
-                    "{} op #{} {label}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
-                    shared.who,
-                    label.seq,
-                    shared.timeout,
-                    exec::waiting_for(batch)
-                )));
-            }
-            if idle < shared.spin {
-                std::thread::yield_now();
-            } else {
-                fabric.wait_bell(seen, Duration::from_millis(20));
+    let mut turns = exec::Turns::book(batch);
+    // When the lane last stopped moving (None: it is moving).
+    let mut idle_since: Option<Instant> = None;
+    // The doorbell's value read before the last poll, once the rank is
+    // about to sleep (not while it spins: peers ring that word on every
+    // message, and reading it in a tight loop would fight them for it).
+    let mut seen: Option<u32> = None;
+    loop {
+        if shared.abort.load(Ordering::Acquire) {
+            return Err(Error::Remote(format!("{} op #{} {label}: aborted", shared.who, label.seq)));
+        }
+        let mut moved = fabric.progress()?;
+        moved |= exec::poll(fabric, batch, &mut turns)?;
+        if exec::finished(batch) {
+            return Ok(());
+        }
+        if moved {
+            idle_since = None;
+            seen = None;
+            continue;
+        }
+        // Nothing moved: poll again at once for a moment, then yield the
+        // core to whoever is runnable (on a full machine, likely the peer
+        // this rank waits for), and after `spin` sleep until a peer rings.
+        // The first phase is timed, not counted: a poll over sockets costs
+        // syscalls, one over shared memory does not.
+        let Some(since) = idle_since else {
+            idle_since = Some(Instant::now());
+            continue;
+        };
+        let idle = since.elapsed();
+        if idle < HOT_SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        fabric.check()?;
+        if idle > shared.timeout {
+            return Err(Error::Timeout(format!(
+                "{} op #{} {label}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
+                shared.who,
+                label.seq,
+                shared.timeout,
+                exec::waiting_for(batch)
+            )));
+        }
+        if idle < shared.spin {
+            std::thread::yield_now();
+        } else {
+            match seen {
+                // Read the bell, then poll once more before sleeping on it:
+                // a ring after the read wakes the sleep at once.
+                None => seen = Some(shared.bell.seq()),
+                Some(s) => {
+                    fabric.wait_bell(s, Duration::from_millis(20));
+                    seen = None;
+                }
             }
         }
     }
-    Ok(())
 }
 
 /// Waits until the device's counter `word` reaches `value`: polls for a

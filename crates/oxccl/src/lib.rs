@@ -26,13 +26,20 @@
 //! PMI or Slurm.
 //!
 //! ## How a call runs
-//! The calling thread checks the arguments (an error changes nothing),
-//! picks an algorithm ([`tuner`]) and takes this rank's program from
-//! oxccl-algo; the communicator's progress thread runs it over the
-//! transports of oxccl-transport, calls in the order they were made. Blocking methods wait
-//! for the end; `*_async` methods take owned storage and return a [`Work`]
-//! that hands it back. [`Communicator::group`] launches matched sends and
-//! receives together.
+//! The calling thread checks the arguments once into a [`Call`] (an error
+//! changes nothing), picks an algorithm or a researcher's program
+//! ([`tuner`], [`programs`]) and takes this rank's part of its program;
+//! the executor runs it over the transports of oxccl-transport, calls in
+//! the order they were made. A blocking call that finds nothing queued
+//! ahead of it runs on the calling thread; otherwise, and for `*_async`
+//! methods (which take owned storage and return a [`Work`] that hands it
+//! back), the communicator's progress thread runs it, and it also pushes
+//! out bytes a call left queued. [`Communicator::group`] launches matched
+//! sends and receives together.
+//!
+//! ## Researchers' programs
+//! A JSON program of oxccl-algo's IR, verified when loaded, runs like a
+//! built-in algorithm at any count ([`programs`]; `OXCCL_ALGO_FILE`).
 //!
 //! ## Device buffers
 //! With the `cuda` feature (default), [`Communicator::collective_device`]

@@ -43,8 +43,9 @@ impl Part {
 /// A cached program: the collective and a forced choice, if any.
 type Key = (Collective, Option<Choice>);
 
-/// The cached parts and their keys, oldest first.
-type Entries = (HashMap<Key, Arc<Part>>, VecDeque<Key>);
+/// The cached parts, their keys oldest first, and the last one used (a
+/// loop repeats one call: no hashing then).
+type Entries = (HashMap<Key, Arc<Part>>, VecDeque<Key>, Option<(Key, Arc<Part>)>);
 
 /// Recently built programs (a training loop or a benchmark repeats calls).
 #[derive(Default)]
@@ -67,8 +68,17 @@ impl Cache {
         who: &str,
     ) -> Result<Arc<Part>> {
         let key = (*coll, forced);
-        if let Some(p) = self.map.lock().0.get(&key) {
-            return Ok(p.clone());
+        {
+            let mut g = self.map.lock();
+            if let Some((k, p)) = &g.2
+                && *k == key
+            {
+                return Ok(p.clone());
+            }
+            if let Some(p) = g.0.get(&key).cloned() {
+                g.2 = Some((key, p.clone()));
+                return Ok(p);
+            }
         }
         let choice = match forced {
             Some(c) => c,
@@ -93,6 +103,7 @@ impl Cache {
         }
         g.0.insert(key, part.clone());
         g.1.push_back(key);
+        g.2 = Some((key, part.clone()));
         Ok(part)
     }
 }
