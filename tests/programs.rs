@@ -9,16 +9,7 @@ use oxccl_e2e::{on_threads, run_case};
 
 /// The README's program: a 2-rank all-reduce of 4 floats, each rank
 /// reducing one half.
-pub const README_PROGRAM: &str = r#"{ "name": "hand", "collective": {"kind": "all_reduce", "nranks": 2, "count": 4, "dtype": "float32"},
-  "ranks": [
-    {"channels": [[ {"op": "send", "peer": 1, "src": "input[2..4]"},
-                    {"op": "recv_reduce", "peer": 1, "src": "input[0..2]", "dst": "output[0..2]"},
-                    {"op": "send", "peer": 1, "src": "output[0..2]"},
-                    {"op": "recv", "peer": 1, "dst": "output[2..4]"} ]]},
-    {"channels": [[ {"op": "send", "peer": 0, "src": "input[0..2]"},
-                    {"op": "recv_reduce", "peer": 0, "src": "input[2..4]", "dst": "output[2..4]"},
-                    {"op": "send", "peer": 0, "src": "output[2..4]"},
-                    {"op": "recv", "peer": 0, "dst": "output[0..2]"} ]]} ] }"#;
+pub const README_PROGRAM: &str = include_str!("programs/hand.json");
 
 const COUNTS: [usize; 9] = [0, 1, 2, 3, 4, 5, 1000, 65_537, 1_000_003];
 

@@ -284,6 +284,23 @@ impl Step {
         }
     }
 
+    /// The slice the step writes, if any: a local one, or for `put` the
+    /// peer's.
+    pub fn dst(&self) -> Option<&Slice> {
+        match self {
+            Step::Recv { dst, .. }
+            | Step::RecvReduce { dst, .. }
+            | Step::RecvCopySend { dst, .. }
+            | Step::RecvReduceCopySend { dst, .. }
+            | Step::Copy { dst, .. }
+            | Step::Reduce { dst, .. }
+            | Step::Put { dst, .. }
+            | Step::Get { dst, .. }
+            | Step::GetReduce { dst, .. } => Some(dst),
+            Step::Send { .. } | Step::RecvReduceSend { .. } | Step::Signal { .. } | Step::Wait { .. } => None,
+        }
+    }
+
     /// Whether the step is one-sided (put, get, signal, wait).
     pub fn is_one_sided(&self) -> bool {
         self.one_sided_peer().is_some()

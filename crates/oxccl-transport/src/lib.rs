@@ -217,26 +217,33 @@ pub trait Receiver: Send {
     /// buffer. This default copies what [`peek`](Receiver::peek) shows.
     /// `dst` must stay alive until complete.
     fn recv_into(&mut self, dst: &Region) -> Result<(bool, bool)> {
-        let mut moved = false;
-        while let Some(piece) = self.peek()? {
-            if piece.msg_len != dst.len() {
-                return Err(Error::Remote(format!(
-                    "a message of {} bytes arrived where {} were expected: the ranks are running different \
-                     operations (set OXCCL_CHECK=1 to find the rank that differs)",
-                    piece.msg_len,
-                    dst.len()
-                )));
-            }
-            let (off, n) = (piece.offset, piece.data.len());
-            dst.sub(off, n)?.write(|d| d.copy_from_slice(piece.data))?;
-            self.consume(n)?;
-            moved = true;
-            if off + n == dst.len() {
-                return Ok((true, true));
-            }
-        }
-        Ok((moved, false))
+        recv_by_peek(self, dst)
     }
+}
+
+/// [`Receiver::recv_into`] the plain way: copies what `peek` shows into
+/// `dst` and consumes it; (anything moved, complete). Providers that
+/// override `recv_into` fall back to it for messages they cannot land.
+pub fn recv_by_peek<R: Receiver + ?Sized>(r: &mut R, dst: &Region) -> Result<(bool, bool)> {
+    let mut moved = false;
+    while let Some(piece) = r.peek()? {
+        if piece.msg_len != dst.len() {
+            return Err(Error::Remote(format!(
+                "a message of {} bytes arrived where {} were expected: the ranks are running different \
+                 operations (set OXCCL_CHECK=1 to find the rank that differs)",
+                piece.msg_len,
+                dst.len()
+            )));
+        }
+        let (off, n) = (piece.offset, piece.data.len());
+        dst.sub(off, n)?.write(|d| d.copy_from_slice(piece.data))?;
+        r.consume(n)?;
+        moved = true;
+        if off + n == dst.len() {
+            return Ok((true, true));
+        }
+    }
+    Ok((moved, false))
 }
 
 /// Bytes moved with one peer over one provider.

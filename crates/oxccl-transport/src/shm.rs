@@ -507,7 +507,7 @@ impl Receiver for ShmReceiver {
                 let done = dst.write(|d| self.c.read_ref_into(d, 8 << 20))??;
                 Ok((true, done))
             }
-            Some((_, false)) => Receiver::recv_into(&mut self.c, dst),
+            Some((_, false)) => crate::recv_by_peek(&mut self.c, dst),
             None => Ok((false, false)),
         }
     }

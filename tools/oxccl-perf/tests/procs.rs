@@ -76,7 +76,7 @@ fn threads_inside_processes() {
 #[test]
 fn a_researchers_program_as_processes() {
     let file = std::env::temp_dir().join(format!("oxccl-perf-procs-hand-{}.json", std::process::id()));
-    std::fs::write(&file, include_str!("hand.json")).unwrap();
+    std::fs::write(&file, include_str!("../../../tests/programs/hand.json")).unwrap();
     for transport in ["shm", "tcp"] {
         let args = ["--program", file.to_str().unwrap(), "-b", "4", "-e", "1M", "-f", "9", "-n", "2"];
         let runs = run_procs("all_reduce", 2, transport, &[], &args);

@@ -94,7 +94,7 @@ fn aggregation_blocking_and_averaging_flags() {
 }
 
 /// The README's program, written for 4 floats on 2 ranks.
-const HAND: &str = include_str!("hand.json");
+const HAND: &str = include_str!("../../../tests/programs/hand.json");
 
 /// Writes `text` to a fresh file; its path.
 pub fn program_file(name: &str, text: &str) -> String {

@@ -183,16 +183,7 @@ fn emitted_programs_verify_and_price_and_broken_ones_are_refused() {
 }
 
 /// The README's hand-written 2-rank all-reduce of 4 floats.
-const README: &str = r#"{ "name": "hand", "collective": {"kind": "all_reduce", "nranks": 2, "count": 4, "dtype": "float32"},
-  "ranks": [
-    {"channels": [[ {"op": "send", "peer": 1, "src": "input[2..4]"},
-                    {"op": "recv_reduce", "peer": 1, "src": "input[0..2]", "dst": "output[0..2]"},
-                    {"op": "send", "peer": 1, "src": "output[0..2]"},
-                    {"op": "recv", "peer": 1, "dst": "output[2..4]"} ]]},
-    {"channels": [[ {"op": "send", "peer": 0, "src": "input[0..2]"},
-                    {"op": "recv_reduce", "peer": 0, "src": "input[2..4]", "dst": "output[2..4]"},
-                    {"op": "send", "peer": 0, "src": "output[2..4]"},
-                    {"op": "recv", "peer": 0, "dst": "output[0..2]"} ]]} ] }"#;
+const README: &str = include_str!("../../../tests/programs/hand.json");
 
 /// A correct 2-rank all-gather of 3 floats whose staging copy is not
 /// index-aligned: it runs only at multiples of 3.

@@ -423,18 +423,7 @@ fn read_write_pairs(step: &Step) -> Vec<(&Slice, &Slice)> {
 
 /// The slice a step writes, if any (for `put`, the peer's).
 fn destination(step: &Step) -> Option<&Slice> {
-    match step {
-        Step::Recv { dst, .. }
-        | Step::RecvReduce { dst, .. }
-        | Step::RecvCopySend { dst, .. }
-        | Step::RecvReduceCopySend { dst, .. }
-        | Step::Copy { dst, .. }
-        | Step::Reduce { dst, .. }
-        | Step::Put { dst, .. }
-        | Step::Get { dst, .. }
-        | Step::GetReduce { dst, .. } => Some(dst),
-        Step::Send { .. } | Step::RecvReduceSend { .. } | Step::Signal { .. } | Step::Wait { .. } => None,
-    }
+    step.dst()
 }
 
 /// A step's local slices, its remote slice, and the lengths that must agree.

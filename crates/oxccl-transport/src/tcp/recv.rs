@@ -446,7 +446,7 @@ impl Receiver for TcpReceiver {
                 }
                 // Its bytes already started arriving in the FIFO: copy.
                 Some(m) if self.rpos != m.start || (0..self.streams.len()).any(|i| self.filled(m, i) > 0) => {
-                    return self.recv_copy(dst);
+                    return crate::recv_by_peek(self, dst);
                 }
                 Some(m) => self.land = Some((Some(m.seq), *dst)),
                 None => self.land = Some((None, *dst)),
@@ -476,22 +476,5 @@ impl Receiver for TcpReceiver {
         self.land = None;
         self.last_peek = 0;
         Ok((true, true))
-    }
-}
-
-impl TcpReceiver {
-    /// `recv_into` through the FIFO (the trait's default way).
-    fn recv_copy(&mut self, dst: &Region) -> Result<(bool, bool)> {
-        let mut moved = false;
-        while let Some(piece) = self.peek()? {
-            let (off, n) = (piece.offset, piece.data.len());
-            dst.sub(off, n)?.write(|d| d.copy_from_slice(piece.data))?;
-            self.consume(n)?;
-            moved = true;
-            if off + n == dst.len() {
-                return Ok((true, true));
-            }
-        }
-        Ok((moved, false))
     }
 }

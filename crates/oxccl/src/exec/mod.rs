@@ -124,19 +124,10 @@ impl Lane {
     }
 }
 
-/// Where a step writes, if anywhere.
+/// Where a step writes this rank's buffers, if anywhere (a put writes the
+/// peer's).
 fn written(step: &Step) -> Option<&Slice> {
-    match step {
-        Step::Recv { dst, .. }
-        | Step::RecvReduce { dst, .. }
-        | Step::RecvCopySend { dst, .. }
-        | Step::RecvReduceCopySend { dst, .. }
-        | Step::Copy { dst, .. }
-        | Step::Reduce { dst, .. }
-        | Step::Get { dst, .. }
-        | Step::GetReduce { dst, .. } => Some(dst),
-        _ => None,
-    }
+    if let Step::Put { .. } = step { None } else { step.dst() }
 }
 
 /// Whether a step after the current one of `lane` writes bytes of `src`
