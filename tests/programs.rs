@@ -75,6 +75,34 @@ fn a_program_with_one_sided_steps_runs_on_every_transport() {
     }
 }
 
+/// One-shot all-reduce of 2 ranks written with two get-reduces of
+/// different lengths on one channel (1 and 3 of its 4 elements): the
+/// staging of the second must not be the size of the first.
+const UNEVEN: &str = r#"{ "name": "uneven", "collective": {"kind": "all_reduce", "nranks": 2, "count": 4, "dtype": "float32"},
+  "ranks": [
+    {"channels": [[ {"op": "signal", "peer": 1}, {"op": "wait", "peer": 1},
+                    {"op": "get_reduce", "peer": 1, "src": "input[0..1]", "acc": "input[0..1]", "dst": "output[0..1]"},
+                    {"op": "get_reduce", "peer": 1, "src": "input[1..4]", "acc": "input[1..4]", "dst": "output[1..4]"},
+                    {"op": "signal", "peer": 1}, {"op": "wait", "peer": 1} ]]},
+    {"channels": [[ {"op": "signal", "peer": 0}, {"op": "wait", "peer": 0},
+                    {"op": "get_reduce", "peer": 0, "src": "input[0..1]", "acc": "input[0..1]", "dst": "output[0..1]"},
+                    {"op": "get_reduce", "peer": 0, "src": "input[1..4]", "acc": "input[1..4]", "dst": "output[1..4]"},
+                    {"op": "signal", "peer": 0}, {"op": "wait", "peer": 0} ]]} ] }"#;
+
+#[test]
+fn get_reduces_of_different_lengths_on_one_channel() {
+    let id = programs::register(Program::from_json(UNEVEN).unwrap()).unwrap();
+    for transport in [None, Some(Kind::Shm), Some(Kind::Tcp)] {
+        let cfg = Config { programs: vec![id], algo: Some("uneven".into()), ..oxccl_e2e::config(transport) };
+        on_threads(2, cfg, |c| {
+            for count in [4, 1000, 400_001] {
+                run_case(c, CollKind::AllReduce, DataType::Float32, count, ReduceOp::Sum, 0, false)?;
+            }
+            Ok(())
+        });
+    }
+}
+
 #[test]
 fn broken_programs_are_refused_naming_rank_and_step() {
     // Rank 1 reduces into the wrong half: output[0..2] ends up with rank
@@ -151,4 +179,10 @@ fn processes_load_programs_from_oxccl_algo_file() {
     let (ok, out) = output(spawn(&[], &id, 1, 0, "hand", &envs));
     assert!(!ok && out.contains("OXCCL_ALGO_FILE") && out.contains("hand.json") && out.contains("rank 1"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_readme_shows_this_program() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    assert!(readme.contains(README_PROGRAM.trim()), "README.md's JSON program differs from tests/programs/hand.json");
 }

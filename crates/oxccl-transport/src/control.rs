@@ -185,6 +185,16 @@ struct Op {
     error: Option<Error>,
 }
 
+impl Op {
+    /// Whether its data is in place (a read's) or acknowledged (a write's).
+    fn complete(&self) -> bool {
+        match self.kind {
+            OpKind::Read { .. } => self.got == self.len,
+            OpKind::Write => self.acked,
+        }
+    }
+}
+
 /// One rank's control plane: a link per peer it has one-sided business
 /// with, its emulated registrations and its operations in flight.
 pub struct Plane {
@@ -298,7 +308,7 @@ impl Plane {
     }
 
     /// Ends registration `id`: answers not yet written become failures,
-    /// one being written is finished with zeros (its region may be freed
+    /// one being written is finished from a copy (its region may be freed
     /// once this returns), and a put arriving into it is discarded.
     pub fn unregister(&mut self, id: u64) {
         self.regs.remove(&id);
@@ -352,23 +362,18 @@ impl Plane {
         let link = self.link(peer)?;
         let failed = link.failed.clone().or_else(|| link.tx_failed.clone());
         let op = self.ops.get(&id).expect("checked");
-        if let Some(e) = &op.error {
-            return Err(e.clone());
+        if op.complete() {
+            return Ok(true);
         }
-        let done = match op.kind {
-            OpKind::Read { .. } => op.got == op.len,
-            OpKind::Write => op.acked,
-        };
-        match (done, failed) {
-            (true, _) => Ok(true),
-            (false, Some(e)) => Err(e),
-            (false, None) => Ok(false),
+        match op.error.clone().or(failed) {
+            Some(e) => Err(e),
+            None => Ok(false),
         }
     }
 
     /// Drops operation `id` (finished, or its call failed): later answers
-    /// for it are discarded, and a put's source not yet written is no
-    /// longer read (its region may be freed once this returns).
+    /// for it are discarded, and a put's source still being written is
+    /// copied (its region may be freed once this returns).
     pub fn forget(&mut self, id: u64) {
         if let Some(op) = self.ops.remove(&id)
             && matches!(op.kind, OpKind::Write)
@@ -417,7 +422,7 @@ impl Plane {
                     Error::Remote(m) => Error::Remote(format!("one-sided traffic with rank {peer}: {m}")),
                     other => other,
                 };
-                for op in self.ops.values_mut().filter(|o| o.peer == peer) {
+                for op in self.ops.values_mut().filter(|o| o.peer == peer && !o.complete()) {
                     op.error.get_or_insert_with(|| e.clone());
                 }
                 let link = self.link(peer)?;
@@ -628,9 +633,10 @@ impl Plane {
     }
 }
 
-/// Stops reading the regions of the queued records `which` selects: one
-/// being written is finished with zeros; the others are dropped, and with
-/// `fail` the operation each answers gets a failure record instead.
+/// Stops reading the regions of the queued records `which` selects (they
+/// are still alive now, not afterwards): one being written is finished
+/// from a copy; the others are dropped, and with `fail` the operation each
+/// answers gets a failure record instead.
 fn cancel(link: &mut Link, which: impl Fn(&Out) -> bool, fail: bool) {
     let mut fails = Vec::new();
     link.out.retain_mut(|o| {
@@ -638,7 +644,9 @@ fn cancel(link: &mut Link, which: impl Fn(&Out) -> bool, fail: bool) {
             return true;
         }
         if o.begun {
-            o.payload = Payload::Bytes(vec![0; o.payload.len()]);
+            if let Payload::Region { region, .. } = o.payload {
+                o.payload = Payload::Bytes(region.read(<[u8]>::to_vec));
+            }
             return true;
         }
         fails.push(u64::from_le_bytes(o.hdr[16..24].try_into().expect("8 bytes")));

@@ -372,6 +372,16 @@ impl Fabric {
             moved |= self.senders.each_polled(&self.polled, |s| s.progress())?;
             moved |= self.receivers.each_polled(&self.polled, |r| r.progress())?;
         }
+        // Headers other providers held back for want of room (a 0-byte or
+        // by-reference message behind a full FIFO) go out when room frees.
+        for &i in &self.senders.live {
+            if let Some((p, s)) = &mut self.senders.slots[i]
+                && !self.polled[*p]
+                && !s.flushed()
+            {
+                moved |= s.progress()?;
+            }
+        }
         moved |= self.plane.progress()?;
         Ok(moved)
     }

@@ -183,6 +183,11 @@ pub trait Sender: Send {
     fn released(&self, _token: u64) -> bool {
         true
     }
+    /// The call that sent the messages of `send_from` failed and their
+    /// sources are about to go away: afterwards this end never reads them
+    /// (TCP keeps a copy of what it still has to send), and a receiver
+    /// that still reads one from there is told it was abandoned.
+    fn abandon(&mut self) {}
 }
 
 /// Arrived bytes of the incoming message, read in place.
@@ -219,6 +224,11 @@ pub trait Receiver: Send {
     fn recv_into(&mut self, dst: &Region) -> Result<(bool, bool)> {
         recv_by_peek(self, dst)
     }
+    /// The call that received into a `recv_into` destination failed and
+    /// the destination is about to go away: afterwards nothing is written
+    /// there (a message landing there is lost, and the connection is
+    /// failed: it is out of step).
+    fn abandon(&mut self) {}
 }
 
 /// [`Receiver::recv_into`] the plain way: copies what `peek` shows into

@@ -66,7 +66,10 @@ pub struct RingHeader {
     _line1: [u64; 7],
     head: AtomicU64,
     ref_acked: AtomicU64,
-    _line2: [u64; 6],
+    /// By-reference messages up to this token were abandoned by the sender
+    /// (its call failed): their sources may be gone.
+    ref_abandoned: AtomicU64,
+    _line2: [u64; 5],
 }
 
 #[cfg(not(loom))]
@@ -85,7 +88,8 @@ impl RingHeader {
             _line1: [0; 7],
             head: AtomicU64::new(0),
             ref_acked: AtomicU64::new(0),
-            _line2: [0; 6],
+            ref_abandoned: AtomicU64::new(0),
+            _line2: [0; 5],
         }
     }
 }
@@ -422,6 +426,15 @@ impl Producer {
         Ok(Some(self.ref_next))
     }
 
+    /// Marks every by-reference message sent so far and not yet read as
+    /// abandoned (its call failed; the source may go): the receiver fails
+    /// to read it rather than take what is there by then.
+    pub fn abandon_refs(&self) {
+        if !self.ref_done(self.ref_next) {
+            self.ring.hdr().ref_abandoned.store(self.ref_next, Ordering::Release);
+        }
+    }
+
     /// Whether the receiver allows by-reference messages.
     pub fn ref_allowed(&self) -> bool {
         self.ring.hdr().ref_ok.load(Ordering::Acquire) != 0
@@ -604,6 +617,14 @@ impl Consumer {
         self.bytes += (end as u64) - m.off;
         m.off = end as u64;
         if m.off == m.hdr.len {
+            // Read after the sender gave its source up: what was read may
+            // be anything.
+            if self.ring.hdr().ref_abandoned.load(Ordering::Acquire) >= m.hdr.token {
+                return Err(Error::Remote(format!(
+                    "{}: the sender abandoned a by-reference message of {} bytes (its call failed)",
+                    self.label, m.hdr.len
+                )));
+            }
             self.finish(m);
             self.ring.hdr().head.store(self.pos, Ordering::Release);
             self.bell.ring();
@@ -738,6 +759,12 @@ impl Receiver for Consumer {
             self.pos += n as u64;
         }
         if m.off == m.hdr.len {
+            if m.hdr.flags & FLAG_REF != 0 && self.ring.hdr().ref_abandoned.load(Ordering::Acquire) >= m.hdr.token {
+                return Err(Error::Remote(format!(
+                    "{}: the sender abandoned a by-reference message of {} bytes (its call failed)",
+                    self.label, m.hdr.len
+                )));
+            }
             self.finish(m);
         } else {
             self.cur = Some(m);

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 mod provider;
 pub use provider::{ShmFactory, ShmProvider};
 
-const _: () = assert!(REG_OFFSET + 8 * REG_SLOTS <= SEG_HEADER && REG_OFFSET >= BELL_OFFSET + 8);
+const _: () = assert!(BUSY_OFFSET + 8 * REG_SLOTS <= SEG_HEADER && REG_OFFSET >= BELL_OFFSET + 8);
 
 const SEG_MAGIC: u64 = 0x4f58_4343_4c53_484d; // "OXCCLSHM"
 const SEG_VERSION: u32 = 2;
@@ -56,6 +56,9 @@ const BELL_OFFSET: usize = 64;
 const REG_OFFSET: usize = 128;
 /// Registrations a rank can have at once.
 pub const REG_SLOTS: usize = 32;
+/// Per registration slot, how many peers are writing into it right now
+/// (after the tokens): the owner revoking a registration waits for them.
+const BUSY_OFFSET: usize = REG_OFFSET + 8 * REG_SLOTS;
 
 /// The fixed fields at the start of a segment (written once, before the
 /// segment gets its public name).
@@ -150,11 +153,21 @@ impl Segment {
 
     /// Registration slot `i`'s token word.
     fn reg_word(&self, i: usize) -> &AtomicU64 {
+        self.header_word(REG_OFFSET, i)
+    }
+
+    /// Registration slot `i`'s count of writers in progress.
+    fn busy_word(&self, i: usize) -> &AtomicU64 {
+        self.header_word(BUSY_OFFSET, i)
+    }
+
+    fn header_word(&self, base: usize, i: usize) -> &AtomicU64 {
         assert!(i < REG_SLOTS, "registration slot {i} of {REG_SLOTS}");
-        // SAFETY: REG_OFFSET + 8 * REG_SLOTS <= SEG_HEADER lies inside the
-        // mapping's header page, 8-aligned; every process accesses these
-        // words only atomically; the mapping outlives `&self`.
-        unsafe { &*(self.map.ptr.add(REG_OFFSET + 8 * i) as *const AtomicU64) }
+        // SAFETY: base + 8 * REG_SLOTS <= SEG_HEADER (checked at compile
+        // time for both bases) lies inside the mapping's header page,
+        // 8-aligned; every process accesses these words only atomically;
+        // the mapping outlives `&self`.
+        unsafe { &*(self.map.ptr.add(base + 8 * i) as *const AtomicU64) }
     }
 
     fn ring(&self, from: usize, ch: Channel) -> Result<Ring> {
@@ -277,9 +290,23 @@ impl Inbox {
         self.seg.doorbell()
     }
 
-    /// Sets registration slot `i` to `token` (0: free, revoked).
+    /// Sets registration slot `i` to `token` (a new registration).
     pub fn set_reg(&self, i: usize, token: u64) {
-        self.seg.reg_word(i).store(token, Ordering::Release);
+        self.seg.reg_word(i).store(token, Ordering::SeqCst);
+    }
+
+    /// Revokes registration slot `i` and waits (at most `limit`) until no
+    /// peer is still writing into it; false if one still was.
+    pub fn revoke(&self, i: usize, limit: std::time::Duration) -> bool {
+        self.seg.reg_word(i).store(0, Ordering::SeqCst);
+        let end = std::time::Instant::now() + limit;
+        while self.seg.busy_word(i).load(Ordering::SeqCst) != 0 {
+            if std::time::Instant::now() > end {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
     }
 
     /// Removes the name from `/dev/shm` (mappings stay valid). Call once
@@ -387,6 +414,23 @@ impl Outbox {
         self.seg.reg_word(i).load(Ordering::Acquire)
     }
 
+    /// Announces a write into the peer's registration slot `i`; false (and
+    /// nothing announced) if its token is no longer `token`. The peer does
+    /// not end the registration until [`end_write`](Outbox::end_write).
+    pub fn begin_write(&self, i: usize, token: u64) -> bool {
+        self.seg.busy_word(i).fetch_add(1, Ordering::SeqCst);
+        if self.seg.reg_word(i).load(Ordering::SeqCst) == token {
+            return true;
+        }
+        self.seg.busy_word(i).fetch_sub(1, Ordering::SeqCst);
+        false
+    }
+
+    /// Ends a write [`begin_write`](Outbox::begin_write) announced.
+    pub fn end_write(&self, i: usize) {
+        self.seg.busy_word(i).fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// The sending end to the peer on `ch` (once per process group).
     pub fn sender(&self, ch: Channel) -> Result<Box<dyn Sender>> {
         Ok(Box::new(self.shm_sender(ch)?))
@@ -462,6 +506,9 @@ impl Sender for ShmSender {
     }
     fn released(&self, token: u64) -> bool {
         self.ref_done(token)
+    }
+    fn abandon(&mut self) {
+        self.p.abandon_refs();
     }
 }
 

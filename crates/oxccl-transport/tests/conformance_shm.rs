@@ -323,3 +323,18 @@ fn one_sided_emulated_through_the_fifos() {
 fn send_from_and_recv_into() {
     conformance::send_from_and_recv_into(&Shm);
 }
+
+/// A by-reference message whose sender's call failed: the receiver fails
+/// to read it rather than take whatever the buffer holds by then.
+#[test]
+fn an_abandoned_by_reference_message_is_an_error() {
+    use oxccl_transport::region::Region;
+    let (mut s, mut r) = Shm.pair(2, 64 << 10);
+    let src = vec![5u8; 100_000];
+    assert!(s.takes_from(src.len()));
+    s.send_from(Region::of(&src)).unwrap().expect("by reference");
+    s.abandon();
+    let mut dst = vec![0u8; src.len()];
+    let e = r.recv_into(&Region::of_mut(&mut dst)).unwrap_err().to_string();
+    assert!(e.contains("abandoned"), "{e}");
+}

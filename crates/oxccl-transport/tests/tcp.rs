@@ -468,3 +468,71 @@ fn connecting_to_nobody_times_out_with_the_peer_named() {
     assert!(e.to_string().contains("rank 1") && e.to_string().contains(&dead.to_string()), "{e}");
     assert!(!tx.flushed());
 }
+
+/// A landing receive whose call failed: after `abandon` nothing is written
+/// into its destination, and the connection says it lost a message.
+#[test]
+fn an_abandoned_landing_writes_nothing() {
+    use oxccl_transport::region::Region;
+    let (mut tx, mut rx) = tcp_pair_with(3, opts(2, 64 << 10)).unwrap();
+    let mut dst = vec![7u8; 1 << 20];
+    let d = Region::of_mut(&mut dst);
+    assert_eq!(rx.recv_into(&d).unwrap(), (false, false), "nothing arrived yet");
+    rx.abandon();
+    let src = vec![1u8; 1 << 20];
+    send_all_from(&mut *tx, &src);
+    let deadline = Instant::now() + LIMIT;
+    let e = loop {
+        assert!(Instant::now() < deadline, "the receiver never said it lost the message");
+        tx.progress().unwrap();
+        if let Err(e) = rx.progress().and_then(|_| rx.peek().map(|_| ())) {
+            break e;
+        }
+    };
+    assert!(e.to_string().contains("lost a message"), "{e}");
+    assert!(dst.iter().all(|&b| b == 7), "an abandoned destination was written");
+}
+
+/// A message sent straight from its buffer whose call failed: after
+/// `abandon` the sender keeps a copy, so the buffer may change or go and
+/// the receiver still gets what was sent.
+#[test]
+fn an_abandoned_send_from_sends_what_it_had() {
+    use oxccl_transport::region::Region;
+    let (mut tx, mut rx) = tcp_pair_with(4, opts(2, 64 << 10)).unwrap();
+    let mut src: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
+    let want = src.clone();
+    let token = tx.send_from(Region::of(&src)).unwrap().expect("large messages go from the buffer");
+    tx.progress().unwrap();
+    tx.abandon();
+    src.iter_mut().for_each(|b| *b = 0);
+    drop(src);
+    let mut got = vec![0u8; want.len()];
+    let d = Region::of_mut(&mut got);
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        assert!(Instant::now() < deadline);
+        tx.progress().unwrap();
+        rx.progress().unwrap();
+        if rx.recv_into(&d).unwrap().1 {
+            break;
+        }
+    }
+    assert!(got == want, "the receiver got what the buffer held when it was sent");
+    assert!(tx.released(token));
+}
+
+fn send_all_from(tx: &mut dyn Sender, src: &[u8]) {
+    tx.begin(src.len()).unwrap();
+    let mut off = 0;
+    let deadline = Instant::now() + LIMIT;
+    while off < src.len() {
+        assert!(Instant::now() < deadline);
+        let room = tx.room(src.len() - off).unwrap();
+        let k = room.len();
+        room.copy_from_slice(&src[off..off + k]);
+        tx.commit(k).unwrap();
+        off += k;
+        tx.progress().unwrap();
+    }
+}

@@ -107,9 +107,10 @@ impl Shared {
             Some(e) => Err(e),
             None => run_job(self, fabric, job).map_err(|e| fabric.explain(e)),
         };
-        if let Err(e) = &result
-            && !matches!(e, Error::InvalidArgument(_) | Error::InvalidUsage(_))
-        {
+        // A call fails here only after it started moving bytes (its
+        // arguments were checked when it was planned): whatever the error,
+        // its connections may be out of step, so it poisons.
+        if let Err(e) = &result {
             self.set_poison(e);
         }
         tracing::debug!("{} op #{} {}: {:?}", self.who, job.label.seq, job.label, result.as_ref().map(|_| "done"));
@@ -162,8 +163,11 @@ fn main_loop(shared: &Shared) {
         }
         // Idle: keep flushing. A peer that is gone by now (it may have
         // finished and exited cleanly) is not an error until a call needs
-        // it; the bootstrap still reports deaths through async_error.
-        let _ = fabric.progress();
+        // it; the bootstrap still reports deaths through async_error. A
+        // poisoned communicator moves nothing more.
+        if shared.poisoned().is_none() {
+            let _ = fabric.progress();
+        }
         let flushed = fabric.flushed();
         drop(fabric);
         // Sleep on the kick, not on the fabric's doorbell: peers ring that

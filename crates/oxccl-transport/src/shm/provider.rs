@@ -358,8 +358,12 @@ impl Direct for ShmProvider {
         let token = u64::from_le_bytes(desc.key[8..16].try_into().expect("8 bytes"));
         if slot < REG_SLOTS && self.slots[slot] == token {
             self.slots[slot] = 0;
-            if let Some(i) = &self.inbox {
-                i.set_reg(slot, 0);
+            // A peer's write in progress ends before the caller may reuse
+            // its buffer (bounded: a peer that died mid-write never ends).
+            if let Some(i) = &self.inbox
+                && !i.revoke(slot, std::time::Duration::from_secs(2))
+            {
+                tracing::warn!("rank {}: a peer was still writing into a buffer this rank gave up", self.rank);
             }
         }
     }
@@ -372,7 +376,18 @@ impl Direct for ShmProvider {
     }
     fn write(&mut self, peer: usize, src: &Region, desc: &MemDesc, off: usize) -> Result<Pending> {
         let (pid, base) = (self.pids[peer], desc.addr as usize + off);
-        src.read(|s| self.cross(peer, desc, s.len(), "writing into", |at| vm_write_raw(pid, base + at, &s[at..])))?;
+        let (_, slot, token) = self.target(peer, desc)?;
+        // Announced, so the owner does not end the registration mid-write.
+        if !self.outbox(peer)?.begin_write(slot, token) {
+            return Err(Error::Remote(format!(
+                "rank {peer}'s buffer is no longer registered: it left the call (or failed) while this rank \
+                 still used it"
+            )));
+        }
+        let r =
+            src.read(|s| self.cross(peer, desc, s.len(), "writing into", |at| vm_write_raw(pid, base + at, &s[at..])));
+        self.outbox(peer)?.end_write(slot);
+        r?;
         Ok(Pending::Done)
     }
 }

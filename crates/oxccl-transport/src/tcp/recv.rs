@@ -477,4 +477,15 @@ impl Receiver for TcpReceiver {
         self.last_peek = 0;
         Ok((true, true))
     }
+
+    fn abandon(&mut self) {
+        if self.land.take().is_some() {
+            self.failed.get_or_insert_with(|| {
+                Error::InvalidUsage(format!(
+                    "rank {}: the connection from rank {} (channel {}) lost a message whose call failed",
+                    self.shared.me, self.peer, self.ch
+                ))
+            });
+        }
+    }
 }

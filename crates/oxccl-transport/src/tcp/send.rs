@@ -38,6 +38,9 @@ struct Job {
     /// The stripe's bytes in the caller's buffer (`send_from`), and the
     /// message's token.
     ext: Option<(Region, u64)>,
+    /// A copy of the stripe, once its call failed and the caller's buffer
+    /// may go ([`Sender::abandon`]; `ext` then points here).
+    kept: Option<Vec<u8>>,
 }
 
 impl Job {
@@ -323,7 +326,8 @@ impl Sender for TcpSender {
             let r = stripe_range(len64, self.nstripes, i);
             if i == 0 || r.end > r.start {
                 let hdr = Header::new(self.seq, len64, self.nstripes, i).encode();
-                let job = Job { hdr, hdr_sent: 0, pos: start + r.start, len: r.end - r.start, sent: 0, ext: None };
+                let len = r.end - r.start;
+                let job = Job { hdr, hdr_sent: 0, pos: start + r.start, len, sent: 0, ext: None, kept: None };
                 self.queues[usize::from(i)].push_back(job);
             }
         }
@@ -434,7 +438,8 @@ impl Sender for TcpSender {
             if i == 0 || r.end > r.start {
                 let hdr = Header::new(self.seq, len, self.nstripes, i).encode();
                 let part = src.sub(r.start as usize, (r.end - r.start) as usize)?;
-                let job = Job { hdr, hdr_sent: 0, pos: 0, len: r.end - r.start, sent: 0, ext: Some((part, token)) };
+                let (len, ext) = (r.end - r.start, Some((part, token)));
+                let job = Job { hdr, hdr_sent: 0, pos: 0, len, sent: 0, ext, kept: None };
                 self.queues[usize::from(i)].push_back(job);
             }
         }
@@ -447,5 +452,15 @@ impl Sender for TcpSender {
 
     fn released(&self, token: u64) -> bool {
         !self.queues.iter().flatten().any(|j| j.ext.is_some_and(|(_, t)| t == token))
+    }
+
+    fn abandon(&mut self) {
+        for j in self.queues.iter_mut().flatten() {
+            if let (Some((src, token)), None) = (j.ext, &j.kept) {
+                let copy = src.read(<[u8]>::to_vec);
+                j.ext = Some((Region::of(&copy), token));
+                j.kept = Some(copy);
+            }
+        }
     }
 }

@@ -152,6 +152,10 @@ fn drain(fabric: &mut Fabric, lane: &mut Lane, es: usize) -> Result<bool> {
     let mut moved = false;
     for d in &mut lane.deferred {
         let s = fabric.sender(d.peer, lane.wire)?;
+        if d.token.is_some() {
+            // Lets out a by-reference header a full FIFO held back.
+            moved |= s.progress()?;
+        }
         match d.token {
             Some(t) if s.released(t) => {
                 d.put = d.src.len();
@@ -281,6 +285,24 @@ pub(crate) fn release(fabric: &mut Fabric, tasks: &mut [Task]) {
         for lane in &mut t.lanes {
             if let Some(op) = lane.op.take() {
                 fabric.forget(op);
+            }
+            // Sends that may still read their sources, a receive that may
+            // still land in its destination (a failed call's).
+            let mut senders: Vec<usize> =
+                lane.deferred.drain(..).filter(|d| d.token.is_some()).map(|d| d.peer).collect();
+            match lane.steps.get(lane.pc) {
+                Some(Step::Send { peer, .. }) if lane.token.take().is_some() => senders.push(*peer),
+                Some(Step::Recv { peer, .. }) if lane.begun => {
+                    if let Ok(r) = fabric.receiver(*peer, lane.wire) {
+                        r.abandon();
+                    }
+                }
+                _ => {}
+            }
+            for p in senders {
+                if let Ok(s) = fabric.sender(p, lane.wire) {
+                    s.abandon();
+                }
             }
         }
         if let Some(e) = t.exposure.take() {

@@ -138,7 +138,10 @@ fn get_reduce_staged(
             return Ok((true, true));
         }
         let n = (len - lane.got).min(STAGE);
-        let stage = lane.stage.get_or_insert_with(|| Owned::zeroed(STAGE.min(len))).region().sub(0, n)?;
+        if lane.stage.as_ref().is_none_or(|s| s.len() < n) {
+            lane.stage = Some(Owned::zeroed(STAGE.min(len.max(n))));
+        }
+        let stage = lane.stage.as_mut().expect("made").region().sub(0, n)?;
         if lane.op.is_none() {
             lane.op = Some(fabric.read(peer, desc, off + lane.got, stage)?);
         }

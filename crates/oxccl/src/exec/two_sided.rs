@@ -84,8 +84,9 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
                 lane.begun = true;
             }
             if let Some(t) = lane.token {
+                let moved = s.progress()?;
                 let done = s.released(t);
-                return Ok((done, done));
+                return Ok((moved || done, done));
             }
             let moved = pump(s, &src, &mut lane.put, es)?;
             Ok((moved, lane.put == src.len()))
