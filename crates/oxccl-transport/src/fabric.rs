@@ -27,9 +27,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::provider::FabricOptions;
 
-/// Collective channels a connection set supports (plus [`P2P_CHANNEL`] and
-/// [`CONTROL_CHANNEL`]).
-pub const CHANNELS: usize = 16;
+pub use crate::CHANNELS;
 
 /// Connection slots per peer: the collective channels, p2p, control.
 const SLOTS: usize = CHANNELS + 2;

@@ -48,6 +48,7 @@
 //! caller's buffer into a raw view. Each block has a `// SAFETY:` comment.
 
 pub mod bootstrap;
+pub mod cma;
 pub mod conformance;
 pub mod control;
 pub mod fabric;
@@ -71,6 +72,10 @@ pub type Channel = u32;
 /// The channel that carries user send/recv: the n-th send from a rank to a
 /// peer matches the n-th receive from that rank at the peer.
 pub const P2P_CHANNEL: Channel = u32::MAX;
+
+/// Collective channels a connection set supports (plus [`P2P_CHANNEL`] and
+/// [`CONTROL_CHANNEL`]).
+pub const CHANNELS: usize = 16;
 
 /// The channel that carries the one-sided control plane between two ranks
 /// (signals, buffer descriptors, emulated gets and puts; see

@@ -6,10 +6,9 @@
 //! hands out two-sided connection ends ([`Sender`]/[`Receiver`], the FIFO
 //! contract), makes progress, says what the engine's wait loop sleeps on
 //! and which link parameters the tuner should use, and may offer native
-//! one-sided access ([`Direct`]) to memory peers registered. The
-//! [`Fabric`](crate::fabric::Fabric) drives factories from one table
-//! ([`crate::fabric::registry`]); nothing outside a provider matches on
-//! its [`Kind`].
+//! one-sided access ([`Direct`]) to memory peers registered. The fabric
+//! drives factories from one table (`fabric::registry`); nothing outside a
+//! provider matches on its [`Kind`].
 //!
 //! Setup is collective and has the same shape for every provider: every
 //! rank opens every factory of the table (also one that serves no peer),
@@ -19,7 +18,7 @@
 //!
 //! One-sided access without a native path (TCP) is emulated by the
 //! fabric's control plane over the provider's own connections
-//! ([`crate::control`]), so every program runs on every provider.
+//! (`control`), so every program runs on every provider.
 
 use crate::bootstrap::{Bootstrap, PeerInfo};
 use crate::futex::Doorbell;

@@ -568,7 +568,7 @@ pub struct Consumer {
 
 impl Consumer {
     /// Lets the producer send by-reference messages (read here with
-    /// [`crate::shm::vm_read`]).
+    /// [`crate::cma::vm_read`]).
     pub fn allow_ref(&self, allow: bool) {
         self.ring.hdr().ref_ok.store(allow as u32, Ordering::Release);
     }
@@ -604,7 +604,7 @@ impl Consumer {
         let end = (m.off + max as u64).min(m.hdr.len) as usize;
         let mut at = m.off as usize;
         while at < end {
-            let got = crate::shm::vm_read(m.hdr.pid as i32, m.hdr.addr as usize + at, &mut dst[at..end])
+            let got = crate::cma::vm_read(m.hdr.pid as i32, m.hdr.addr as usize + at, &mut dst[at..end])
                 .map_err(|e| Error::Remote(format!("{}: reading a by-reference message: {e}", self.label)))?;
             if got == 0 {
                 return Err(Error::Remote(format!(
@@ -709,7 +709,7 @@ impl Receiver for Consumer {
                 let mut done = 0;
                 while done < n {
                     let addr = m.hdr.addr as usize + m.off as usize + done;
-                    let got = crate::shm::vm_read(m.hdr.pid as i32, addr, &mut self.staging[done..n])
+                    let got = crate::cma::vm_read(m.hdr.pid as i32, addr, &mut self.staging[done..n])
                         .map_err(|e| Error::Remote(format!("{}: reading a by-reference message: {e}", self.label)))?;
                     if got == 0 {
                         return Err(Error::Remote(format!(

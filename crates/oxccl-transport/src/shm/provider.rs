@@ -14,11 +14,10 @@
 
 use super::{Inbox, Outbox, PidWatch, REG_SLOTS, vm_read, vm_read_permitted, vm_read_raw, vm_write_raw};
 use crate::bootstrap::PeerInfo;
-use crate::fabric::CHANNELS;
 use crate::futex::Doorbell;
 use crate::provider::{Direct, Factory, LinkCost, LinkParams, MemDesc, Pending, Provider, Setup, Wake};
 use crate::region::Region;
-use crate::{Channel, Error, Kind, Receiver, Result, Sender};
+use crate::{CHANNELS, Channel, Error, Kind, Receiver, Result, Sender};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Instant;
