@@ -268,6 +268,7 @@ impl Ring {
             last_peek: 0,
             bytes: 0,
             staging: Vec::new(),
+            staged: 0,
             stage_off: 0,
         })
     }
@@ -562,7 +563,10 @@ pub struct Consumer {
     cur: Option<CurMsg>,
     last_peek: usize,
     bytes: u64,
+    /// Where pieces of a by-reference message are read to (its first
+    /// `staged` bytes are valid; kept allocated between messages).
     staging: Vec<u8>,
+    staged: usize,
     stage_off: u64,
 }
 
@@ -593,7 +597,7 @@ impl Consumer {
         let Some(mut m) = self.cur.filter(|m| m.hdr.flags & FLAG_REF != 0) else {
             return Err(Error::Internal(format!("{}: no by-reference message to read", self.label)));
         };
-        if dst.len() as u64 != m.hdr.len || self.stage_off + self.staging.len() as u64 > m.off {
+        if dst.len() as u64 != m.hdr.len || self.stage_off + self.staged as u64 > m.off {
             return Err(Error::Internal(format!(
                 "{}: by-reference read of {} bytes into {}",
                 self.label,
@@ -672,7 +676,7 @@ impl Consumer {
         }
         self.pos += MSG_HEADER as u64;
         self.cur = Some(CurMsg { hdr, off: 0 });
-        self.staging.clear();
+        self.staged = 0;
         self.stage_off = 0;
         Ok(true)
     }
@@ -684,7 +688,7 @@ impl Consumer {
             self.pos = round_up(self.pos);
         }
         self.cur = None;
-        self.staging.clear();
+        self.staged = 0;
     }
 }
 
@@ -701,10 +705,13 @@ impl Receiver for Consumer {
             return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[] }));
         }
         if m.hdr.flags & FLAG_REF != 0 {
-            let staged_end = self.stage_off + self.staging.len() as u64;
+            let staged_end = self.stage_off + self.staged as u64;
             if m.off >= staged_end {
                 let n = (len - m.off).min(REF_STAGE as u64) as usize;
-                self.staging.resize(n, 0);
+                if self.staging.len() < n {
+                    self.staging.resize(n, 0);
+                }
+                self.staged = n;
                 self.stage_off = m.off;
                 let mut done = 0;
                 while done < n {
@@ -721,8 +728,9 @@ impl Receiver for Consumer {
                 }
             }
             let from = (m.off - self.stage_off) as usize;
-            self.last_peek = self.staging.len() - from;
-            return Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data: &self.staging[from..] }));
+            self.last_peek = self.staged - from;
+            let data = &self.staging[from..self.staged];
+            return Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data }));
         }
         let at = self.pos % self.ring.cap as u64;
         let n = (tail - self.pos).min(len - m.off).min(self.ring.cap as u64 - at) as usize;
