@@ -184,12 +184,13 @@ def rank_main(a):
     send_all = torch.zeros(maxel, dtype=dtype, device=dev)
     recv_all = torch.zeros(maxel, dtype=dtype, device=dev)
 
-    def setup(count, in_place):
-        """Buffers and the call for one size; None when there is no such form."""
+    def setup(count, in_place, at=0):
+        """Buffers (at element offset `at`) and the call for one size; None
+        when there is no such form."""
         whole = count * n if coll in SPLIT else count
         if whole == 0 and coll in SPLIT:
             return None  # Gloo fails on empty blocks
-        send, recv = send_all[:whole], recv_all[:whole]
+        send, recv = send_all[at:at + whole], recv_all[at:at + whole]
         if coll == "all_reduce":
             if in_place:
                 return recv, lambda: dist.all_reduce(recv, op=op), recv
@@ -295,6 +296,13 @@ def rank_main(a):
         count = nel // n if coll in SPLIT else nel
         sendlen = count * n if coll in ("reduce_scatter", "alltoall", "scatter") else count
         recvlen = count * n if coll in ("all_gather", "alltoall", "gather") else count
+        # Like nccl-tests (and oxccl-perf), iteration k works at offset
+        # total * (k % steps) of buffers -e bytes long: a sweep up to -e cycles
+        # through the same memory on every peer. The calls are built before
+        # the clock starts.
+        total = max(sendlen, recvlen)
+        steps = max(1, (a.maxbytes // tsize) // total) if total else 1
+        places = min(steps, max(a.warmup_iters, a.iters))
         cells = []
         for in_place in (False, True):
             form = setup(count, in_place)
@@ -302,21 +310,21 @@ def rank_main(a):
                 cells.append(f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}")
                 continue
             fill(form, count)
-            call = form[1]
-            for _ in range(a.warmup_iters):
-                call()
+            calls = [form[1]] + [setup(count, in_place, k * total)[1] for k in range(1, places)]
+            for k in range(a.warmup_iters):
+                calls[k % places]()
             sync()
             dist.barrier()
             sync()
             t0 = time.perf_counter()
-            for _ in range(a.iters):
-                call()
+            for k in range(a.iters):
+                calls[k % places]()
             sync()
             t = reduce_time((time.perf_counter() - t0) / a.iters)
             wrong = "N/A"
             if a.check:
                 fill(form, count)
-                call()
+                form[1]()
                 want = expected(count)
                 mine = 0 if want is None else int((form[2] != want.to(dtype).to(dev)).sum().item())
                 w = torch.tensor([mine], dtype=torch.int64, device=dev)

@@ -422,12 +422,23 @@ int main(int argc, char **argv) {
     if (me == 0)
       printf("%12zu  %12zu  %8s  %6s  %6d", (ns > nr ? ns : nr) * r.t->size, r.count, r.t->name,
              c->reduces ? OP_NAMES[r.op] : "none", c->rooted ? r.root : -1);
+    /* Like nccl-tests (and oxccl-perf), iteration k works at offset
+       total * (k % steps) of buffers -e bytes long, so a sweep up to -e
+       cycles through the same memory on every peer. */
+    size_t total = (ns > nr ? ns : nr) * r.t->size, steps = total ? maxb / total : 1;
+    if (steps < 1) steps = 1;
     for (int ip = 0; ip < 2; ip++) {
       prepare(c, &r, send, recv, ip);
-      for (int k = 0; k < warmup; k++) c->call(&r, send, recv, ip);
+      for (int k = 0; k < warmup; k++) {
+        size_t at = total * ((size_t)k % steps);
+        c->call(&r, send + at, recv + at, ip);
+      }
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
-      for (int k = 0; k < iters; k++) c->call(&r, send, recv, ip);
+      for (int k = 0; k < iters; k++) {
+        size_t at = total * ((size_t)k % steps);
+        c->call(&r, send + at, recv + at, ip);
+      }
       double mine = (MPI_Wtime() - t0) / iters, t;
       if (average == 0) {
         t = mine;
