@@ -267,34 +267,17 @@ fn bad_arguments_are_errors_and_change_nothing() {
         if !e.contains("peer 9 is out of range") {
             return Err(format!("peer: {e}"));
         }
-        let e = c
-            .collective_bytes(
-                CollKind::AllReduce,
-                None,
-                &mut [0u8; 8],
-                usize::MAX / 2,
-                DataType::Float32,
-                ReduceOp::Sum,
-                0,
-            )
-            .unwrap_err()
-            .to_string();
+        let huge = |kind| {
+            let count = usize::MAX / 2;
+            let e = c.collective_bytes(kind, None, &mut [0u8; 8], count, DataType::Float32, ReduceOp::Sum, 0);
+            e.unwrap_err().to_string()
+        };
+        let e = huge(CollKind::AllReduce);
         if !e.contains("overflow") && !e.contains("holds") {
             return Err(format!("overflow: {e}"));
         }
         // In place, the layout's offsets (rank × count) are checked, too.
-        let e = c
-            .collective_bytes(
-                CollKind::AllGather,
-                None,
-                &mut [0u8; 8],
-                usize::MAX / 2,
-                DataType::Float32,
-                ReduceOp::Sum,
-                0,
-            )
-            .unwrap_err()
-            .to_string();
+        let e = huge(CollKind::AllGather);
         if !e.contains("overflows") {
             return Err(format!("in-place overflow: {e}"));
         }

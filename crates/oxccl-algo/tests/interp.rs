@@ -59,6 +59,22 @@ fn every_algorithm_computes_its_collective_exactly() {
     }
 }
 
+/// 50 values per rank (f32 or bf16) whose sums round differently in
+/// different orders.
+fn order_sensitive(n: usize, dtype: DataType) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|r| {
+            (0..50)
+                .flat_map(|i| {
+                    let x = 1.0f32 / (1.0 + r as f32 * 0.37 + i as f32 * 1.91) * 1e3 + 1e-3 * r as f32;
+                    let b = x.to_le_bytes();
+                    if dtype == DataType::Float32 { b.to_vec() } else { b[2..].to_vec() }
+                })
+                .collect()
+        })
+        .collect()
+}
+
 #[test]
 fn all_reduce_gives_every_rank_the_same_bits() {
     // Values whose sums round differently in different orders.
@@ -67,17 +83,7 @@ fn all_reduce_gives_every_rank_the_same_bits() {
             for n in [2, 3, 4, 7, 8] {
                 let c = Collective::new(CollKind::AllReduce, n, 50).with_dtype(dtype);
                 let p = build(algo, &c, &BuildOptions { chunk_bytes: 64, max_chunks: 4 }).unwrap();
-                let inputs: Vec<Vec<u8>> = (0..n)
-                    .map(|r| {
-                        (0..50)
-                            .flat_map(|i| {
-                                let x = 1.0f32 / (1.0 + r as f32 * 0.37 + i as f32 * 1.91) * 1e3 + 1e-3 * r as f32;
-                                let b = x.to_le_bytes();
-                                if dtype == DataType::Float32 { b.to_vec() } else { b[2..].to_vec() }
-                            })
-                            .collect()
-                    })
-                    .collect();
+                let inputs = order_sensitive(n, dtype);
                 let out = run(&p, &[ReduceOp::Sum], &inputs).unwrap();
                 for (r, o) in out.iter().enumerate() {
                     assert_eq!(o, &out[0], "{algo} {dtype} on {n} ranks: rank {r} differs from rank 0");
@@ -93,17 +99,7 @@ fn direct_reduce_gives_the_same_bits_whatever_the_root() {
     // a sum in another order) would not.
     for dtype in [DataType::Float32, DataType::Bfloat16] {
         for n in [2, 3, 5, 8] {
-            let inputs: Vec<Vec<u8>> = (0..n)
-                .map(|r| {
-                    (0..50)
-                        .flat_map(|i| {
-                            let x = 1.0f32 / (1.0 + r as f32 * 0.37 + i as f32 * 1.91) * 1e3 + 1e-3 * r as f32;
-                            let b = x.to_le_bytes();
-                            if dtype == DataType::Float32 { b.to_vec() } else { b[2..].to_vec() }
-                        })
-                        .collect()
-                })
-                .collect();
+            let inputs = order_sensitive(n, dtype);
             let result = |algo: Algorithm, root: usize| {
                 let c = Collective::new(CollKind::Reduce, n, 50).with_dtype(dtype).with_root(root);
                 let p = build(algo, &c, &BuildOptions::default()).unwrap();
