@@ -24,6 +24,7 @@
 
 use crate::provider::{DESC_LEN, MemDesc};
 use crate::region::Region;
+use crate::wire::{u16_at, u32_at, u64_at};
 use crate::{Channel, Error, Receiver, Result, Sender};
 use std::collections::{HashMap, VecDeque};
 
@@ -73,22 +74,20 @@ impl Hdr {
     }
 
     fn decode(b: &[u8; HDR], peer: usize, msg_len: usize) -> Result<Hdr> {
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let h = Hdr {
-            kind: u16::from_le_bytes([b[4], b[5]]),
-            ch: u32_at(8),
-            count: u32_at(12),
-            id: u64_at(16),
-            reg: u64_at(24),
-            off: u64_at(32),
-            len: u64_at(40),
+            kind: u16_at(b, 4),
+            ch: u32_at(b, 8),
+            count: u32_at(b, 12),
+            id: u64_at(b, 16),
+            reg: u64_at(b, 24),
+            off: u64_at(b, 32),
+            len: u64_at(b, 40),
         };
         let payload = match h.kind {
             SIGNAL | GET | ACK => 0,
             _ => h.len,
         };
-        if u32_at(0) != MAGIC || !(SIGNAL..=FAIL).contains(&h.kind) || (msg_len - HDR) as u64 != payload {
+        if u32_at(b, 0) != MAGIC || !(SIGNAL..=FAIL).contains(&h.kind) || (msg_len - HDR) as u64 != payload {
             return Err(Error::Remote(format!(
                 "rank {peer} sent a malformed control record (kind {}, {msg_len} bytes): the peer runs a \
                  different oxccl version or its memory is corrupt",

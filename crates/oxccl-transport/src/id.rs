@@ -27,6 +27,7 @@ use std::str::FromStr;
 use parking_lot::Mutex;
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::wire::{u16_at, u32_at};
 use crate::{Error, Result};
 
 /// The environment variable naming the interface(s) to use.
@@ -133,7 +134,7 @@ impl UniqueId {
                 "not an oxccl UniqueId (bad magic): pass the id that rank 0's UniqueId::new (ncclGetUniqueId) made",
             ));
         }
-        let version = u16::from_le_bytes([bytes[OFF_VERSION], bytes[OFF_VERSION + 1]]);
+        let version = u16_at(bytes, OFF_VERSION);
         if version != VERSION {
             return Err(Error::invalid(format!(
                 "UniqueId version {version} is not supported by this oxccl (version {VERSION}): \
@@ -164,8 +165,7 @@ impl UniqueId {
         } else {
             let mut o = [0u8; 16];
             o.copy_from_slice(&b[OFF_IP..OFF_IP + 16]);
-            let u32_at = |off: usize| u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
-            SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(o), port, u32_at(OFF_FLOWINFO), u32_at(OFF_SCOPE)))
+            SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(o), port, u32_at(b, OFF_FLOWINFO), u32_at(b, OFF_SCOPE)))
         }
     }
 }

@@ -23,6 +23,7 @@
 use crate::bootstrap::{Bootstrap, PeerInfo};
 use crate::futex::Doorbell;
 use crate::region::Region;
+use crate::wire::{u32_at, u64_at};
 use crate::{Channel, Error, Kind, Receiver, Result, Sender};
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -290,16 +291,15 @@ impl MemDesc {
         if b[1] > 1 {
             return Err(bad("bad flags"));
         }
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let mut key = [0u8; 64];
         key.copy_from_slice(&b[32..96]);
         Ok(MemDesc {
             kind,
-            owner: u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")),
+            owner: u32_at(b, 4),
             writable: b[1] == 1,
-            emu_id: u64_at(8),
-            addr: u64_at(16),
-            len: u64_at(24),
+            emu_id: u64_at(b, 8),
+            addr: u64_at(b, 16),
+            len: u64_at(b, 24),
             key,
         })
     }

@@ -32,6 +32,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::futex::{AtomicU32, AtomicU64, Doorbell, Ordering};
+use crate::wire::{u32_at, u64_at};
 use crate::{Channel, Error, Piece, Receiver, Result, Sender};
 
 /// Bytes reserved for the [`RingHeader`] in front of the data area.
@@ -305,16 +306,14 @@ impl Header {
     }
 
     fn decode(b: &[u8; MSG_HEADER], label: Label) -> Result<Header> {
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
-        let (magic, flags, len) = (u32_at(0), u32_at(4), u64_at(8));
+        let (magic, flags, len) = (u32_at(b, 0), u32_at(b, 4), u64_at(b, 8));
         if magic != MSG_MAGIC || len > MAX_MSG || flags & !FLAG_REF != 0 {
             return Err(Error::Remote(format!(
                 "{label} sent a malformed message header (magic {magic:#x}, flags {flags:#x}, length {len}): \
                  the FIFO is corrupt or the peer runs a different oxccl version"
             )));
         }
-        Ok(Header { flags, len, pid: u32_at(16), addr: u64_at(24), token: u64_at(32) })
+        Ok(Header { flags, len, pid: u32_at(b, 16), addr: u64_at(b, 24), token: u64_at(b, 32) })
     }
 }
 

@@ -49,15 +49,17 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     h
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
+/// The little-endian integers at byte `at` of `b` (every fixed-layout
+/// record of this crate reads its fields with these).
+pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[at..at + 8]);
     u64::from_le_bytes(a)

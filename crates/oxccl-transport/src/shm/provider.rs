@@ -17,6 +17,7 @@ use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
 use crate::provider::{Direct, Factory, LinkCost, LinkParams, MemDesc, Pending, Provider, Setup, Wake};
 use crate::region::Region;
+use crate::wire::{u32_at, u64_at};
 use crate::{CHANNELS, Channel, Error, Kind, Receiver, Result, Sender};
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -175,9 +176,7 @@ impl ShmProvider {
     /// Where a descriptor points: (pid, slot, token), checked against what
     /// this rank knows of the owner.
     fn target(&self, peer: usize, desc: &MemDesc) -> Result<(i32, usize, u64)> {
-        let pid = i32::from_le_bytes(desc.key[0..4].try_into().expect("4 bytes"));
-        let slot = u32::from_le_bytes(desc.key[4..8].try_into().expect("4 bytes")) as usize;
-        let token = u64::from_le_bytes(desc.key[8..16].try_into().expect("8 bytes"));
+        let (pid, slot, token) = key_fields(desc);
         if desc.kind != Some(Kind::Shm) || pid != self.pids[peer] || slot >= REG_SLOTS || token == 0 {
             return Err(Error::Remote(format!(
                 "rank {peer} sent a shared-memory descriptor for pid {pid}, slot {slot}: it is not rank {peer}'s \
@@ -353,8 +352,7 @@ impl Direct for ShmProvider {
         Ok(())
     }
     fn unregister(&mut self, desc: &MemDesc) {
-        let slot = u32::from_le_bytes(desc.key[4..8].try_into().expect("4 bytes")) as usize;
-        let token = u64::from_le_bytes(desc.key[8..16].try_into().expect("8 bytes"));
+        let (_, slot, token) = key_fields(desc);
         if slot < REG_SLOTS && self.slots[slot] == token {
             self.slots[slot] = 0;
             // A peer's write in progress ends before the caller may reuse
@@ -389,4 +387,10 @@ impl Direct for ShmProvider {
         r?;
         Ok(Pending::Done)
     }
+}
+
+/// A shared-memory descriptor's key as registered: (pid, registration
+/// slot, revocation token), unchecked.
+fn key_fields(desc: &MemDesc) -> (i32, usize, u64) {
+    (u32_at(&desc.key, 0) as i32, u32_at(&desc.key, 4) as usize, u64_at(&desc.key, 8))
 }
