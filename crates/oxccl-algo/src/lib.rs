@@ -24,8 +24,6 @@
 //!   piece), with the argument why verification carries over.
 //! - [`exact`]: inputs every reduction order reduces bit for bit, and the
 //!   reference to check any rank's output against.
-//! - [`scale`]: runs a program written for one count at any count, with
-//!   the argument why the verifier's proof carries over.
 //!
 //! ```
 //! use oxccl_algo::{algos::{build, Algorithm}, verify::verify, CollKind, Collective};

@@ -32,8 +32,6 @@ pub struct Call<B> {
     pub input: B,
     /// This rank's output: exactly `output_len` elements.
     pub output: B,
-    /// Whether input and output live in one buffer (NCCL's in-place call).
-    pub in_place: bool,
 }
 
 impl<B: Span> Call<B> {
@@ -56,7 +54,7 @@ impl<B: Span> Call<B> {
         let ((ia, il), (oa, ol)) = spans(&coll, op, rank, send.map(|s| s.len()), recv.len())?;
         let input = send.unwrap_or(recv).sub(ia, il)?;
         let output = recv.sub(oa, ol)?;
-        Ok(Call { kind, count, dtype, op, root, rank, nranks, input, output, in_place: send.is_none() })
+        Ok(Call { kind, count, dtype, op, root, rank, nranks, input, output })
     }
 
     /// The same call on other buffers (a staged device call's host copy).
@@ -71,7 +69,6 @@ impl<B: Span> Call<B> {
             nranks: self.nranks,
             input,
             output,
-            in_place: self.in_place,
         }
     }
 }
@@ -171,7 +168,7 @@ mod tests {
             4,
         )
         .unwrap();
-        assert_eq!((c.input.len(), c.output.len(), c.in_place), (16, 64, false));
+        assert_eq!((c.input.len(), c.output.len()), (16, 64));
         let whole = Region::of_mut(&mut recv);
         let c = Call::new(CollKind::AllGather, 4, DataType::Float32, ReduceOp::Sum, 0, None, whole, 1, 4).unwrap();
         assert_eq!(c.input.addr(), whole.addr() + 16, "rank 1's block is its input");

@@ -236,7 +236,7 @@ impl Communicator {
     /// The error a device kernel recorded, which poisons the communicator.
     fn device_error(&self) -> Option<Error> {
         let dc = self.inner.device.lock().clone()?;
-        let e = dc.failure(&self.inner.shared.who)?;
+        let e = dc.failure()?;
         self.inner.shared.set_poison(&e);
         self.inner.shared.poisoned()
     }

@@ -91,7 +91,7 @@ impl Cache {
             coll.size_bytes(),
             coll.dtype,
             coll.nranks,
-            tuner.name(choice),
+            choice,
             if forced.is_some() { "" } else { " (the tuner's pick)" }
         );
         let part = Arc::new(Part::of(choice, prog, rank));

@@ -50,6 +50,11 @@ const HOST_REDUCE_BW: f64 = 10e9;
 /// Bytes per second of a local copy (one-shot copies its result out).
 const HOST_COPY_BW: f64 = 10e9;
 
+/// `t` with a host core's reduce and copy rates.
+fn on_host(t: Topology) -> Topology {
+    t.with_reduce_bw(HOST_REDUCE_BW).with_copy_bw(HOST_COPY_BW)
+}
+
 fn is_one_sided(a: Algorithm) -> bool {
     matches!(a, Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Direct)
 }
@@ -195,9 +200,7 @@ impl Tuner {
         let intra = intra.or(inter).unwrap_or(fallback);
         let inter = inter.unwrap_or(intra);
         let topo = |f: fn(&LinkParams) -> LinkCost| {
-            Topology::new(nodes.max(1), per_node.max(1), link(f(&intra)), link(f(&inter)))
-                .with_reduce_bw(HOST_REDUCE_BW)
-                .with_copy_bw(HOST_COPY_BW)
+            on_host(Topology::new(nodes.max(1), per_node.max(1), link(f(&intra)), link(f(&inter))))
         };
         let t = Tuner { two: topo(|l| l.fifo), one: topo(|l| l.one_sided), filter, programs, fifo };
         t.filter.check(|k| t.candidates(k))?;
@@ -215,11 +218,6 @@ impl Tuner {
     /// Whether the filter lets `algo` run `kind`.
     pub fn allows(&self, kind: CollKind, algo: Algorithm) -> bool {
         self.filter.allows(kind, Choice::Builtin(algo))
-    }
-
-    /// The name of a choice, for logs.
-    pub fn name(&self, c: Choice) -> String {
-        c.to_string()
     }
 
     /// The algorithm for `coll`, or an error when the filter leaves none.
@@ -265,9 +263,7 @@ impl Tuner {
         if topo.nranks() == coll.nranks {
             return topo;
         }
-        Topology::one_rank_per_node(coll.nranks, topo.bottleneck())
-            .with_reduce_bw(HOST_REDUCE_BW)
-            .with_copy_bw(HOST_COPY_BW)
+        on_host(Topology::one_rank_per_node(coll.nranks, topo.bottleneck()))
     }
 
     /// The predicted time of `c` for `coll`, if there is a model for it.

@@ -14,11 +14,7 @@
 //!
 //! [`Collective::size_bytes`]: crate::Collective::size_bytes
 
-use super::Link;
-
-fn nf(n: usize) -> f64 {
-    n as f64
-}
+use super::{Link, nf};
 
 /// Seconds from issuing `m` reads of `d` seconds each, back to back over
 /// one port with latency `lat`, until the reductions that follow them are

@@ -222,7 +222,7 @@ impl<'a> Machine<'a> {
                         }
                     }
                     let remote = step.one_sided_peer();
-                    if let Some(dst) = destination(step).filter(|d| d.buf == Buf::Input) {
+                    if let Some(dst) = step.dst().filter(|d| d.buf == Buf::Input) {
                         return Err(bad(format!("writes {dst}: the input buffer is the caller's and read-only")));
                     }
                     let (local, far, lens) = operands(step);
@@ -419,11 +419,6 @@ fn read_write_pairs(step: &Step) -> Vec<(&Slice, &Slice)> {
         Step::GetReduce { acc, dst, .. } => vec![(acc, dst)],
         _ => vec![],
     }
-}
-
-/// The slice a step writes, if any (for `put`, the peer's).
-fn destination(step: &Step) -> Option<&Slice> {
-    step.dst()
 }
 
 /// A step's local slices, its remote slice, and the lengths that must agree.

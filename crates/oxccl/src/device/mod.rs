@@ -131,9 +131,8 @@ impl DeviceComm {
     }
 
     /// The error a kernel recorded, if any.
-    pub fn failure(&self, who: &str) -> Option<Error> {
-        let status = self.dev.words().status();
-        (status != 0).then(|| status_error(who, status))
+    pub fn failure(&self) -> Option<Error> {
+        self.stager.failure()
     }
 
     /// Enqueues `call` on the direct path if it takes it: `Ok(true)`.

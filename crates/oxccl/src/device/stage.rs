@@ -78,6 +78,11 @@ impl Stager {
         Stager { dev, counters, chunk: chunk.max(1), timeout, pool: Mutex::new(Pool::default()) }
     }
 
+    /// The error a kernel recorded, if any.
+    pub fn failure(&self) -> Option<Error> {
+        self.counters.failure()
+    }
+
     /// Enqueues `call` on `stream` and returns the host jobs to queue, in
     /// order (each planned by `plan` from a host call on staging memory):
     /// the caller submits them and returns at once. Nothing is enqueued
@@ -121,7 +126,6 @@ impl Stager {
             let (o, _) = piece(&hout, &call.output, (a, b))?;
             let mut host = call.with_buffers(i, o);
             host.count = n;
-            host.in_place = false;
             let mut job = plan(&host)?;
             job.pre.insert(0, Action::Await { dev: self.counters.clone(), word: word::D2H, value: v });
             job.post.push(Action::Signal { dev: self.counters.clone(), word: word::H2D, value: v });

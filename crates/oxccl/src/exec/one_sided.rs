@@ -139,7 +139,7 @@ fn get_reduce_staged(
         }
         let n = (len - lane.got).min(STAGE);
         if lane.stage.as_ref().is_none_or(|s| s.len() < n) {
-            lane.stage = Some(Owned::zeroed(STAGE.min(len.max(n))));
+            lane.stage = Some(Owned::zeroed(STAGE.min(len)));
         }
         let stage = lane.stage.as_mut().expect("made").region().sub(0, n)?;
         if lane.op.is_none() {

@@ -70,12 +70,11 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
         }
         Step::Send { peer, src } => {
             let src = reg(src)?;
-            let later = fabric.sender(*peer, wire)?.takes_from(src.len()) && rewritten_later(lane, &bufs, &src, es)?;
             let s = fabric.sender(*peer, wire)?;
             if !lane.begun {
                 // Large messages straight from their source where the
                 // provider takes them and no later step rewrites it.
-                if s.takes_from(src.len()) && !later {
+                if s.takes_from(src.len()) && !rewritten_later(lane, &bufs, &src, es)? {
                     lane.token = s.send_from(src)?;
                 }
                 if lane.token.is_none() {
@@ -100,12 +99,8 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
             lane.begun = true;
             Ok((moved, done))
         }
-        Step::RecvReduce { peer, dst, .. } => {
-            let d = reg(dst)?;
-            let local = match step {
-                Step::RecvReduce { src, .. } => Some(reg(src)?),
-                _ => None,
-            };
+        Step::RecvReduce { peer, src, dst } => {
+            let (d, l) = (reg(dst)?, reg(src)?);
             let r = fabric.receiver(*peer, wire)?;
             let mut moved = false;
             while let Some(piece) = r.peek()? {
@@ -118,16 +113,7 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
                     break;
                 }
                 let out = d.sub(lane.got, n)?;
-                match local {
-                    None => out.write(|o| o.copy_from_slice(&piece.data[..n]))?,
-                    Some(l) => buf::reduce(
-                        dtype,
-                        op,
-                        &out,
-                        Operand::Region(l.sub(lane.got, n)?),
-                        Operand::Bytes(&piece.data[..n]),
-                    )?,
-                }
+                buf::reduce(dtype, op, &out, Operand::Region(l.sub(lane.got, n)?), Operand::Bytes(&piece.data[..n]))?;
                 r.consume(n)?;
                 lane.got += n;
                 moved = true;
