@@ -19,6 +19,7 @@ use crate::control::Plane;
 use crate::futex::Doorbell;
 use crate::provider::{Factory, LinkCost, LinkParams, MemDesc, Pending, Provider, Setup};
 use crate::region::Region;
+use crate::wire::u64_at;
 use crate::{CONTROL_CHANNEL, Channel, Kind, P2P_CHANNEL, PeerStats, Receiver, Sender};
 use oxccl_core::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
@@ -29,8 +30,9 @@ pub use crate::provider::FabricOptions;
 
 pub use crate::CHANNELS;
 
-/// Connection slots per peer: the collective channels, p2p, control.
-const SLOTS: usize = CHANNELS + 2;
+/// Connection slots per peer: the collective channels and p2p (the
+/// control plane holds its own ends).
+const SLOTS: usize = CHANNELS + 1;
 
 /// The providers, in order of preference.
 pub fn registry() -> Vec<Box<dyn Factory>> {
@@ -47,6 +49,8 @@ pub struct Fabric {
     /// Per rank: the provider that carries traffic with it (this rank: the
     /// in-process one, for messages to itself).
     carrier: Vec<usize>,
+    /// Per provider: whether it carries traffic with another rank.
+    serving: Vec<bool>,
     /// Providers whose connections move bytes only when polled.
     polled: Vec<bool>,
     bell: Doorbell,
@@ -101,7 +105,6 @@ fn slot(peer: usize, ch: Channel) -> usize {
     peer * SLOTS
         + match ch {
             P2P_CHANNEL => CHANNELS,
-            CONTROL_CHANNEL => CHANNELS + 1,
             c => c as usize,
         }
 }
@@ -151,16 +154,10 @@ fn worst(a: LinkParams, b: LinkParams) -> LinkParams {
 /// Every rank's link parameters per provider, all-gathered: each
 /// provider's worst over the ranks it serves. Providers may measure their
 /// links; the tuner must decide alike on every rank, so they agree first.
-fn agree(
-    boot: &Bootstrap,
-    providers: &[Box<dyn Provider>],
-    serves: &[Vec<bool>],
-    rank: usize,
-) -> Result<Vec<LinkParams>> {
+fn agree(boot: &Bootstrap, providers: &[Box<dyn Provider>], serving: &[bool]) -> Result<Vec<LinkParams>> {
     let mut mine = Vec::with_capacity(providers.len() * 41);
-    for (p, s) in providers.iter().zip(serves) {
+    for (p, &any) in providers.iter().zip(serving) {
         let l = p.link();
-        let any = s.iter().enumerate().any(|(r, &on)| on && r != rank);
         mine.push(u8::from(any) | (u8::from(l.native) << 1));
         for v in [l.fifo.bw, l.fifo.lat, l.one_sided.bw, l.one_sided.lat, 0.0] {
             mine.extend_from_slice(&v.to_le_bytes());
@@ -177,7 +174,7 @@ fn agree(
             if rec[0] & 1 == 0 {
                 continue;
             }
-            let f = |k: usize| f64::from_le_bytes(rec[1 + 8 * k..9 + 8 * k].try_into().expect("8 bytes"));
+            let f = |k: usize| f64::from_bits(u64_at(rec, 1 + 8 * k));
             let l = LinkParams {
                 fifo: LinkCost { bw: f(0), lat: f(1) },
                 one_sided: LinkCost { bw: f(2), lat: f(3) },
@@ -239,7 +236,8 @@ impl Fabric {
         for p in &mut providers {
             p.ready()?;
         }
-        let links = agree(&boot, &providers, &serves, rank)?;
+        let serving: Vec<bool> = serves.iter().map(|s| s.iter().enumerate().any(|(r, &on)| on && r != rank)).collect();
+        let links = agree(&boot, &providers, &serving)?;
         let mut hosts: BTreeMap<&str, usize> = BTreeMap::new();
         for p in &peers {
             *hosts.entry(p.host.as_str()).or_default() += 1;
@@ -253,6 +251,7 @@ impl Fabric {
             providers,
             links,
             carrier,
+            serving,
             polled,
             bell,
             senders: Table::new(n),
@@ -314,7 +313,7 @@ impl Fabric {
         if peer >= self.carrier.len() {
             return Err(Error::invalid(format!("rank {}: peer {peer} out of range", self.rank)));
         }
-        if ch as usize >= CHANNELS && ch != P2P_CHANNEL && ch != CONTROL_CHANNEL {
+        if ch as usize >= CHANNELS && ch != P2P_CHANNEL {
             return Err(Error::invalid(format!(
                 "rank {}: channel {ch} is beyond the {CHANNELS} channels a connection set has",
                 self.rank
@@ -433,12 +432,10 @@ impl Fabric {
     pub fn wait_bell(&mut self, seen: u32, timeout: Duration) {
         let mut rings = false;
         let mut fds = Vec::new();
-        for (i, p) in self.providers.iter().enumerate() {
-            if self.carrier.iter().enumerate().any(|(r, &c)| c == i && r != self.rank) {
-                let w = p.wake();
-                rings |= w.rings_bell;
-                fds.extend(w.fds);
-            }
+        for (p, _) in self.providers.iter().zip(&self.serving).filter(|(_, s)| **s) {
+            let w = p.wake();
+            rings |= w.rings_bell;
+            fds.extend(w.fds);
         }
         if fds.is_empty() {
             self.bell.wait(seen, timeout);
@@ -466,16 +463,15 @@ impl Fabric {
     /// Payload bytes per peer and provider (control traffic not counted).
     pub fn stats(&self) -> Vec<PeerStats> {
         let mut by: BTreeMap<usize, PeerStats> = BTreeMap::new();
-        let control = slot(0, CONTROL_CHANNEL);
         let blank = |p: usize| PeerStats {
             peer: p,
             kind: Some(self.providers[self.carrier[p]].kind()),
             ..PeerStats::default()
         };
-        for (p, _, _, s) in self.senders.iter().filter(|c| c.1 != control) {
+        for (p, _, _, s) in self.senders.iter() {
             by.entry(p).or_insert_with(|| blank(p)).sent += s.bytes();
         }
-        for (p, _, _, r) in self.receivers.iter().filter(|c| c.1 != control) {
+        for (p, _, _, r) in self.receivers.iter() {
             by.entry(p).or_insert_with(|| blank(p)).recv += r.bytes();
         }
         for (p, &(put, got)) in self.one_sided.iter().enumerate().filter(|(_, c)| c.0 + c.1 > 0) {

@@ -236,6 +236,15 @@ pub trait Receiver: Send {
     fn abandon(&mut self) {}
 }
 
+/// What a receiver says of a message whose length is not the one its step
+/// expects (callers name the peer where they know it).
+pub fn wrong_length(got: impl std::fmt::Display, want: usize) -> String {
+    format!(
+        "a message of {got} bytes arrived where {want} were expected: the ranks are running different operations \
+         (set OXCCL_CHECK=1 to find the rank that differs)"
+    )
+}
+
 /// [`Receiver::recv_into`] the plain way: copies what `peek` shows into
 /// `dst` and consumes it; (anything moved, complete). Providers that
 /// override `recv_into` fall back to it for messages they cannot land.
@@ -243,12 +252,7 @@ pub fn recv_by_peek<R: Receiver + ?Sized>(r: &mut R, dst: &Region) -> Result<(bo
     let mut moved = false;
     while let Some(piece) = r.peek()? {
         if piece.msg_len != dst.len() {
-            return Err(Error::Remote(format!(
-                "a message of {} bytes arrived where {} were expected: the ranks are running different \
-                 operations (set OXCCL_CHECK=1 to find the rank that differs)",
-                piece.msg_len,
-                dst.len()
-            )));
+            return Err(Error::Remote(wrong_length(piece.msg_len, dst.len())));
         }
         let (off, n) = (piece.offset, piece.data.len());
         dst.sub(off, n)?.write(|d| d.copy_from_slice(piece.data))?;

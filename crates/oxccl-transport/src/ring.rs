@@ -415,7 +415,7 @@ impl Producer {
     pub fn send_ref(&mut self, pid: u32, addr: u64, len: usize) -> Result<Option<u64>> {
         self.check_peer()?;
         self.check_idle(|| "send_ref".into())?;
-        if self.ring.hdr().ref_ok.load(Ordering::Acquire) == 0 {
+        if !self.ref_allowed() {
             return Ok(None);
         }
         self.ref_next += 1;
@@ -605,29 +605,11 @@ impl Consumer {
             )));
         }
         let end = (m.off + max as u64).min(m.hdr.len) as usize;
-        let mut at = m.off as usize;
-        while at < end {
-            let got = crate::cma::vm_read(m.hdr.pid as i32, m.hdr.addr as usize + at, &mut dst[at..end])
-                .map_err(|e| Error::Remote(format!("{}: reading a by-reference message: {e}", self.label)))?;
-            if got == 0 {
-                return Err(Error::Remote(format!(
-                    "{}: by-reference message of {} bytes at {:#x} in pid {} is no longer readable",
-                    self.label, m.hdr.len, m.hdr.addr, m.hdr.pid
-                )));
-            }
-            at += got;
-        }
+        read_remote(self.label, &m.hdr, m.off as usize, &mut dst[m.off as usize..end])?;
         self.bytes += (end as u64) - m.off;
         m.off = end as u64;
         if m.off == m.hdr.len {
-            // Read after the sender gave its source up: what was read may
-            // be anything.
-            if self.ring.hdr().ref_abandoned.load(Ordering::Acquire) >= m.hdr.token {
-                return Err(Error::Remote(format!(
-                    "{}: the sender abandoned a by-reference message of {} bytes (its call failed)",
-                    self.label, m.hdr.len
-                )));
-            }
+            self.check_abandoned(&m)?;
             self.finish(m);
             self.ring.hdr().head.store(self.pos, Ordering::Release);
             self.bell.ring();
@@ -680,6 +662,18 @@ impl Consumer {
         Ok(true)
     }
 
+    /// A by-reference message read to its end after the sender gave its
+    /// source up (its call failed): what was read may be anything.
+    fn check_abandoned(&self, m: &CurMsg) -> Result<()> {
+        if self.ring.hdr().ref_abandoned.load(Ordering::Acquire) >= m.hdr.token {
+            return Err(Error::Remote(format!(
+                "{}: the sender abandoned a by-reference message of {} bytes (its call failed)",
+                self.label, m.hdr.len
+            )));
+        }
+        Ok(())
+    }
+
     fn finish(&mut self, m: CurMsg) {
         if m.hdr.flags & FLAG_REF != 0 {
             self.ring.hdr().ref_acked.store(m.hdr.token, Ordering::Release);
@@ -689,6 +683,24 @@ impl Consumer {
         self.cur = None;
         self.staged = 0;
     }
+}
+
+/// Reads `dst.len()` bytes at offset `at` of by-reference message `hdr`
+/// straight from the sender's memory.
+fn read_remote(label: Label, hdr: &Header, at: usize, dst: &mut [u8]) -> Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let got = crate::cma::vm_read(hdr.pid as i32, hdr.addr as usize + at + done, &mut dst[done..])
+            .map_err(|e| Error::Remote(format!("{label}: reading a by-reference message: {e}")))?;
+        if got == 0 {
+            return Err(Error::Remote(format!(
+                "{label}: by-reference message of {} bytes at {:#x} in pid {} is no longer readable",
+                hdr.len, hdr.addr, hdr.pid
+            )));
+        }
+        done += got;
+    }
+    Ok(())
 }
 
 impl Receiver for Consumer {
@@ -712,19 +724,7 @@ impl Receiver for Consumer {
                 }
                 self.staged = n;
                 self.stage_off = m.off;
-                let mut done = 0;
-                while done < n {
-                    let addr = m.hdr.addr as usize + m.off as usize + done;
-                    let got = crate::cma::vm_read(m.hdr.pid as i32, addr, &mut self.staging[done..n])
-                        .map_err(|e| Error::Remote(format!("{}: reading a by-reference message: {e}", self.label)))?;
-                    if got == 0 {
-                        return Err(Error::Remote(format!(
-                            "{}: by-reference message of {len} bytes at {:#x} in pid {} is no longer readable",
-                            self.label, m.hdr.addr, m.hdr.pid
-                        )));
-                    }
-                    done += got;
-                }
+                read_remote(self.label, &m.hdr, m.off as usize, &mut self.staging[..n])?;
             }
             let from = (m.off - self.stage_off) as usize;
             self.last_peek = self.staged - from;
@@ -766,11 +766,8 @@ impl Receiver for Consumer {
             self.pos += n as u64;
         }
         if m.off == m.hdr.len {
-            if m.hdr.flags & FLAG_REF != 0 && self.ring.hdr().ref_abandoned.load(Ordering::Acquire) >= m.hdr.token {
-                return Err(Error::Remote(format!(
-                    "{}: the sender abandoned a by-reference message of {} bytes (its call failed)",
-                    self.label, m.hdr.len
-                )));
+            if m.hdr.flags & FLAG_REF != 0 {
+                self.check_abandoned(&m)?;
             }
             self.finish(m);
         } else {

@@ -135,7 +135,6 @@ impl Factory for ShmFactory {
         Ok(Box::new(ShmProvider {
             rank: setup.rank,
             single_copy,
-            measure: setup.serves_any(),
             inbox,
             outboxes: HashMap::new(),
             watches: Vec::new(),
@@ -152,9 +151,6 @@ pub struct ShmProvider {
     rank: usize,
     /// Messages at least this long go by reference (`usize::MAX`: never).
     single_copy: usize,
-    /// Whether link parameters come from [`measured`] (a provider that
-    /// serves nobody reports the table).
-    measure: bool,
     inbox: Option<Inbox>,
     outboxes: HashMap<usize, Outbox>,
     watches: Vec<(usize, PidWatch)>,
@@ -254,7 +250,12 @@ impl Provider for ShmProvider {
         // from compare-peers there).
         const CROSS_PROCESS: f64 = 0.2;
         let native = self.outboxes.keys().all(|&p| self.cma[p]);
-        let m = if self.measure { measured() } else { Measured { fifo_bw: 25e9, cma_bw: 12e9, single_copy_min: 0 } };
+        // A provider that serves nobody (no inbox) reports the table.
+        let m = if self.inbox.is_some() {
+            measured()
+        } else {
+            Measured { fifo_bw: 25e9, cma_bw: 12e9, single_copy_min: 0 }
+        };
         let fifo = LinkCost { bw: m.fifo_bw * CROSS_PROCESS, lat: 2e-6 };
         let one_sided = match native {
             true => LinkCost { bw: m.cma_bw * CROSS_PROCESS, lat: 4e-6 },
@@ -311,7 +312,8 @@ impl Provider for ShmProvider {
         let inbox = self.inbox.as_ref().ok_or_else(|| Error::Internal("shm receiver without an inbox".into()))?;
         let r = inbox.shm_receiver(peer, ch, bell)?;
         if self.cma[peer] && ch != crate::CONTROL_CHANNEL {
-            r.allow_ref(self.pids[peer]);
+            // Probed when the peer was connected.
+            r.c.allow_ref(true);
         }
         Ok(Box::new(r))
     }

@@ -168,8 +168,7 @@ impl TcpReceiver {
                 && let Some((None, dst)) = self.land
             {
                 if dst.len() as u64 != h.msg_len {
-                    let why = format!("sent a message of {} bytes where {} were expected", h.msg_len, dst.len());
-                    return Err(self.remote(i, why));
+                    return Err(self.remote(i, crate::wrong_length(h.msg_len, dst.len())));
                 }
                 self.land = Some((Some(h.seq), dst));
             }
@@ -233,7 +232,6 @@ impl TcpReceiver {
             Some((Some(s), dst)) if *s == seq => Some(*dst),
             _ => None,
         };
-        let start = self.msgs.iter().find(|m| m.seq == seq).map_or(0, |m| m.start);
         let limit = if landing.is_some() { end } else { end.min(self.rpos + self.cap) };
         if pos >= limit {
             return Ok(Step::Blocked);
@@ -247,6 +245,7 @@ impl TcpReceiver {
         };
         let (r, n) = match landing {
             Some(dst) => {
+                let start = self.msgs.iter().find(|m| m.seq == seq).map_or(0, |m| m.start);
                 let at = (pos - start) as usize;
                 let r = dst.sub(at, want)?.write(|b| read(b, &mut s.hdr[..hdr_room]))?;
                 (r, want)
@@ -437,11 +436,9 @@ impl Receiver for TcpReceiver {
             match self.msgs.front() {
                 Some(m) if m.len != dst.len() as u64 => {
                     return Err(Error::Remote(format!(
-                        "rank {} sent a message of {} bytes where {} were expected: the ranks are running \
-                         different operations (set OXCCL_CHECK=1 to find the rank that differs)",
+                        "rank {}: {}",
                         self.peer,
-                        m.len,
-                        dst.len()
+                        crate::wrong_length(m.len, dst.len())
                     )));
                 }
                 // Its bytes already started arriving in the FIFO: copy.
@@ -453,15 +450,11 @@ impl Receiver for TcpReceiver {
             }
             self.landed = 0;
         }
-        let r = self.pump();
-        if let Err(e) = &r {
-            self.failed = Some(e.clone());
-        }
-        r?;
+        self.progress()?;
         let Some((Some(seq), _)) = self.land else { return Ok((false, false)) };
         let m = self.msgs.front().filter(|m| m.seq == seq).expect("the landing message is the front one");
         let filled: u64 = (0..self.streams.len()).map(|i| self.filled(m, i)).sum();
-        let moved = filled > self.landed || self.landed == u64::MAX;
+        let moved = filled > self.landed;
         self.landed = filled;
         if filled < m.len {
             if let Some(e) = self.starved() {
