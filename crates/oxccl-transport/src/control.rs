@@ -73,6 +73,15 @@ impl Hdr {
         b
     }
 
+    /// Bytes of payload after the header (signals, gets and acks carry
+    /// none; their `len` means something else).
+    fn payload_len(&self) -> u64 {
+        match self.kind {
+            SIGNAL | GET | ACK => 0,
+            _ => self.len,
+        }
+    }
+
     fn decode(b: &[u8; HDR], peer: usize, msg_len: usize) -> Result<Hdr> {
         let h = Hdr {
             kind: u16_at(b, 4),
@@ -83,11 +92,7 @@ impl Hdr {
             off: u64_at(b, 32),
             len: u64_at(b, 40),
         };
-        let payload = match h.kind {
-            SIGNAL | GET | ACK => 0,
-            _ => h.len,
-        };
-        if u32_at(b, 0) != MAGIC || !(SIGNAL..=FAIL).contains(&h.kind) || (msg_len - HDR) as u64 != payload {
+        if u32_at(b, 0) != MAGIC || !(SIGNAL..=FAIL).contains(&h.kind) || (msg_len - HDR) as u64 != h.payload_len() {
             return Err(Error::Remote(format!(
                 "rank {peer} sent a malformed control record (kind {}, {msg_len} bytes): the peer runs a \
                  different oxccl version or its memory is corrupt",
@@ -123,11 +128,23 @@ impl Payload {
 }
 
 struct Out {
-    hdr: [u8; HDR],
+    hdr: Hdr,
     payload: Payload,
     /// Bytes of the message (header, then payload) written so far.
     done: usize,
     begun: bool,
+}
+
+impl Out {
+    fn new(hdr: Hdr, payload: Payload) -> Out {
+        Out { hdr, payload, done: 0, begun: false }
+    }
+
+    /// A failure answer to operation `op`, saying `why`.
+    fn fail(op: u64, why: &[u8]) -> Out {
+        let hdr = Hdr { kind: FAIL, id: op, len: why.len() as u64, ..Hdr::default() };
+        Out::new(hdr, Payload::Bytes(why.to_vec()))
+    }
 }
 
 /// What the payload of the incoming message goes to.
@@ -246,7 +263,7 @@ impl Plane {
         if let Some(e) = link.tx_failed.as_ref().or(link.failed.as_ref()) {
             return Err(e.clone());
         }
-        link.out.push_back(Out { hdr: hdr.encode(), payload, done: 0, begun: false });
+        link.out.push_back(Out::new(hdr, payload));
         self.flush_link(peer)?;
         // A record already in the connection is sent, whatever the
         // connection said afterwards (the peer may have got it and left).
@@ -378,7 +395,7 @@ impl Plane {
             && matches!(op.kind, OpKind::Write)
             && let Some(link) = self.links[op.peer].as_mut()
         {
-            cancel(link, |o| o.hdr[4..6] == PUT.to_le_bytes() && o.hdr[16..24] == id.to_le_bytes(), false);
+            cancel(link, |o| o.hdr.kind == PUT && o.hdr.id == id, false);
         }
     }
 
@@ -471,7 +488,7 @@ impl Plane {
                 let sink = self.sink_for(peer, &hdr)?;
                 let link = self.links[peer].as_mut().expect("checked");
                 link.cur = Some(In { hdr, sink, got: 0 });
-                if hdr.len == 0 || matches!(hdr.kind, SIGNAL | GET | ACK) {
+                if hdr.payload_len() == 0 {
                     self.finish(peer)?;
                 }
                 continue;
@@ -555,9 +572,7 @@ impl Plane {
     }
 
     fn reply_fail(&mut self, peer: usize, op: u64, why: &str) -> Result<()> {
-        let text = why.as_bytes().to_vec();
-        let hdr = Hdr { kind: FAIL, id: op, len: text.len() as u64, ..Hdr::default() };
-        self.link(peer)?.out.push_back(Out { hdr: hdr.encode(), payload: Payload::Bytes(text), done: 0, begun: false });
+        self.link(peer)?.out.push_back(Out::fail(op, why.as_bytes()));
         Ok(())
     }
 
@@ -589,15 +604,15 @@ impl Plane {
                     let region = *self.regs.get(&hdr.reg).expect("checked");
                     let (start, len) = (hdr.off as usize, hdr.len as usize);
                     let link = self.links[peer].as_mut().expect("checked");
+                    // In pieces of at most DATA_CHUNK; one empty piece for 0 bytes.
                     let mut at = 0;
-                    while at < len || (len == 0 && at == 0) {
+                    loop {
                         let n = (len - at).min(DATA_CHUNK);
                         let part = region.sub(start + at, n)?;
                         let h = Hdr { kind: DATA, id: hdr.id, off: at as u64, len: n as u64, ..Hdr::default() };
-                        let payload = Payload::Region { region: part, reg: Some(hdr.reg) };
-                        link.out.push_back(Out { hdr: h.encode(), payload, done: 0, begun: false });
+                        link.out.push_back(Out::new(h, Payload::Region { region: part, reg: Some(hdr.reg) }));
                         at += n;
-                        if len == 0 {
+                        if at >= len {
                             break;
                         }
                     }
@@ -609,14 +624,13 @@ impl Plane {
             PUT => {
                 if let Sink::Put { id, .. } = sink {
                     let h = Hdr { kind: ACK, id, ..Hdr::default() };
-                    link.out.push_back(Out { hdr: h.encode(), payload: Payload::None, done: 0, begun: false });
+                    link.out.push_back(Out::new(h, Payload::None));
                     self.flush_link(peer)?;
                 }
             }
             ACK => {
                 if let Some(op) = self.ops.get_mut(&hdr.id) {
                     op.acked = true;
-                    op.got = op.len;
                 }
             }
             FAIL => {
@@ -648,13 +662,11 @@ fn cancel(link: &mut Link, which: impl Fn(&Out) -> bool, fail: bool) {
             }
             return true;
         }
-        fails.push(u64::from_le_bytes(o.hdr[16..24].try_into().expect("8 bytes")));
+        fails.push(o.hdr.id);
         false
     });
     for op in fails.into_iter().filter(|_| fail) {
-        let text = b"the owner left the call before answering".to_vec();
-        let hdr = Hdr { kind: FAIL, id: op, len: text.len() as u64, ..Hdr::default() };
-        link.out.push_back(Out { hdr: hdr.encode(), payload: Payload::Bytes(text), done: 0, begun: false });
+        link.out.push_back(Out::fail(op, b"the owner left the call before answering"));
     }
 }
 
@@ -675,7 +687,7 @@ fn flush(link: &mut Link) -> Result<bool> {
             let mut n = 0;
             if o.done < HDR {
                 n = (HDR - o.done).min(room.len());
-                room[..n].copy_from_slice(&o.hdr[o.done..o.done + n]);
+                room[..n].copy_from_slice(&o.hdr.encode()[o.done..o.done + n]);
             }
             let m = (room.len() - n).min(total - o.done - n);
             if m > 0 {

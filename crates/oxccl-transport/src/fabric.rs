@@ -554,8 +554,8 @@ impl Fabric {
         }
         for &q in to {
             self.link(q)?;
-            let descs = native.get(&self.carrier[q]).unwrap_or(&emulated).clone();
-            self.plane.expose(q, &descs)?;
+            let descs = native.get(&self.carrier[q]).unwrap_or(&emulated);
+            self.plane.expose(q, descs)?;
         }
         Ok(())
     }

@@ -297,6 +297,41 @@ impl TcpSender {
         self.failed.as_ref().map_or(Ok(()), |e| Err(e.clone()))
     }
 
+    /// Queues the next message, `len` bytes, one job per non-empty stripe
+    /// (stripe 0 always): its bytes come through the FIFO from
+    /// `next_start`, or straight from `src`. Returns its sequence number
+    /// (a straight send's token). `what` names the call for errors.
+    fn enqueue(&mut self, len: u64, what: impl Fn() -> String, src: Option<Region>) -> Result<u64> {
+        if let Some(c) = &self.cur {
+            return Err(Error::InvalidUsage(format!(
+                "{}: {} while message {} has {} of {} bytes committed; commit the whole message first",
+                self.who(),
+                what(),
+                self.seq - 1,
+                c.written,
+                c.len
+            )));
+        }
+        if len > MAX_MSG {
+            return Err(Error::invalid(format!("{}: message of {len} bytes exceeds {MAX_MSG}", self.who())));
+        }
+        let (seq, start) = (self.seq, self.next_start);
+        for i in 0..self.nstripes {
+            let r = stripe_range(len, self.nstripes, i);
+            if i == 0 || r.end > r.start {
+                let hdr = Header::new(seq, len, self.nstripes, i).encode();
+                let (pos, ext) = match src {
+                    None => (start + r.start, None),
+                    Some(src) => (0, Some((src.sub(r.start as usize, (r.end - r.start) as usize)?, seq))),
+                };
+                let job = Job { hdr, hdr_sent: 0, pos, len: r.end - r.start, sent: 0, ext, kept: None };
+                self.queues[usize::from(i)].push_back(job);
+            }
+        }
+        self.seq += 1;
+        Ok(seq)
+    }
+
     fn fail<T>(&mut self, r: Result<T>) -> Result<T> {
         if let Err(e) = &r {
             self.failed = Some(e.clone());
@@ -308,30 +343,9 @@ impl TcpSender {
 impl Sender for TcpSender {
     fn begin(&mut self, len: usize) -> Result<()> {
         self.check()?;
-        if let Some(c) = &self.cur {
-            return Err(Error::InvalidUsage(format!(
-                "{}: begin({len}) while message {} has {} of {} bytes committed; commit the whole message first",
-                self.who(),
-                self.seq - 1,
-                c.written,
-                c.len
-            )));
-        }
         let len64 = len as u64;
-        if len64 > MAX_MSG {
-            return Err(Error::invalid(format!("{}: message of {len} bytes exceeds {MAX_MSG}", self.who())));
-        }
         let start = self.next_start;
-        for i in 0..self.nstripes {
-            let r = stripe_range(len64, self.nstripes, i);
-            if i == 0 || r.end > r.start {
-                let hdr = Header::new(self.seq, len64, self.nstripes, i).encode();
-                let len = r.end - r.start;
-                let job = Job { hdr, hdr_sent: 0, pos: start + r.start, len, sent: 0, ext: None, kept: None };
-                self.queues[usize::from(i)].push_back(job);
-            }
-        }
-        self.seq += 1;
+        self.enqueue(len64, || format!("begin({len})"), None)?;
         self.commit = start;
         self.next_start = align64(start + len64);
         self.cur = (len > 0).then_some(Cur { len: len64, written: 0 });
@@ -419,31 +433,8 @@ impl Sender for TcpSender {
 
     fn send_from(&mut self, src: Region) -> Result<Option<u64>> {
         self.check()?;
-        if let Some(c) = &self.cur {
-            return Err(Error::InvalidUsage(format!(
-                "{}: send_from while message {} has {} of {} bytes committed",
-                self.who(),
-                self.seq - 1,
-                c.written,
-                c.len
-            )));
-        }
         let len = src.len() as u64;
-        if len > MAX_MSG {
-            return Err(Error::invalid(format!("{}: message of {len} bytes exceeds {MAX_MSG}", self.who())));
-        }
-        let token = self.seq;
-        for i in 0..self.nstripes {
-            let r = stripe_range(len, self.nstripes, i);
-            if i == 0 || r.end > r.start {
-                let hdr = Header::new(self.seq, len, self.nstripes, i).encode();
-                let part = src.sub(r.start as usize, (r.end - r.start) as usize)?;
-                let (len, ext) = (r.end - r.start, Some((part, token)));
-                let job = Job { hdr, hdr_sent: 0, pos: 0, len, sent: 0, ext, kept: None };
-                self.queues[usize::from(i)].push_back(job);
-            }
-        }
-        self.seq += 1;
+        let token = self.enqueue(len, || "send_from".into(), Some(src))?;
         self.bytes += len;
         let r = self.connect().and_then(|_| if self.ready { self.push() } else { Ok(false) });
         self.fail(r)?;
