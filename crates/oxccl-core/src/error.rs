@@ -55,10 +55,12 @@ impl Error {
 
     /// NCCL's `ncclResult_t` for this error (`ncclSystemError` = 2,
     /// `ncclInternalError` = 3, `ncclInvalidArgument` = 4,
-    /// `ncclInvalidUsage` = 5, `ncclRemoteError` = 6).
+    /// `ncclInvalidUsage` = 5, `ncclRemoteError` = 6, `ncclTimeout` = 8,
+    /// which NCCL's API has since 2.30).
     pub fn nccl_code(&self) -> i32 {
         match self {
-            Error::System(_) | Error::Timeout(_) => 2,
+            Error::Timeout(_) => 8,
+            Error::System(_) => 2,
             Error::Internal(_) => 3,
             Error::InvalidArgument(_) | Error::InvalidProgram(_) => 4,
             Error::InvalidUsage(_) | Error::Unavailable(_) => 5,
@@ -77,5 +79,6 @@ mod tests {
         assert_eq!(e.to_string(), "invalid argument: rank 3: count 7 exceeds buffer of 6 elements");
         assert_eq!(e.nccl_code(), 4);
         assert_eq!(Error::Remote("peer 2 closed".into()).nccl_code(), 6);
+        assert_eq!(Error::Timeout("rank 1 waited 5 s".into()).nccl_code(), 8);
     }
 }

@@ -80,7 +80,10 @@ pub use args::{
 pub use device::{Device, Module, driver_available, driver_version};
 pub use error::{CudaError, Result};
 pub use kernels::{KernelOp, Ptx, nvrtc_available};
-pub use memory::{DevMem, HostMapped, IPC_HANDLE_BYTES, IpcMapping, Pinned, device_of};
+pub use memory::{
+    DevMem, HostMapped, IPC_HANDLE_BYTES, IpcMapping, Pinned, alloc_device, current_device, device_of, free_device,
+    is_device_memory, read_device,
+};
 pub use stream::{Event, Stream};
 
 /// cudarc, re-exported for callers that need its types (`CudaStream`, `sys`).

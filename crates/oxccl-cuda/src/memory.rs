@@ -211,6 +211,76 @@ pub fn device_of(addr: u64) -> Result<usize> {
     }
 }
 
+/// Whether `addr` is memory a GPU holds (`cudaMalloc`, `cuMemAlloc`,
+/// managed memory): `false` for host memory (pageable, pinned or
+/// registered, which the host reads directly), for addresses the driver
+/// does not know, and on machines without a driver. Never binds a context.
+pub fn is_device_memory(addr: u64) -> bool {
+    if crate::driver_available().is_err() || addr == 0 {
+        return false;
+    }
+    let mut kind: u32 = 0;
+    // SAFETY: MEMORY_TYPE writes one unsigned int into `kind`; with unified
+    // addressing the driver answers for any address without a current
+    // context (an unknown address is an error, not a fault).
+    let r = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut kind as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            addr,
+        )
+    };
+    r.result().is_ok() && kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+}
+
+/// Copies `dst.len()` bytes of device memory at `addr` to `dst`
+/// (blocking: a pre-multiplication scalar, a small read). Binds the
+/// primary context of the device holding `addr`.
+pub fn read_device(addr: u64, dst: &mut [u8]) -> Result<()> {
+    let dev = Device::open(device_of(addr)?)?;
+    dev.bind()?;
+    let (start, size) = range_of(addr)?;
+    if addr + dst.len() as u64 > start + size as u64 {
+        return Err(invalid(format!("{} bytes at {addr:#x} run past the allocation holding them", dst.len())));
+    }
+    // SAFETY: the range lies inside a live device allocation (checked just
+    // now); `dst` is writable for its length.
+    unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), addr, dst.len()) }.result().map_err(drv("cuMemcpyDtoH"))
+}
+
+/// Allocates `bytes` of device memory on the device current in the
+/// calling thread (else device 0) for a caller that frees it with
+/// [`free_device`] (`ncclMemAlloc`).
+pub fn alloc_device(bytes: usize) -> Result<u64> {
+    let dev = Device::open(current_device().unwrap_or(0))?;
+    dev.bind()?;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: a context is current; `p` receives the allocation.
+    unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) }.result().map_err(drv("cuMemAlloc"))?;
+    Ok(p)
+}
+
+/// Frees memory from [`alloc_device`].
+pub fn free_device(addr: u64) -> Result<()> {
+    let dev = Device::open(device_of(addr)?)?;
+    dev.bind()?;
+    // SAFETY: the caller passes an allocation from alloc_device, freed once.
+    unsafe { sys::cuMemFree_v2(addr) }.result().map_err(drv("cuMemFree"))
+}
+
+/// The device of the calling thread's current context (what the CUDA
+/// runtime's `cudaGetDevice` reports once the thread has used a device);
+/// `None` without a driver or a current context.
+pub fn current_device() -> Option<usize> {
+    crate::driver_available().ok()?;
+    let mut dev: sys::CUdevice = -1;
+    // SAFETY: cuCtxGetDevice writes one CUdevice; with no current context
+    // it returns an error and writes nothing.
+    let r = unsafe { sys::cuCtxGetDevice(&mut dev) };
+    r.result().ok()?;
+    usize::try_from(dev).ok()
+}
+
 /// Waits for the legacy default stream (where the synchronous copies and
 /// memsets go); a context must be current.
 fn sync_legacy_stream() -> Result<()> {

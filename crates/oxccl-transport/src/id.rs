@@ -64,7 +64,13 @@ impl UniqueId {
     /// ([`take_listener`]). A listener whose rank 0 never runs in this
     /// process stays open until the process exits.
     pub fn new() -> Result<UniqueId> {
-        let ip = interface_ip(None)?;
+        UniqueId::new_on(None)
+    }
+
+    /// [`new`](UniqueId::new) on the interface `ifname` selects (the
+    /// [`interface_ip`] spec; `None` reads `OXCCL_SOCKET_IFNAME`).
+    pub fn new_on(ifname: Option<&str>) -> Result<UniqueId> {
+        let ip = interface_ip(ifname)?;
         let listener = listen(SocketAddr::new(ip, 0)).map_err(|e| {
             Error::System(format!("cannot bind the bootstrap listener on {ip}: {e}; set {SOCKET_IFNAME_ENV}"))
         })?;

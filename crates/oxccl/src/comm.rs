@@ -86,6 +86,10 @@ impl<B: 'static> Work<B> {
 }
 
 impl Work<()> {
+    pub(crate) fn of(done: Arc<Completion>) -> Work {
+        Work { done, _b: PhantomData }
+    }
+
     /// Waits for the end of a call that owns no storage.
     pub fn wait_done(self) -> Result<()> {
         self.done.wait().0
@@ -297,6 +301,15 @@ impl Communicator {
         crate::call::check_collective(&coll, ReduceOp::Sum, self.rank())?;
         let inner = &self.inner;
         Ok(inner.cache.part(&inner.tuner, &coll, inner.rank, None, &inner.shared.who)?.choice)
+    }
+
+    /// The cost model's prediction, in seconds, of `kind` of `count`
+    /// elements of `dtype` with [`choice`](Communicator::choice)'s
+    /// algorithm (`None` where there is no model for it).
+    pub fn estimate(&self, kind: CollKind, count: usize, dtype: DataType, root: usize) -> Result<Option<f64>> {
+        let choice = self.choice(kind, count, dtype, root)?;
+        let coll = oxccl_algo::collective::Collective { kind, nranks: self.size(), count, root, dtype };
+        Ok(self.inner.tuner.estimate(choice, &coll))
     }
 
     /// Checks and resolves a host call on this rank (nothing changes on

@@ -148,8 +148,38 @@ pub struct Resolved {
     pub single_copy: SingleCopy,
 }
 
+/// Whether `NCCL_*` names stand in for their `OXCCL_*` twins.
+static NCCL_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The `OXCCL_*` variables whose `NCCL_*` names NCCL's users know.
+pub const NCCL_TWINS: [&str; 6] = ["DEBUG", "DEBUG_FILE", "ALGO", "SOCKET_IFNAME", "BUFFSIZE", "COMM_ID"];
+
+/// From now on, in this process, `NCCL_DEBUG`, `NCCL_DEBUG_FILE`,
+/// `NCCL_ALGO`, `NCCL_SOCKET_IFNAME`, `NCCL_BUFFSIZE` and `NCCL_COMM_ID`
+/// are read where their `OXCCL_*` twin is unset (the twin wins when both
+/// are set). The C ABI turns this on: its users set NCCL's names.
+pub fn honour_nccl_names() {
+    NCCL_NAMES.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Variable `name` (an `OXCCL_*` name), or its `NCCL_*` twin where
+/// [`honour_nccl_names`] is on: the name that was set and its trimmed,
+/// non-empty value.
+pub fn lookup(name: &str) -> Option<(String, String)> {
+    let get = |n: &str| std::env::var(n).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    if let Some(v) = get(name) {
+        return Some((name.to_string(), v));
+    }
+    let twin = name.strip_prefix("OXCCL_").filter(|t| NCCL_TWINS.contains(t))?;
+    if !NCCL_NAMES.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let nccl = format!("NCCL_{twin}");
+    get(&nccl).map(|v| (nccl, v))
+}
+
 fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+    lookup(name).map(|(_, v)| v)
 }
 
 /// An explicit setting, else variable `name`, else `default`.
@@ -161,9 +191,9 @@ fn num_setting<T: std::str::FromStr>(explicit: Option<T>, name: &str, default: T
 }
 
 fn parse_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match env(name) {
+    match lookup(name) {
         None => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|_| Error::invalid(format!("{name}={v:?} is not a number"))),
+        Some((name, v)) => v.parse().map(Some).map_err(|_| Error::invalid(format!("{name}={v:?} is not a number"))),
     }
 }
 
@@ -295,23 +325,68 @@ fn prefix(what: &str, e: Error) -> Error {
     }
 }
 
-/// Starts logging to stderr at `OXCCL_DEBUG`'s level (`WARN`, `INFO`,
-/// `TRACE`; NCCL's `VERSION` and `ABORT` read as INFO and WARN), once per
-/// process. Without the variable, warnings are still printed.
+/// Where log lines go: stderr, or the file `OXCCL_DEBUG_FILE` names
+/// (NCCL's `%h` and `%p` become the host name and the process id).
+fn log_file() -> Option<std::fs::File> {
+    let (name, pattern) = lookup("OXCCL_DEBUG_FILE")?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let path = pattern.replace("%h", host.trim()).replace("%p", &std::process::id().to_string());
+    match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!("oxccl: {name}={pattern:?}: cannot open {path:?} ({e}); logging to stderr");
+            None
+        }
+    }
+}
+
+/// The level `OXCCL_DEBUG` asks for, upper case (`None`: unset).
+fn debug_level() -> Option<String> {
+    env("OXCCL_DEBUG").map(|v| v.to_ascii_uppercase())
+}
+
+/// The second handle on the log file, for [`announce`].
+static ANNOUNCE: std::sync::OnceLock<Option<parking_lot::Mutex<std::fs::File>>> = std::sync::OnceLock::new();
+
+/// Starts logging to stderr (or `OXCCL_DEBUG_FILE`) at `OXCCL_DEBUG`'s
+/// level (`WARN`, `INFO`, `TRACE`; NCCL's `VERSION` and `ABORT` read as
+/// WARN, `VERSION` printing only [`announce`]'s line), once per process.
+/// Without the variable, warnings are still printed. Colour only on a
+/// terminal.
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let level = match env("OXCCL_DEBUG").map(|v| v.to_ascii_uppercase()).as_deref() {
+        use std::io::IsTerminal;
+        let level = match debug_level().as_deref() {
             Some("TRACE") => "oxccl=trace,oxccl_transport=trace",
-            Some("INFO") | Some("VERSION") => "oxccl=info,oxccl_transport=info",
+            Some("INFO") => "oxccl=info,oxccl_transport=info",
             Some("DEBUG") => "oxccl=debug,oxccl_transport=debug",
             Some("NONE") | Some("OFF") => "off",
             _ => "oxccl=warn,oxccl_transport=warn",
         };
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(level))
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .try_init();
+        let file = log_file();
+        let _ = ANNOUNCE.set(file.as_ref().and_then(|f| f.try_clone().ok()).map(parking_lot::Mutex::new));
+        let builder =
+            tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::new(level)).with_target(false);
+        let _ = match file {
+            Some(f) => builder.with_ansi(false).with_writer(std::sync::Mutex::new(f)).try_init(),
+            None => builder.with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr).try_init(),
+        };
     });
+}
+
+/// Prints `line` where the logs go when `OXCCL_DEBUG` is `VERSION`,
+/// `INFO`, `DEBUG` or `TRACE` (NCCL prints its version line so).
+pub fn announce(line: &str) {
+    use std::io::Write;
+    init_logging();
+    if !matches!(debug_level().as_deref(), Some("VERSION" | "INFO" | "DEBUG" | "TRACE")) {
+        return;
+    }
+    match ANNOUNCE.get().and_then(|f| f.as_ref()) {
+        Some(f) => {
+            let _ = writeln!(f.lock(), "{line}");
+        }
+        None => eprintln!("{line}"),
+    }
 }

@@ -11,7 +11,7 @@ use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
 use std::marker::PhantomData;
 
-enum Op {
+pub(crate) enum Op {
     P2p { send: bool, peer: usize, region: Region, dtype: DataType },
     Coll(Call<Region>),
 }
@@ -126,6 +126,17 @@ impl Communicator {
         if let Some(e) = g.error {
             return Err(e);
         }
+        match self.group_job(g.ops)? {
+            Some(job) => self.run(job),
+            None => Ok(()),
+        }
+    }
+
+    /// Plans recorded operations into one job (`None`: nothing to do):
+    /// collectives one after another in the order recorded, then every
+    /// send and receive at once. Nothing changes on an error.
+    pub(crate) fn group_job(&self, ops: Vec<Op>) -> Result<Option<Job>> {
+        self.usable()?;
         let mut extras = Extras::default();
         let mut batches: Vec<Vec<Task>> = Vec::new();
         let mut p2p = Vec::new();
@@ -133,7 +144,7 @@ impl Communicator {
         // the first one's number.
         let mut label: Option<Label> = None;
         let mut name = |l: Label| label = Some(label.map_or(l, |first| Label::new("group", first.seq)));
-        for op in g.ops {
+        for op in ops {
             match op {
                 Op::Coll(call) => {
                     let task = self.plan(&call, &mut extras)?;
@@ -141,8 +152,14 @@ impl Communicator {
                     batches.push(vec![task]);
                 }
                 Op::P2p { send, peer, region, dtype } => {
+                    self.check_peer(peer, if send { "send" } else { "recv" })?;
                     if region.len() % dtype.size() != 0 {
-                        return Err(Error::invalid("p2p buffer is not whole elements"));
+                        return Err(Error::invalid(format!(
+                            "rank {}: {}: a buffer of {} bytes is not whole {dtype} elements",
+                            self.rank(),
+                            if send { "send" } else { "recv" },
+                            region.len()
+                        )));
                     }
                     p2p.push((send, peer, region, dtype));
                 }
@@ -186,10 +203,10 @@ impl Communicator {
             batches.push(tasks);
         }
         if batches.is_empty() && extras.pre.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let label = label.unwrap_or(Label::new("group", self.last_seq()));
-        self.run(Job::new(label, batches, extras, None))
+        Ok(Some(Job::new(label, batches, extras, None)))
     }
 
     /// All-to-all with per-peer counts and displacements (elements):

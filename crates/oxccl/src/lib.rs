@@ -69,6 +69,7 @@ mod group;
 mod job;
 mod plan;
 pub mod programs;
+mod raw;
 mod split;
 pub mod tuner;
 
@@ -87,5 +88,6 @@ pub use oxccl_transport::id::UniqueId;
 pub use oxccl_transport::region::Region;
 pub use oxccl_transport::{Kind, PeerStats};
 pub use programs::ProgramId;
+pub use raw::RawOp;
 pub use split::Launch;
 pub use tuner::Choice;

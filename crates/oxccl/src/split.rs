@@ -47,6 +47,45 @@ impl Communicator {
         Communicator::init(&id, members.len(), new_rank, self.config().clone()).map(Some)
     }
 
+    /// A new communicator of this one's ranks but those in `exclude`
+    /// (NCCL's `ncclCommShrink`), numbered in this one's order; only the
+    /// remaining ranks call it, and they must all pass the same list. The
+    /// new communicator's id travels from its rank 0 over this
+    /// communicator, which must therefore still be usable.
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
+        let (me, n) = (self.rank(), self.size());
+        let mut out = vec![false; n];
+        for &r in exclude {
+            if r >= n {
+                return Err(Error::invalid(format!(
+                    "rank {me}: shrink: excluded rank {r} is out of range for {n} ranks"
+                )));
+            }
+            out[r] = true;
+        }
+        if out[me] {
+            return Err(Error::invalid(format!(
+                "rank {me}: shrink: this rank is in the exclude list; only the ranks that stay call shrink"
+            )));
+        }
+        let stay: Vec<usize> = (0..n).filter(|&r| !out[r]).collect();
+        let new_rank = stay.iter().position(|&r| r == me).expect("this rank stays");
+        let mut bytes = [0u8; UniqueId::SIZE];
+        if new_rank == 0 {
+            bytes = *UniqueId::new()?.as_bytes();
+            let sent = bytes;
+            self.group(|g| {
+                for &r in &stay[1..] {
+                    g.send(&sent, r);
+                }
+            })?;
+        } else {
+            self.recv(&mut bytes, stay[0])?;
+        }
+        let id = UniqueId::from_bytes(&bytes)?;
+        Communicator::init(&id, stay.len(), new_rank, self.config().clone())
+    }
+
     /// A communicator from the environment a launcher set: torchrun
     /// (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
     /// (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`), PMI (`PMI_RANK`,
