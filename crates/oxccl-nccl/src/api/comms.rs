@@ -1,0 +1,381 @@
+//! Versions, ids, communicators and their queries, errors, operators,
+//! registrations.
+
+use crate::abi::{self, ConfigC, UniqueIdC, out};
+use crate::coll::dtype_of;
+use crate::error::{self, IN_PROGRESS, NcclResult};
+use crate::handle::{self, Comm, Scalar};
+use crate::nccl_api;
+use oxccl::{Communicator, Config, Error, Result, UniqueId};
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+type CommOut = *mut *mut c_void;
+
+fn id_of(id: &UniqueIdC) -> Result<UniqueId> {
+    let bytes: [u8; 128] = std::array::from_fn(|i| id.internal[i] as u8);
+    UniqueId::from_bytes(&bytes)
+}
+
+fn ranks(nranks: c_int, rank: c_int) -> Result<(usize, usize)> {
+    match (usize::try_from(nranks), usize::try_from(rank)) {
+        (Ok(n), Ok(r)) if n > 0 && r < n => Ok((n, r)),
+        _ => Err(Error::invalid(format!("rank {rank} of nranks {nranks}: need 0 <= rank < nranks"))),
+    }
+}
+
+fn handle_ptr(c: &Arc<Comm>) -> *mut c_void {
+    c.handle as *mut c_void
+}
+
+/// Makes a communicator, now or (non-blocking config) on a thread; the
+/// handle goes to `comm` either way.
+fn init(comm: CommOut, nranks: c_int, id: &UniqueIdC, rank: c_int, config: *const ConfigC) -> Result<NcclResult> {
+    crate::setup();
+    if comm.is_null() {
+        return Err(Error::invalid("comm (the ncclComm_t* out-argument) is NULL"));
+    }
+    let (n, r) = ranks(nranks, rank)?;
+    let opts = abi::read_config(config)?;
+    let id = id_of(id)?;
+    if crate::group::active() {
+        // In a group the init ends at ncclGroupEnd (which waits for it):
+        // one thread may make several ranks.
+        let t = std::thread::Builder::new()
+            .name(format!("oxccl-init-r{r}"))
+            .spawn(move || Communicator::init(&id, n, r, Config::default()))
+            .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
+        let c = Comm::pending(r, n, t);
+        out(comm, handle_ptr(&c), "comm")?;
+        crate::group::defer(Box::new(move || {
+            c.join();
+            c.comm().map(|_| ())
+        }))?;
+        return Ok(error::SUCCESS);
+    }
+    if opts.blocking {
+        let c = Comm::ready(Communicator::init(&id, n, r, Config::default())?, true);
+        out(comm, handle_ptr(&c), "comm")?;
+        return Ok(error::SUCCESS);
+    }
+    let t = std::thread::Builder::new()
+        .name(format!("oxccl-init-r{r}"))
+        .spawn(move || Communicator::init(&id, n, r, Config::default()))
+        .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
+    let c = Comm::pending(r, n, t);
+    out(comm, handle_ptr(&c), "comm")?;
+    Ok(IN_PROGRESS)
+}
+
+fn get(comm: *const c_void) -> Result<Arc<Comm>> {
+    Comm::get(comm as usize)
+}
+
+nccl_api! {
+    /// `ncclGetVersion`: the NCCL API version implemented (23203).
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
+        crate::setup();
+        out(version, abi::VERSION_CODE, "version")
+    }
+
+    /// `ncclGetUniqueId`: a fresh id (rank 0's rendezvous bound now), or,
+    /// with `NCCL_COMM_ID=host:port`, the id every process derives from it.
+    fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut UniqueIdC) {
+        crate::setup();
+        let id = match oxccl::config::lookup("OXCCL_COMM_ID") {
+            Some((name, v)) => {
+                use std::net::ToSocketAddrs;
+                let addr = v.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+                    Error::invalid(format!("{name}={v:?} is not host:port"))
+                })?;
+                UniqueId::for_env(addr, "NCCL_COMM_ID")
+            }
+            None => UniqueId::new_on(oxccl::config::lookup("OXCCL_SOCKET_IFNAME").map(|(_, v)| v).as_deref())?,
+        };
+        let mut c = UniqueIdC { internal: [0; 128] };
+        for (d, s) in c.internal.iter_mut().zip(id.as_bytes()) {
+            *d = *s as c_char;
+        }
+        out(unique_id, c, "uniqueId")
+    }
+
+    /// `ncclCommInitRankConfig`.
+    fn ncclCommInitRankConfig / pncclCommInitRankConfig(
+        comm: CommOut, nranks: c_int, comm_id: UniqueIdC, rank: c_int, config: *mut ConfigC
+    ) {
+        init(comm, nranks, &comm_id, rank, config)
+    }
+
+    /// `ncclCommInitRank`.
+    fn ncclCommInitRank / pncclCommInitRank(comm: CommOut, nranks: c_int, comm_id: UniqueIdC, rank: c_int) {
+        init(comm, nranks, &comm_id, rank, std::ptr::null())
+    }
+
+    /// `ncclCommInitRankScalable`: the first of the ids names the rendezvous.
+    fn ncclCommInitRankScalable / pncclCommInitRankScalable(
+        newcomm: CommOut, nranks: c_int, myrank: c_int, n_id: c_int, comm_ids: *mut UniqueIdC, config: *mut ConfigC
+    ) {
+        if n_id < 1 || comm_ids.is_null() {
+            return Err(Error::invalid(format!("nId is {n_id} and commIds {comm_ids:p}: need at least one id")));
+        }
+        // SAFETY: commIds holds nId >= 1 ids (checked non-NULL).
+        let first = unsafe { *comm_ids };
+        init(newcomm, nranks, &first, myrank, config)
+    }
+
+    /// `ncclCommInitAll`: `ndev` ranks as threads of this process.
+    fn ncclCommInitAll / pncclCommInitAll(comm: CommOut, ndev: c_int, devlist: *const c_int) {
+        crate::setup();
+        let n = usize::try_from(ndev).ok().filter(|&n| n > 0).ok_or_else(|| {
+            Error::invalid(format!("ndev is {ndev}: need at least one rank"))
+        })?;
+        if comm.is_null() {
+            return Err(Error::invalid("comm (the array of ndev handles) is NULL"));
+        }
+        let _ = devlist; // Ranks are threads; a device list only names GPUs.
+        let comms = Communicator::init_threads(n)?;
+        for (i, c) in comms.into_iter().enumerate() {
+            let h = Comm::ready(c, true);
+            // SAFETY: `comm` has room for ndev handles (NCCL's contract).
+            unsafe { comm.add(i).write(handle_ptr(&h)) };
+        }
+        Ok(())
+    }
+
+    /// `ncclCommFinalize`: every call on host memory has already ended when
+    /// it returned; waits for a non-blocking init.
+    fn ncclCommFinalize / pncclCommFinalize(comm: *mut c_void) {
+        let h = get(comm)?;
+        h.join();
+        h.comm().map(|_| ())
+    }
+
+    /// `ncclCommDestroy`: frees the communicator (local; the handle dies).
+    fn ncclCommDestroy / pncclCommDestroy(comm: *mut c_void) {
+        let h = get(comm)?;
+        h.remove();
+        h.join();
+        drop(h.take());
+        Ok(())
+    }
+
+    /// `ncclCommAbort`: stops everything; the other ranks learn it.
+    fn ncclCommAbort / pncclCommAbort(comm: *mut c_void) {
+        let h = get(comm)?;
+        h.remove();
+        h.join();
+        if let Some(c) = h.take() {
+            c.abort();
+        }
+        Ok(())
+    }
+
+    /// `ncclCommRevoke`: stops this communicator's work; it must then be
+    /// destroyed.
+    fn ncclCommRevoke / pncclCommRevoke(comm: *mut c_void, revoke_flags: c_int) {
+        let h = get(comm)?;
+        if revoke_flags != 0 {
+            return Err(Error::invalid(format!("revokeFlags is {revoke_flags}; only NCCL_REVOKE_DEFAULT (0) exists")));
+        }
+        h.comm()?.abort();
+        Ok(())
+    }
+
+    /// `ncclCommSplit`: `color` NCCL_SPLIT_NOCOLOR (-1) joins nothing
+    /// (`*newcomm` = NULL).
+    fn ncclCommSplit / pncclCommSplit(comm: *mut c_void, color: c_int, key: c_int, newcomm: CommOut, config: *mut ConfigC) {
+        let c = get(comm)?.comm()?;
+        let color = match color {
+            -1 => None,
+            c if c >= 0 => Some(c as u32),
+            c => return Err(Error::invalid(format!("color {c}: need >= 0 or NCCL_SPLIT_NOCOLOR (-1)"))),
+        };
+        let blocking = abi::read_config(config)?.blocking;
+        if newcomm.is_null() {
+            return Err(Error::invalid("newcomm is NULL"));
+        }
+        // In a group the split ends at ncclGroupEnd, beside the group's
+        // other splits; `*newcomm` is written then.
+        let target = newcomm as usize;
+        crate::group::defer(Box::new(move || {
+            let made = c.split(color, key)?;
+            let p = made.map_or(std::ptr::null_mut(), |c| handle_ptr(&Comm::ready(c, blocking)));
+            // SAFETY: the caller keeps `newcomm` valid until the split (or
+            // its group) has ended, which is when this runs.
+            unsafe { (target as CommOut).write(p) };
+            Ok(())
+        }))
+    }
+
+    /// `ncclCommShrink`: a communicator without the excluded ranks (called
+    /// by the ranks that stay).
+    fn ncclCommShrink / pncclCommShrink(
+        comm: *mut c_void, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int,
+        newcomm: CommOut, config: *mut ConfigC, shrink_flags: c_int
+    ) {
+        let c = get(comm)?.comm()?;
+        let n = usize::try_from(exclude_ranks_count)
+            .map_err(|_| Error::invalid(format!("excludeRanksCount is {exclude_ranks_count}")))?;
+        if n > 0 && exclude_ranks_list.is_null() {
+            return Err(Error::invalid("excludeRanksList is NULL but excludeRanksCount is not 0"));
+        }
+        if shrink_flags != 0 {
+            return Err(Error::InvalidUsage(format!(
+                "shrinkFlags {shrink_flags}: only NCCL_SHRINK_DEFAULT is supported (the new id travels over this \
+                 communicator, so its ranks must still be reachable); after a failure, make a new communicator \
+                 with ncclGetUniqueId and ncclCommInitRank among the survivors"
+            )));
+        }
+        let list: Vec<usize> = (0..n)
+            // SAFETY: the list holds excludeRanksCount ints (checked non-NULL).
+            .map(|i| unsafe { *exclude_ranks_list.add(i) })
+            .map(|r| usize::try_from(r).map_err(|_| Error::invalid(format!("excluded rank {r} is negative"))))
+            .collect::<Result<_>>()?;
+        let blocking = abi::read_config(config)?.blocking;
+        if newcomm.is_null() {
+            return Err(Error::invalid("newcomm is NULL"));
+        }
+        let target = newcomm as usize;
+        // In a group the shrink ends at ncclGroupEnd, beside the others.
+        crate::group::defer(Box::new(move || {
+            let made = c.shrink(&list)?;
+            let p = handle_ptr(&Comm::ready(made, blocking));
+            // SAFETY: the caller keeps `newcomm` valid until the shrink (or
+            // its group) has ended, which is when this runs.
+            unsafe { (target as CommOut).write(p) };
+            Ok(())
+        }))
+    }
+
+    /// `ncclCommGetUniqueId`: an id for `ncclCommGrow`, which oxccl lacks.
+    fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: *mut c_void, unique_id: *mut UniqueIdC) {
+        get(comm)?;
+        let _ = unique_id;
+        Err::<(), _>(Error::InvalidUsage("ncclCommGetUniqueId is for ncclCommGrow, which oxccl does not support".into()))
+    }
+
+    /// `ncclCommGrow`: not supported.
+    fn ncclCommGrow / pncclCommGrow(
+        comm: *mut c_void, n_ranks: c_int, unique_id: *const UniqueIdC, rank: c_int, newcomm: CommOut, config: *mut ConfigC
+    ) {
+        let _ = (comm, n_ranks, unique_id, rank, newcomm, config);
+        Err::<(), _>(Error::InvalidUsage("ncclCommGrow is not supported by oxccl: make a new communicator".into()))
+    }
+
+    /// `ncclCommGetAsyncError`: `ncclInProgress` while a non-blocking init
+    /// runs, then the init's or the communicator's error (a dead peer, an
+    /// abort, a timeout).
+    fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: *mut c_void, async_error: *mut NcclResult) {
+        let h = get(comm)?;
+        let code = match h.async_error() {
+            None => IN_PROGRESS,
+            Some(None) => error::SUCCESS,
+            Some(Some(e)) => {
+                error::set_last(&format!("ncclCommGetAsyncError: {e}"));
+                error::code_of(&e)
+            }
+        };
+        out(async_error, code, "asyncError")
+    }
+
+    /// `ncclCommCount`.
+    fn ncclCommCount / pncclCommCount(comm: *const c_void, count: *mut c_int) {
+        out(count, get(comm)?.nranks as c_int, "count")
+    }
+
+    /// `ncclCommCuDevice`: the CUDA device current when the communicator
+    /// was made; -1 for a communicator made without one (host memory).
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: *const c_void, device: *mut c_int) {
+        out(device, get(comm)?.cuda_device, "device")
+    }
+
+    /// `ncclCommUserRank`.
+    fn ncclCommUserRank / pncclCommUserRank(comm: *const c_void, rank: *mut c_int) {
+        out(rank, get(comm)?.rank as c_int, "rank")
+    }
+
+    /// `ncclCommRegister`: recorded (oxccl needs no registration ahead of
+    /// a call); the handle is for `ncclCommDeregister`.
+    fn ncclCommRegister / pncclCommRegister(comm: *const c_void, buff: *mut c_void, size: usize, handle: *mut *mut c_void) {
+        let h = get(comm)?;
+        if buff.is_null() && size > 0 {
+            return Err(Error::invalid(format!("buff is NULL but size is {size}")));
+        }
+        let id = handle::fresh();
+        out(handle, id as *mut c_void, "handle")?;
+        h.regs.lock().insert(id, (buff as usize, size));
+        Ok(())
+    }
+
+    /// `ncclCommDeregister`.
+    fn ncclCommDeregister / pncclCommDeregister(comm: *const c_void, handle: *mut c_void) {
+        let h = get(comm)?;
+        match h.regs.lock().remove(&(handle as usize)) {
+            Some(_) => Ok(()),
+            None => Err(Error::invalid(format!(
+                "handle {handle:p} is not a registration of this communicator (or was deregistered)"
+            ))),
+        }
+    }
+
+    /// `ncclRedOpCreatePreMulSum`: `scalar` × input, summed.
+    fn ncclRedOpCreatePreMulSum / pncclRedOpCreatePreMulSum(
+        op: *mut c_int, scalar: *mut c_void, datatype: c_int, residence: c_int, comm: *mut c_void
+    ) {
+        let h = get(comm)?;
+        let dtype = dtype_of(datatype)?;
+        let s = match residence {
+            1 => Scalar::Value(crate::scalar::read(scalar as usize, dtype)?),
+            0 if !scalar.is_null() => Scalar::At(scalar as usize),
+            0 => return Err(Error::invalid("scalar is NULL")),
+            r => return Err(Error::invalid(format!(
+                "residence {r}: need ncclScalarDevice (0) or ncclScalarHostImmediate (1)"
+            ))),
+        };
+        if op.is_null() {
+            return Err(Error::invalid("op is NULL"));
+        }
+        let n = h.add_op(dtype, s)?;
+        out(op, n, "op")
+    }
+
+    /// `ncclRedOpDestroy`.
+    fn ncclRedOpDestroy / pncclRedOpDestroy(op: c_int, comm: *mut c_void) {
+        get(comm)?.remove_op(op)
+    }
+}
+
+/// `ncclGetErrorString`: NCCL's text for a result code.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGetErrorString(result: NcclResult) -> *const c_char {
+    error::code_text(result).as_ptr().cast()
+}
+
+/// [`ncclGetErrorString`] under its profiling name.
+#[unsafe(no_mangle)]
+pub extern "C" fn pncclGetErrorString(result: NcclResult) -> *const c_char {
+    ncclGetErrorString(result)
+}
+
+/// `ncclGetLastError`: this thread's last error message (any
+/// communicator, or none).
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGetLastError(comm: *mut c_void) -> *const c_char {
+    let _ = comm;
+    error::last()
+}
+
+/// [`ncclGetLastError`] under its profiling name.
+#[unsafe(no_mangle)]
+pub extern "C" fn pncclGetLastError(comm: *mut c_void) -> *const c_char {
+    ncclGetLastError(comm)
+}
+
+/// `ncclResetDebugInit`: logging is set up once per process; nothing to
+/// reset.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclResetDebugInit() {}
+
+/// [`ncclResetDebugInit`] under its profiling name.
+#[unsafe(no_mangle)]
+pub extern "C" fn pncclResetDebugInit() {}

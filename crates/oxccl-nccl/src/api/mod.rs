@@ -1,0 +1,6 @@
+//! The exported functions, by theme.
+
+mod colls;
+mod comms;
+mod misc;
+mod params;

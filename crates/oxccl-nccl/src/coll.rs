@@ -1,0 +1,230 @@
+//! Collectives and point-to-point calls: the checks at the boundary, the
+//! choice between host and device memory, NCCL's in-place conventions,
+//! and one [`Call`] per collective handed to oxccl.
+
+use crate::group::{self, DeviceCall, Pending};
+use crate::handle::Comm;
+use oxccl::{Call, CollKind, CudaStream, DataType, DeviceBuf, Error, RawOp, ReduceOp, Region, Result};
+use oxccl_algo::collective::Collective;
+use std::ffi::c_void;
+
+/// The raw arguments of one collective call.
+pub struct Args {
+    /// Which collective.
+    pub kind: CollKind,
+    /// `sendbuff`.
+    pub send: *const c_void,
+    /// `recvbuff`.
+    pub recv: *mut c_void,
+    /// NCCL's count.
+    pub count: usize,
+    /// `ncclDataType_t`.
+    pub dtype: i32,
+    /// `ncclRedOp_t`; `None` for collectives that do not reduce.
+    pub op: Option<i32>,
+    /// Root rank (0 where there is none).
+    pub root: i32,
+    /// The `ncclComm_t` handle.
+    pub comm: usize,
+    /// The `cudaStream_t`.
+    pub stream: usize,
+}
+
+/// Where a call's input and output lie: `send: None` is in place inside
+/// `recv`. Addresses and byte lengths.
+#[derive(Debug, PartialEq, Eq)]
+struct Resolved {
+    send: Option<(usize, usize)>,
+    recv: (usize, usize),
+}
+
+/// Whether memory at `addr` is on a GPU (never without the `cuda`
+/// feature or a driver).
+fn on_device(addr: usize) -> bool {
+    #[cfg(feature = "cuda")]
+    if addr != 0 {
+        return oxccl_cuda::is_device_memory(addr as u64);
+    }
+    let _ = addr;
+    false
+}
+
+/// The element type `dt`, or an error naming it.
+pub fn dtype_of(dt: i32) -> Result<DataType> {
+    DataType::from_nccl(dt).map_err(|_| {
+        Error::invalid(format!("datatype {dt} is not an ncclDataType_t (0 = ncclInt8 … 11 = ncclFloat8e5m2)"))
+    })
+}
+
+/// Resolves NCCL's buffers for `rank` of `coll`: lengths from the count,
+/// NULL only where nothing is read or written, and NCCL's in-place layout
+/// (e.g. all-gather's `sendbuff == recvbuff + rank × count`) recognised.
+/// Overlapping buffers in any other layout are refused.
+fn resolve(coll: &Collective, rank: usize, send: usize, recv: usize) -> Result<Resolved> {
+    let es = coll.dtype.size();
+    let bytes = |n: usize, what: &str| {
+        n.checked_mul(es).filter(|b| *b <= isize::MAX as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "count {} of {}: the {what} buffer would exceed the address space",
+                coll.count, coll.dtype
+            ))
+        })
+    };
+    let (ni, no) = (bytes(coll.input_len(rank), "send")?, bytes(coll.output_len(rank), "receive")?);
+    let name = coll.kind.name();
+    if ni > 0 && send == 0 {
+        return Err(Error::invalid(format!("{name}: sendbuff is NULL but rank {rank} sends {ni} bytes")));
+    }
+    if no > 0 && recv == 0 {
+        return Err(Error::invalid(format!("{name}: recvbuff is NULL but rank {rank} receives {no} bytes")));
+    }
+    if ni > 0 && no > 0 {
+        let l = coll.in_place_layout(rank);
+        let base = recv.checked_sub(l.output_at * es);
+        if base.is_some_and(|b| b.checked_add(l.input_at * es) == Some(send)) {
+            let base = base.expect("checked");
+            return Ok(Resolved { send: None, recv: (base, bytes(l.len, "in-place")?) });
+        }
+        let overlap = send < recv.saturating_add(no) && recv < send.saturating_add(ni);
+        if overlap {
+            return Err(Error::invalid(format!(
+                "{name}: sendbuff and recvbuff overlap, but not in NCCL's in-place layout \
+                 (rank {rank}'s input at element {} of the output buffer)",
+                l.input_at as isize - l.output_at as isize
+            )));
+        }
+    }
+    Ok(Resolved { send: Some((send, ni)), recv: (recv, no) })
+}
+
+/// A host region (a dangling, never-read address for empty ones).
+fn region(addr: usize, len: usize, writable: bool) -> Region {
+    if len == 0 {
+        return Region::empty();
+    }
+    // SAFETY: the C caller guarantees `len` bytes at `addr` (NCCL's
+    // contract for its buffers) until the call, or its group, has ended;
+    // the group launcher waits for that before returning.
+    unsafe { Region::from_raw(addr as *mut u8, len, writable) }
+}
+
+/// `ncclAllReduce` and every other collective.
+pub fn collective(a: Args) -> Result<()> {
+    let r = collective_inner(&a);
+    if let Err(e) = &r {
+        group::fail(e);
+    }
+    r
+}
+
+fn collective_inner(a: &Args) -> Result<()> {
+    let h = Comm::get(a.comm)?;
+    let c = h.comm()?;
+    let dtype = dtype_of(a.dtype)?;
+    let op = match a.op {
+        Some(o) => h.op(o, dtype)?,
+        None => ReduceOp::Sum,
+    };
+    let root = usize::try_from(a.root)
+        .ok()
+        .filter(|&r| r < c.size())
+        .ok_or_else(|| Error::invalid(format!("root {} is out of range for {} ranks", a.root, c.size())))?;
+    let coll = Collective { kind: a.kind, nranks: c.size(), count: a.count, root, dtype };
+    let res = resolve(&coll, c.rank(), a.send as usize, a.recv as usize)?;
+    let device = on_device(a.send as usize) || on_device(a.recv as usize);
+    let pending = if device {
+        let buf = |(addr, len): (usize, usize)| DeviceBuf::new(addr as u64, len);
+        Pending::Device(DeviceCall {
+            kind: a.kind,
+            send: res.send.map(buf),
+            recv: buf(res.recv),
+            count: a.count,
+            dtype,
+            op,
+            root,
+            stream: CudaStream::from_raw(a.stream as u64),
+        })
+    } else {
+        host_stream(a.stream, a.kind.name())?;
+        let send = res.send.map(|(addr, len)| region(addr, len, false));
+        let recv = region(res.recv.0, res.recv.1, true);
+        let call = Call::new(a.kind, a.count, dtype, op, root, send, recv, c.rank(), c.size())?;
+        Pending::Host(RawOp::Collective(call))
+    };
+    group::submit(h, c, pending)
+}
+
+/// Host calls run to their end before returning: a stream would promise
+/// an ordering that does not hold.
+fn host_stream(stream: usize, what: &str) -> Result<()> {
+    if stream != 0 {
+        return Err(Error::invalid(format!(
+            "{what} on host memory runs on the calling thread (an oxccl extension): pass a NULL stream, \
+             not {stream:#x}"
+        )));
+    }
+    Ok(())
+}
+
+/// `ncclSend` / `ncclRecv`.
+pub fn p2p(send: bool, buf: usize, count: usize, dt: i32, peer: i32, comm: usize, stream: usize) -> Result<()> {
+    let r = (|| {
+        let what = if send { "ncclSend" } else { "ncclRecv" };
+        let h = Comm::get(comm)?;
+        let c = h.comm()?;
+        let dtype = dtype_of(dt)?;
+        let peer = usize::try_from(peer).ok().filter(|&p| p < c.size()).ok_or_else(|| {
+            Error::invalid(format!("{what}: peer {peer} is out of range for {} ranks (rank {})", c.size(), c.rank()))
+        })?;
+        let len = count
+            .checked_mul(dtype.size())
+            .filter(|b| *b <= isize::MAX as usize)
+            .ok_or_else(|| Error::invalid(format!("{what}: count {count} of {dtype} exceeds the address space")))?;
+        if len > 0 && buf == 0 {
+            return Err(Error::invalid(format!("{what}: the buffer is NULL but count is {count}")));
+        }
+        if on_device(buf) {
+            return Err(Error::InvalidUsage(format!(
+                "{what} on device memory is not supported yet (oxccl's device path runs collectives only); \
+                 use host buffers"
+            )));
+        }
+        host_stream(stream, what)?;
+        let region = region(buf, len, !send);
+        let op = if send { RawOp::Send { buf: region, peer, dtype } } else { RawOp::Recv { buf: region, peer, dtype } };
+        group::submit(h, c, Pending::Host(op))
+    })();
+    if let Err(e) = &r {
+        group::fail(e);
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_place_layouts_are_recognised_and_other_overlaps_refused() {
+        let ag = Collective { kind: CollKind::AllGather, nranks: 4, count: 10, root: 0, dtype: DataType::Float32 };
+        // sendbuff = recvbuff + rank × count × 4 bytes.
+        let r = resolve(&ag, 2, 0x1000 + 80, 0x1000).unwrap();
+        assert_eq!(r, Resolved { send: None, recv: (0x1000, 160) });
+        let e = resolve(&ag, 2, 0x1000, 0x1000).unwrap_err().to_string();
+        assert!(e.contains("overlap") && e.contains("in-place"), "{e}");
+        let rs = Collective { kind: CollKind::ReduceScatter, ..ag };
+        // recvbuff = sendbuff + rank × recvcount × 4 bytes.
+        let r = resolve(&rs, 3, 0x2000, 0x2000 + 120).unwrap();
+        assert_eq!(r, Resolved { send: None, recv: (0x2000, 160) });
+        let ar = Collective { kind: CollKind::AllReduce, ..ag };
+        assert_eq!(resolve(&ar, 1, 0x10, 0x10).unwrap(), Resolved { send: None, recv: (0x10, 40) });
+        assert_eq!(resolve(&ar, 1, 0x10, 0x1000).unwrap(), Resolved { send: Some((0x10, 40)), recv: (0x1000, 40) });
+        let e = resolve(&ar, 1, 0, 0x1000).unwrap_err().to_string();
+        assert!(e.contains("sendbuff is NULL") && e.contains("rank 1"), "{e}");
+        // A non-root's broadcast send buffer is never read: NULL is fine.
+        let bc = Collective { kind: CollKind::Broadcast, ..ag };
+        assert_eq!(resolve(&bc, 1, 0, 0x1000).unwrap().send, Some((0, 0)));
+        let huge = Collective { count: usize::MAX / 2, ..ar };
+        assert!(resolve(&huge, 0, 0x10, 0x1000).unwrap_err().to_string().contains("address space"));
+    }
+}

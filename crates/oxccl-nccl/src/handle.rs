@@ -1,0 +1,242 @@
+//! Communicator handles: what `ncclComm_t` points at.
+//!
+//! A handle is an opaque number, never an address the library frees: the
+//! registry maps it to the communicator, numbers are never reused, so a
+//! handle that was destroyed (or never existed) is refused with
+//! `ncclInvalidArgument` instead of being dereferenced.
+//!
+//! Ownership and threads: the caller owns a handle from `ncclCommInit*` /
+//! `ncclCommSplit` / `ncclCommShrink` until `ncclCommDestroy` or
+//! `ncclCommAbort`, which make it invalid. Calls on one handle from several
+//! threads are serialised, in the order they arrive, and must be issued in
+//! the same order on every rank (as with NCCL).
+
+use oxccl::{Communicator, DataType, Error, ReduceOp, Result};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+/// NCCL's `ncclNumOps`: user-created operators are numbered from here.
+pub const NUM_OPS: i32 = 5;
+
+/// A communicator's life.
+enum State {
+    /// Non-blocking init still running.
+    Pending(JoinHandle<Result<Communicator>>),
+    Ready(Arc<Communicator>),
+    /// Init failed (non-blocking init reports it through
+    /// `ncclCommGetAsyncError`).
+    Failed(Error),
+}
+
+/// A pre-multiplied sum created by `ncclRedOpCreatePreMulSum`.
+#[derive(Clone, Copy, Debug)]
+pub enum Scalar {
+    /// Read when the operator was created (`ncclScalarHostImmediate`).
+    Value(f64),
+    /// Read at each call from this address (`ncclScalarDevice`: device or
+    /// host memory).
+    At(usize),
+}
+
+/// What a handle holds.
+pub struct Comm {
+    /// The number the handle is.
+    pub handle: usize,
+    state: Mutex<State>,
+    /// `ncclConfig_t.blocking`.
+    pub blocking: bool,
+    /// The CUDA device current when it was made (`ncclCommCuDevice`);
+    /// -1 without one.
+    pub cuda_device: i32,
+    /// Rank and size, known before a non-blocking init ends.
+    pub rank: usize,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// User operators: `op - NUM_OPS` indexes them; `None` once destroyed.
+    ops: Mutex<Vec<Option<(DataType, Scalar)>>>,
+    /// Registrations (`ncclCommRegister`): handle → (address, bytes).
+    pub regs: Mutex<HashMap<usize, (usize, usize)>>,
+}
+
+static COMMS: Mutex<Option<HashMap<usize, Arc<Comm>>>> = Mutex::new(None);
+/// Handle numbers: multiples of 16 from 0x10000, never reused, so they
+/// look like (and print as) addresses but are never dereferenced.
+static NEXT: AtomicUsize = AtomicUsize::new(0x1000);
+
+/// A fresh number, never handed out before (handles, registrations).
+pub fn fresh() -> usize {
+    NEXT.fetch_add(1, Ordering::Relaxed) << 4
+}
+
+impl Comm {
+    fn new(rank: usize, nranks: usize, blocking: bool, state: State) -> Arc<Comm> {
+        let cuda_device = cuda_device();
+        let c = Arc::new(Comm {
+            handle: fresh(),
+            state: Mutex::new(state),
+            blocking,
+            cuda_device,
+            rank,
+            nranks,
+            ops: Mutex::new(Vec::new()),
+            regs: Mutex::new(HashMap::new()),
+        });
+        COMMS.lock().get_or_insert_with(HashMap::new).insert(c.handle, c.clone());
+        c
+    }
+
+    /// Registers a communicator made now.
+    pub fn ready(comm: Communicator, blocking: bool) -> Arc<Comm> {
+        let (rank, nranks) = (comm.rank(), comm.size());
+        Comm::new(rank, nranks, blocking, State::Ready(Arc::new(comm)))
+    }
+
+    /// Registers a communicator whose init runs on `init`'s thread.
+    pub fn pending(rank: usize, nranks: usize, init: JoinHandle<Result<Communicator>>) -> Arc<Comm> {
+        Comm::new(rank, nranks, false, State::Pending(init))
+    }
+
+    /// The handle `h` (an error names it when it is NULL, unknown or
+    /// destroyed).
+    pub fn get(h: usize) -> Result<Arc<Comm>> {
+        if h == 0 {
+            return Err(Error::invalid("comm is NULL"));
+        }
+        COMMS.lock().as_ref().and_then(|m| m.get(&h).cloned()).ok_or_else(|| {
+            Error::invalid(format!("comm {h:#x} is not a communicator (never created, or already destroyed)"))
+        })
+    }
+
+    /// Forgets a handle (destroy, abort): later uses are refused.
+    pub fn remove(&self) {
+        if let Some(m) = COMMS.lock().as_mut() {
+            m.remove(&self.handle);
+        }
+    }
+
+    /// Moves a finished non-blocking init to its outcome.
+    fn settle(&self) {
+        let mut st = self.state.lock();
+        if matches!(&*st, State::Pending(j) if j.is_finished()) {
+            let State::Pending(j) = std::mem::replace(&mut *st, State::Failed(Error::Internal("settling".into())))
+            else {
+                unreachable!("checked above")
+            };
+            *st = match j.join() {
+                Ok(Ok(c)) => State::Ready(Arc::new(c)),
+                Ok(Err(e)) => State::Failed(e),
+                Err(_) => State::Failed(Error::Internal("the init thread panicked".into())),
+            };
+        }
+    }
+
+    /// The communicator, when its init has ended well.
+    pub fn comm(&self) -> Result<Arc<Communicator>> {
+        self.settle();
+        match &*self.state.lock() {
+            State::Ready(c) => Ok(c.clone()),
+            State::Pending(_) => Err(Error::InvalidUsage(format!(
+                "comm {:#x} (rank {}) is still initializing: poll ncclCommGetAsyncError until it is not ncclInProgress",
+                self.handle, self.rank
+            ))),
+            State::Failed(e) => Err(e.clone()),
+        }
+    }
+
+    /// `None` while a non-blocking init runs; else its outcome, then the
+    /// communicator's asynchronous error.
+    pub fn async_error(&self) -> Option<Option<Error>> {
+        self.settle();
+        match &*self.state.lock() {
+            State::Pending(_) => None,
+            State::Failed(e) => Some(Some(e.clone())),
+            State::Ready(c) => Some(c.async_error()),
+        }
+    }
+
+    /// Waits for a non-blocking init to end (destroy, abort).
+    pub fn join(&self) {
+        let pending = matches!(&*self.state.lock(), State::Pending(_));
+        if pending {
+            let st = std::mem::replace(&mut *self.state.lock(), State::Failed(Error::InvalidUsage("destroyed".into())));
+            if let State::Pending(j) = st {
+                *self.state.lock() = match j.join() {
+                    Ok(Ok(c)) => State::Ready(Arc::new(c)),
+                    Ok(Err(e)) => State::Failed(e),
+                    Err(_) => State::Failed(Error::Internal("the init thread panicked".into())),
+                };
+            }
+        }
+    }
+
+    /// Drops the communicator (its threads stop once no launch holds it).
+    pub fn take(&self) -> Option<Arc<Communicator>> {
+        match std::mem::replace(&mut *self.state.lock(), State::Failed(Error::InvalidUsage("destroyed".into()))) {
+            State::Ready(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Adds a user operator; its number.
+    pub fn add_op(&self, dtype: DataType, scalar: Scalar) -> Result<i32> {
+        let mut ops = self.ops.lock();
+        let slot = ops.iter().position(Option::is_none).unwrap_or(ops.len());
+        let n = NUM_OPS
+            .checked_add(i32::try_from(slot).map_err(|_| Error::invalid("too many reduction operators"))?)
+            .ok_or_else(|| Error::invalid("too many reduction operators"))?;
+        if slot == ops.len() {
+            ops.push(None);
+        }
+        ops[slot] = Some((dtype, scalar));
+        Ok(n)
+    }
+
+    /// Removes user operator `op`.
+    pub fn remove_op(&self, op: i32) -> Result<()> {
+        let mut ops = self.ops.lock();
+        match usize::try_from(op - NUM_OPS).ok().and_then(|i| ops.get_mut(i)) {
+            Some(slot @ Some(_)) => {
+                *slot = None;
+                Ok(())
+            }
+            _ => Err(Error::invalid(format!(
+                "op {op} is not a reduction operator ncclRedOpCreatePreMulSum made on this communicator"
+            ))),
+        }
+    }
+
+    /// Operator `op` for elements of `dtype`: a built-in one, or a user
+    /// operator (whose scalar is read now when it lives in memory).
+    pub fn op(&self, op: i32, dtype: DataType) -> Result<ReduceOp> {
+        let builtin = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
+        if let Some(&o) = usize::try_from(op).ok().and_then(|i| builtin.get(i)) {
+            return Ok(o);
+        }
+        let user = usize::try_from(op - NUM_OPS).ok().and_then(|i| self.ops.lock().get(i).copied().flatten());
+        let Some((made_for, scalar)) = user else {
+            return Err(Error::invalid(format!(
+                "op {op} is neither a built-in ncclRedOp_t (0 to 4) nor an operator made by ncclRedOpCreatePreMulSum on this communicator"
+            )));
+        };
+        if made_for != dtype {
+            return Err(Error::invalid(format!("op {op} was made for {made_for} elements; this call is on {dtype}")));
+        }
+        let scalar = match scalar {
+            Scalar::Value(v) => v,
+            Scalar::At(addr) => crate::scalar::read(addr, dtype)?,
+        };
+        Ok(ReduceOp::PreMulSum { scalar })
+    }
+}
+
+/// The calling thread's CUDA device, -1 without one.
+fn cuda_device() -> i32 {
+    #[cfg(feature = "cuda")]
+    if let Some(d) = oxccl_cuda::current_device() {
+        return d as i32;
+    }
+    -1
+}
