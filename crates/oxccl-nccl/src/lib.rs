@@ -47,6 +47,13 @@ pub mod scalar;
 
 mod api;
 
+/// The exported functions, for Rust callers that link this crate (its
+/// benches): C programs call them by their symbols.
+pub mod api_for_benches {
+    pub use crate::api::colls::ncclAllReduce;
+    pub use crate::api::comms::{ncclCommDestroy, ncclCommInitAll};
+}
+
 /// Defines exported C functions that return `ncclResult_t`, each with its
 /// `pnccl*` twin, their bodies run inside [`error::guard`].
 macro_rules! nccl_api {

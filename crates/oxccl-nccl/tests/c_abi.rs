@@ -39,14 +39,18 @@ fn have(tool: &str) -> bool {
 
 /// Compiles `src` (in tests/c) with `cc` against the header and the library.
 fn build(cc: &str, src: &str, extra: &[&str]) -> PathBuf {
-    let out = scratch(src.trim_end_matches(".c")).join(src.trim_end_matches(".c"));
+    let name = src.trim_start_matches("../").trim_end_matches(".c");
+    let out = scratch(name).join(name);
     let lib = lib_dir();
     let status = Command::new(cc)
         .args(["-O1", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(here().join("include"))
         .arg("-I")
         .arg(here().join("tests/c"))
-        .arg(here().join("tests/c").join(src))
+        .arg(match src.strip_prefix("../") {
+            Some(example) => here().join("examples").join(example),
+            None => here().join("tests/c").join(src),
+        })
         .arg("-L")
         .arg(&lib)
         .args(["-l:libnccl.so", "-lpthread", "-lm"])
@@ -232,4 +236,46 @@ fn mpi_programs_bootstrap_through_the_nccl_api() {
     cmd.env("OMPI_MCA_rmaps_base_oversubscribe", "1");
     let out = run(&mut cmd, Duration::from_secs(120));
     assert!(out.contains("PASS 4 ranks"), "{out}");
+}
+
+#[test]
+fn nccl_variables_are_honoured_and_oxccl_twins_win() {
+    let bin = build("gcc", "env.c", &[]);
+    let dir = scratch("env-logs");
+    // NCCL_DEBUG=VERSION prints the version line, into NCCL_DEBUG_FILE
+    // (%p: the process id).
+    let log = dir.join("nccl.%p.log");
+    let out = run(
+        Command::new(&bin).arg("ok").env("NCCL_DEBUG", "VERSION").env("NCCL_DEBUG_FILE", &log),
+        Duration::from_secs(60),
+    );
+    assert!(out.contains("PASS"), "{out}");
+    let logs: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(logs.len(), 1, "one log file, named with the pid");
+    let text = std::fs::read_to_string(logs[0].path()).unwrap();
+    assert!(text.contains("NCCL version 2.32.3"), "{text:?}");
+    assert!(!logs[0].file_name().to_string_lossy().contains("%p"));
+    // A malformed NCCL_BUFFSIZE is refused by its name; the OXCCL_ twin wins.
+    let out =
+        run(Command::new(&bin).args(["fail", "NCCL_BUFFSIZE"]).env("NCCL_BUFFSIZE", "lots"), Duration::from_secs(60));
+    assert!(out.contains("PASS"), "{out}");
+    let out = run(
+        Command::new(&bin).arg("ok").env("NCCL_BUFFSIZE", "lots").env("OXCCL_BUFFSIZE", "1048576"),
+        Duration::from_secs(60),
+    );
+    assert!(out.contains("PASS"), "{out}");
+    // NCCL_ALGO reaches the tuner: an algorithm that does not exist is named.
+    let out =
+        run(Command::new(&bin).args(["fail", "nosuchalgo"]).env("NCCL_ALGO", "nosuchalgo"), Duration::from_secs(60));
+    assert!(out.contains("PASS"), "{out}");
+    let out =
+        run(Command::new(&bin).arg("ok").env("NCCL_ALGO", "ring").env("NCCL_PROTO", "LL128"), Duration::from_secs(60));
+    assert!(out.contains("PASS"), "{out}");
+}
+
+#[test]
+fn the_readme_example_runs() {
+    let bin = build("gcc", "../allreduce.c", &[]);
+    let out = run(&mut Command::new(bin), Duration::from_secs(60));
+    assert!(out.contains("rank 3 holds 6"), "{out}");
 }

@@ -1,6 +1,6 @@
 //! The exported functions, by theme.
 
-mod colls;
-mod comms;
+pub(crate) mod colls;
+pub(crate) mod comms;
 mod misc;
 mod params;
