@@ -123,7 +123,7 @@ typedef enum {
 /* Communicator configuration (ncclCommInitRankConfig, ncclCommSplit,
  * ncclCommShrink). oxccl reads size, magic, version and blocking; the other
  * fields are accepted and have no effect. */
-typedef struct ncclConfig_v23200 {
+typedef struct ncclConfig_v23100 {
   size_t size;
   unsigned int magic;
   unsigned int version;

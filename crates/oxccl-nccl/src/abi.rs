@@ -21,7 +21,7 @@ pub struct UniqueIdC {
     pub internal: [c_char; 128],
 }
 
-/// `ncclConfig_t` (NCCL 2.32's `ncclConfig_v23200`).
+/// `ncclConfig_t` (NCCL 2.32's, tagged `ncclConfig_v23100`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 #[allow(non_snake_case, missing_docs)]

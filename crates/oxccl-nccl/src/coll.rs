@@ -110,14 +110,6 @@ fn region(addr: usize, len: usize, writable: bool) -> Region {
 
 /// `ncclAllReduce` and every other collective.
 pub fn collective(a: Args) -> Result<()> {
-    let r = collective_inner(&a);
-    if let Err(e) = &r {
-        group::fail(e);
-    }
-    r
-}
-
-fn collective_inner(a: &Args) -> Result<()> {
     let h = Comm::get(a.comm)?;
     let c = h.comm()?;
     let dtype = dtype_of(a.dtype)?;
@@ -130,6 +122,11 @@ fn collective_inner(a: &Args) -> Result<()> {
         .filter(|&r| r < c.size())
         .ok_or_else(|| Error::invalid(format!("root {} is out of range for {} ranks", a.root, c.size())))?;
     let coll = Collective { kind: a.kind, nranks: c.size(), count: a.count, root, dtype };
+    // Sizes that fit in memory before any length is computed.
+    coll.validate().map_err(|e| match e {
+        Error::InvalidArgument(m) => Error::invalid(format!("rank {}: {m}", c.rank())),
+        other => other,
+    })?;
     let res = resolve(&coll, c.rank(), a.send as usize, a.recv as usize)?;
     let device = on_device(a.send as usize) || on_device(a.recv as usize);
     let pending = if device {
@@ -168,36 +165,30 @@ fn host_stream(stream: usize, what: &str) -> Result<()> {
 
 /// `ncclSend` / `ncclRecv`.
 pub fn p2p(send: bool, buf: usize, count: usize, dt: i32, peer: i32, comm: usize, stream: usize) -> Result<()> {
-    let r = (|| {
-        let what = if send { "ncclSend" } else { "ncclRecv" };
-        let h = Comm::get(comm)?;
-        let c = h.comm()?;
-        let dtype = dtype_of(dt)?;
-        let peer = usize::try_from(peer).ok().filter(|&p| p < c.size()).ok_or_else(|| {
-            Error::invalid(format!("{what}: peer {peer} is out of range for {} ranks (rank {})", c.size(), c.rank()))
-        })?;
-        let len = count
-            .checked_mul(dtype.size())
-            .filter(|b| *b <= isize::MAX as usize)
-            .ok_or_else(|| Error::invalid(format!("{what}: count {count} of {dtype} exceeds the address space")))?;
-        if len > 0 && buf == 0 {
-            return Err(Error::invalid(format!("{what}: the buffer is NULL but count is {count}")));
-        }
-        if on_device(buf) {
-            return Err(Error::InvalidUsage(format!(
-                "{what} on device memory is not supported yet (oxccl's device path runs collectives only); \
-                 use host buffers"
-            )));
-        }
-        host_stream(stream, what)?;
-        let region = region(buf, len, !send);
-        let op = if send { RawOp::Send { buf: region, peer, dtype } } else { RawOp::Recv { buf: region, peer, dtype } };
-        group::submit(h, c, Pending::Host(op))
-    })();
-    if let Err(e) = &r {
-        group::fail(e);
+    let what = if send { "ncclSend" } else { "ncclRecv" };
+    let h = Comm::get(comm)?;
+    let c = h.comm()?;
+    let dtype = dtype_of(dt)?;
+    let peer = usize::try_from(peer).ok().filter(|&p| p < c.size()).ok_or_else(|| {
+        Error::invalid(format!("{what}: peer {peer} is out of range for {} ranks (rank {})", c.size(), c.rank()))
+    })?;
+    let len = count
+        .checked_mul(dtype.size())
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| Error::invalid(format!("{what}: count {count} of {dtype} exceeds the address space")))?;
+    if len > 0 && buf == 0 {
+        return Err(Error::invalid(format!("{what}: the buffer is NULL but count is {count}")));
     }
-    r
+    if on_device(buf) {
+        return Err(Error::InvalidUsage(format!(
+            "{what} on device memory is not supported yet (oxccl's device path runs collectives only); \
+             use host buffers"
+        )));
+    }
+    host_stream(stream, what)?;
+    let region = region(buf, len, !send);
+    let op = if send { RawOp::Send { buf: region, peer, dtype } } else { RawOp::Recv { buf: region, peer, dtype } };
+    group::submit(h, c, Pending::Host(op))
 }
 
 #[cfg(test)]

@@ -96,6 +96,9 @@ pub fn guard<R: Code>(func: &str, body: impl FnOnce() -> oxccl::Result<R>) -> Nc
         Ok(Ok(r)) => r.code(),
         Ok(Err(e)) => {
             set_last(&format!("{func}: {e}"));
+            // A failed call fails the group it was made in (its peers
+            // must not be left waiting for it).
+            crate::group::fail(&e);
             code_of(&e)
         }
         Err(panic) => {
@@ -104,7 +107,9 @@ pub fn guard<R: Code>(func: &str, body: impl FnOnce() -> oxccl::Result<R>) -> Nc
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
-            set_last(&format!("{func}: internal error: {what} (please report this to the oxccl developers)"));
+            let msg = format!("{func}: internal error: {what} (please report this to the oxccl developers)");
+            set_last(&msg);
+            crate::group::fail(&Error::Internal(msg));
             INTERNAL_ERROR
         }
     }

@@ -82,12 +82,25 @@ fn close() -> Result<Option<(Vec<Deferred>, Vec<Entry>)>> {
         let ops = std::mem::take(&mut g.ops);
         let deferred = std::mem::take(&mut g.deferred);
         match g.error.take() {
-            Some(e) => Err(Error::InvalidUsage(format!(
-                "a call of this group failed ({e}); nothing in the group was launched"
-            ))),
+            Some(e) => Err(context(e, "nothing in the group was launched: a call of it failed")),
             None => Ok(Some((deferred, ops))),
         }
     })
+}
+
+/// The same error (and so the same code) with `what` in front of its message.
+fn context(e: Error, what: &str) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+        Error::InvalidUsage(m) => Error::InvalidUsage(format!("{what}: {m}")),
+        Error::InvalidProgram(m) => Error::InvalidProgram(format!("{what}: {m}")),
+        Error::System(m) => Error::System(format!("{what}: {m}")),
+        Error::Remote(m) => Error::Remote(format!("{what}: {m}")),
+        Error::Timeout(m) => Error::Timeout(format!("{what}: {m}")),
+        Error::Unavailable(m) => Error::Unavailable(format!("{what}: {m}")),
+        Error::Internal(m) => Error::Internal(format!("{what}: {m}")),
+        other => other,
+    }
 }
 
 /// `ncclGroupEnd`.
@@ -138,9 +151,12 @@ fn run_deferred(work: Vec<Deferred>) -> Result<()> {
 /// `ncclGroupSimulateEnd`: closes the group without launching it; the
 /// predicted time of its collectives in seconds.
 pub fn simulate_end() -> Result<f64> {
-    let Some((_, ops)) = close()? else {
+    let Some((deferred, ops)) = close()? else {
         return Ok(0.0);
     };
+    // Inits, splits and shrinks happen even in a simulated group (NCCL's
+    // rule): only the calls are priced instead of run.
+    run_deferred(deferred)?;
     let mut t = 0.0;
     for (_, c, p) in ops {
         let (kind, count, dtype, root) = match p {
@@ -182,44 +198,53 @@ pub fn submit(h: Arc<Comm>, c: Arc<Communicator>, p: Pending) -> Result<()> {
     if queued { Ok(()) } else { launch(vec![(h, c, p)]) }
 }
 
-/// Launches calls: device ones on their streams in order, host ones as one
-/// oxccl group per communicator (on this thread when there is one
-/// communicator, else started on each and then waited for).
+/// Launches calls, each communicator's in order (device ones enqueued
+/// on their streams, host ones as one oxccl group): on this thread when
+/// there is one communicator, else one thread per communicator, all at
+/// once (a communicator's first device call and `OXCCL_CHECK`'s
+/// comparison wait for the other ranks, which later communicators of this
+/// thread are).
 fn launch(ops: Vec<Entry>) -> Result<()> {
-    let mut host: Vec<(usize, Arc<Communicator>, Vec<RawOp>)> = Vec::new();
+    let mut per: Vec<(usize, Arc<Communicator>, Vec<Pending>)> = Vec::new();
     for (h, c, p) in ops {
-        match p {
-            Pending::Device(d) => {
-                c.collective_device(d.kind, d.send, d.recv, d.count, d.dtype, d.op, d.root, d.stream)?;
-            }
-            Pending::Host(op) => match host.iter_mut().find(|(k, _, _)| *k == h.handle) {
-                Some((_, _, v)) => v.push(op),
-                None => host.push((h.handle, c, vec![op])),
-            },
+        match per.iter_mut().find(|(k, _, _)| *k == h.handle) {
+            Some((_, _, v)) => v.push(p),
+            None => per.push((h.handle, c, vec![p])),
         }
     }
-    if host.len() == 1 {
-        let (_, c, ops) = host.pop().expect("one");
-        // SAFETY: the C caller keeps its buffers valid until the call (or
-        // the group) returns, which is after the launch has ended.
-        return unsafe { c.run_raw(ops) };
+    if per.len() == 1 {
+        let (_, c, ops) = per.pop().expect("one");
+        return run_one(&c, ops);
     }
-    let mut works = Vec::with_capacity(host.len());
-    let mut first: Option<Error> = None;
-    for (_, c, ops) in host {
-        // SAFETY: as above: this function waits for every started launch
-        // before it returns.
-        match unsafe { c.start_raw(ops) } {
-            Ok(w) => works.push(w),
-            Err(e) => {
+    std::thread::scope(|s| {
+        let threads: Vec<_> = per.into_iter().map(|(_, c, ops)| s.spawn(move || run_one(&c, ops))).collect();
+        let mut first = None;
+        for t in threads {
+            let r = t.join().unwrap_or_else(|_| Err(Error::Internal("a group's launch thread panicked".into())));
+            if let Err(e) = r {
                 first.get_or_insert(e);
             }
         }
-    }
-    for w in works {
-        if let Err(e) = w.wait_done() {
-            first.get_or_insert(e);
+        first.map_or(Ok(()), Err)
+    })
+}
+
+/// One communicator's part of a launch.
+fn run_one(c: &Communicator, ops: Vec<Pending>) -> Result<()> {
+    let mut host = Vec::new();
+    for p in ops {
+        match p {
+            Pending::Device(d) => {
+                c.collective_device(d.kind, d.send, d.recv, d.count, d.dtype, d.op, d.root, d.stream)?
+            }
+            Pending::Host(op) => host.push(op),
         }
     }
-    first.map_or(Ok(()), Err)
+    if host.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: the C caller keeps its buffers valid until the call (or the
+    // group) returns, which is after this launch has ended: run_raw
+    // waits, and launch joins every thread before returning.
+    unsafe { c.run_raw(host) }
 }

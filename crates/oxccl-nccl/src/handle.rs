@@ -12,19 +12,29 @@
 //! the same order on every rank (as with NCCL).
 
 use oxccl::{Communicator, DataType, Error, ReduceOp, Result};
+use parking_lot::Condvar;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 
 /// NCCL's `ncclNumOps`: user-created operators are numbered from here.
 pub const NUM_OPS: i32 = 5;
 
+/// Where an init running on its own thread leaves its outcome.
+#[derive(Default)]
+struct Slot {
+    /// `(finished, outcome)`: the outcome is taken once, by whoever settles
+    /// the handle first; `finished` stays.
+    state: Mutex<(bool, Option<Result<Communicator>>)>,
+    cv: Condvar,
+}
+
 /// A communicator's life.
 enum State {
-    /// Non-blocking init still running.
-    Pending(JoinHandle<Result<Communicator>>),
+    /// An init still running on its own thread (non-blocking, or in a
+    /// group).
+    Pending(Arc<Slot>),
     Ready(Arc<Communicator>),
     /// Init failed (non-blocking init reports it through
     /// `ncclCommGetAsyncError`).
@@ -50,7 +60,7 @@ pub struct Comm {
     pub blocking: bool,
     /// The CUDA device current when it was made (`ncclCommCuDevice`);
     /// -1 without one.
-    pub cuda_device: i32,
+    pub cuda_device: std::sync::atomic::AtomicI32,
     /// Rank and size, known before a non-blocking init ends.
     pub rank: usize,
     /// Number of ranks.
@@ -78,7 +88,7 @@ impl Comm {
             handle: fresh(),
             state: Mutex::new(state),
             blocking,
-            cuda_device,
+            cuda_device: cuda_device.into(),
             rank,
             nranks,
             ops: Mutex::new(Vec::new()),
@@ -94,9 +104,34 @@ impl Comm {
         Comm::new(rank, nranks, blocking, State::Ready(Arc::new(comm)))
     }
 
-    /// Registers a communicator whose init runs on `init`'s thread.
-    pub fn pending(rank: usize, nranks: usize, init: JoinHandle<Result<Communicator>>) -> Arc<Comm> {
-        Comm::new(rank, nranks, false, State::Pending(init))
+    /// Registers a communicator made now for CUDA device `device`
+    /// (`ncclCommInitAll`'s list).
+    pub fn ready_on(comm: Communicator, device: i32) -> Arc<Comm> {
+        let c = Comm::ready(comm, true);
+        c.cuda_device.store(device, Ordering::Relaxed);
+        c
+    }
+
+    /// Registers a communicator whose init `f` runs on a thread of its
+    /// own (non-blocking init, an init in a group).
+    pub fn spawn(
+        rank: usize,
+        nranks: usize,
+        blocking: bool,
+        f: impl FnOnce() -> Result<Communicator> + Send + 'static,
+    ) -> Result<Arc<Comm>> {
+        let slot = Arc::new(Slot::default());
+        let s2 = slot.clone();
+        std::thread::Builder::new()
+            .name(format!("oxccl-init-r{rank}"))
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+                    .unwrap_or_else(|_| Err(Error::Internal("the init thread panicked".into())));
+                *s2.state.lock() = (true, Some(r));
+                s2.cv.notify_all();
+            })
+            .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
+        Ok(Comm::new(rank, nranks, blocking, State::Pending(slot)))
     }
 
     /// The handle `h` (an error names it when it is NULL, unknown or
@@ -117,18 +152,17 @@ impl Comm {
         }
     }
 
-    /// Moves a finished non-blocking init to its outcome.
+    /// Moves a finished init to its outcome (under the state's lock, once).
     fn settle(&self) {
         let mut st = self.state.lock();
-        if matches!(&*st, State::Pending(j) if j.is_finished()) {
-            let State::Pending(j) = std::mem::replace(&mut *st, State::Failed(Error::Internal("settling".into())))
-            else {
-                unreachable!("checked above")
-            };
-            *st = match j.join() {
-                Ok(Ok(c)) => State::Ready(Arc::new(c)),
-                Ok(Err(e)) => State::Failed(e),
-                Err(_) => State::Failed(Error::Internal("the init thread panicked".into())),
+        let taken = match &*st {
+            State::Pending(slot) => slot.state.lock().1.take(),
+            _ => None,
+        };
+        if let Some(r) = taken {
+            *st = match r {
+                Ok(c) => State::Ready(Arc::new(c)),
+                Err(e) => State::Failed(e),
             };
         }
     }
@@ -157,26 +191,43 @@ impl Comm {
         }
     }
 
-    /// Waits for a non-blocking init to end (destroy, abort).
+    /// Waits for a running init to end (the state reads `Pending`
+    /// meanwhile, so other threads see `ncclInProgress`).
     pub fn join(&self) {
-        let pending = matches!(&*self.state.lock(), State::Pending(_));
-        if pending {
-            let st = std::mem::replace(&mut *self.state.lock(), State::Failed(Error::InvalidUsage("destroyed".into())));
-            if let State::Pending(j) = st {
-                *self.state.lock() = match j.join() {
-                    Ok(Ok(c)) => State::Ready(Arc::new(c)),
-                    Ok(Err(e)) => State::Failed(e),
-                    Err(_) => State::Failed(Error::Internal("the init thread panicked".into())),
-                };
-            }
+        let slot = match &*self.state.lock() {
+            State::Pending(slot) => slot.clone(),
+            _ => return,
+        };
+        let mut st = slot.state.lock();
+        while !st.0 {
+            slot.cv.wait(&mut st);
         }
+        drop(st);
+        self.settle();
     }
 
-    /// Drops the communicator (its threads stop once no launch holds it).
-    pub fn take(&self) -> Option<Arc<Communicator>> {
-        match std::mem::replace(&mut *self.state.lock(), State::Failed(Error::InvalidUsage("destroyed".into()))) {
-            State::Ready(c) => Some(c),
-            _ => None,
+    /// Forgets the handle and ends the communicator: dropped (`abort`:
+    /// aborted, which the other ranks learn). An init still running is
+    /// left to finish on its thread and is ended then, so this never
+    /// waits for a rendezvous.
+    pub fn discard(self: Arc<Self>, abort: bool) {
+        self.remove();
+        self.settle();
+        let end = move |c: &Comm| {
+            if let State::Ready(comm) =
+                std::mem::replace(&mut *c.state.lock(), State::Failed(Error::InvalidUsage("destroyed".into())))
+                && abort
+            {
+                comm.abort();
+            }
+        };
+        if matches!(&*self.state.lock(), State::Pending(_)) {
+            std::thread::spawn(move || {
+                self.join();
+                end(&self);
+            });
+        } else {
+            end(&self);
         }
     }
 
@@ -197,7 +248,7 @@ impl Comm {
     /// Removes user operator `op`.
     pub fn remove_op(&self, op: i32) -> Result<()> {
         let mut ops = self.ops.lock();
-        match usize::try_from(op - NUM_OPS).ok().and_then(|i| ops.get_mut(i)) {
+        match op.checked_sub(NUM_OPS).and_then(|i| usize::try_from(i).ok()).and_then(|i| ops.get_mut(i)) {
             Some(slot @ Some(_)) => {
                 *slot = None;
                 Ok(())
@@ -215,7 +266,10 @@ impl Comm {
         if let Some(&o) = usize::try_from(op).ok().and_then(|i| builtin.get(i)) {
             return Ok(o);
         }
-        let user = usize::try_from(op - NUM_OPS).ok().and_then(|i| self.ops.lock().get(i).copied().flatten());
+        let user = op
+            .checked_sub(NUM_OPS)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.ops.lock().get(i).copied().flatten());
         let Some((made_for, scalar)) = user else {
             return Err(Error::invalid(format!(
                 "op {op} is neither a built-in ncclRedOp_t (0 to 4) nor an operator made by ncclRedOpCreatePreMulSum on this communicator"

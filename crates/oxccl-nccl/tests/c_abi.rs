@@ -201,6 +201,10 @@ fn every_collective_type_and_op_as_threads_driven_by_one_thread_in_groups() {
         let out = run(Command::new(&bin).args(["group", &n.to_string()]), Duration::from_secs(240));
         assert!(out.contains("PASS"), "{n} ranks: {out}");
     }
+    // OXCCL_CHECK's comparison waits for every rank: one thread driving
+    // three must not deadlock on it.
+    let out = run(Command::new(&bin).args(["group", "3"]).env("OXCCL_CHECK", "1"), Duration::from_secs(240));
+    assert!(out.contains("PASS"), "with OXCCL_CHECK=1: {out}");
 }
 
 #[test]

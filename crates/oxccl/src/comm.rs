@@ -86,10 +86,6 @@ impl<B: 'static> Work<B> {
 }
 
 impl Work<()> {
-    pub(crate) fn of(done: Arc<Completion>) -> Work {
-        Work { done, _b: PhantomData }
-    }
-
     /// Waits for the end of a call that owns no storage.
     pub fn wait_done(self) -> Result<()> {
         self.done.wait().0

@@ -1,7 +1,6 @@
 //! Launches on raw host buffers, for callers outside Rust's borrow rules:
 //! the C ABI (`libnccl.so.2`) and the Python binding hold addresses, not
-//! slices, and NCCL's groups start several communicators' work from one
-//! thread before waiting for any of it.
+//! slices.
 //!
 //! The checks are those of every other entry point (a [`Call`] is checked
 //! when it is made; peers, lengths and element sizes when the launch is
@@ -12,11 +11,9 @@
 
 use crate::buf::Region;
 use crate::call::Call;
-use crate::comm::{Communicator, Work};
+use crate::comm::Communicator;
 use crate::group::Op;
-use crate::job::Completion;
 use oxccl_core::{DataType, Result};
-use std::sync::Arc;
 
 /// One operation of a raw launch.
 #[derive(Clone, Copy, Debug)]
@@ -66,24 +63,5 @@ impl Communicator {
             Some(job) => self.run(job),
             None => Ok(()),
         }
-    }
-
-    /// Checks and plans `ops` as one group now (an error changes nothing),
-    /// queues them for the progress thread and returns at once: how NCCL's
-    /// `ncclGroupEnd` starts several communicators' work from one thread.
-    ///
-    /// # Safety
-    /// As [`run_raw`](Communicator::run_raw), until the returned [`Work`]
-    /// has ended (dropping it does not stop the launch).
-    pub unsafe fn start_raw(&self, ops: Vec<RawOp>) -> Result<Work> {
-        let done = match self.group_job(ops.into_iter().map(Op::from).collect())? {
-            Some(job) => self.submit(job),
-            None => {
-                let done = Arc::new(Completion::default());
-                done.finish(Ok(()), None);
-                done
-            }
-        };
-        Ok(Work::of(done))
     }
 }

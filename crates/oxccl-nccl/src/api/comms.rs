@@ -38,33 +38,24 @@ fn init(comm: CommOut, nranks: c_int, id: &UniqueIdC, rank: c_int, config: *cons
     let (n, r) = ranks(nranks, rank)?;
     let opts = abi::read_config(config)?;
     let id = id_of(id)?;
-    if crate::group::active() {
-        // In a group the init ends at ncclGroupEnd (which waits for it):
-        // one thread may make several ranks.
-        let t = std::thread::Builder::new()
-            .name(format!("oxccl-init-r{r}"))
-            .spawn(move || Communicator::init(&id, n, r, Config::default()))
-            .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
-        let c = Comm::pending(r, n, t);
-        out(comm, handle_ptr(&c), "comm")?;
-        crate::group::defer(Box::new(move || {
-            c.join();
-            c.comm().map(|_| ())
-        }))?;
-        return Ok(error::SUCCESS);
-    }
-    if opts.blocking {
+    let in_group = crate::group::active();
+    if opts.blocking && !in_group {
         let c = Comm::ready(Communicator::init(&id, n, r, Config::default())?, true);
         out(comm, handle_ptr(&c), "comm")?;
         return Ok(error::SUCCESS);
     }
-    let t = std::thread::Builder::new()
-        .name(format!("oxccl-init-r{r}"))
-        .spawn(move || Communicator::init(&id, n, r, Config::default()))
-        .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
-    let c = Comm::pending(r, n, t);
+    let c = Comm::spawn(r, n, opts.blocking, move || Communicator::init(&id, n, r, Config::default()))?;
     out(comm, handle_ptr(&c), "comm")?;
-    Ok(IN_PROGRESS)
+    if !in_group {
+        return Ok(IN_PROGRESS);
+    }
+    // In a group the init ends at ncclGroupEnd, which waits for it: one
+    // thread may make several ranks.
+    crate::group::defer(Box::new(move || {
+        c.join();
+        c.comm().map(|_| ())
+    }))?;
+    Ok(error::SUCCESS)
 }
 
 fn get(comm: *const c_void) -> Result<Arc<Comm>> {
@@ -132,10 +123,21 @@ nccl_api! {
         if comm.is_null() {
             return Err(Error::invalid("comm (the array of ndev handles) is NULL"));
         }
-        let _ = devlist; // Ranks are threads; a device list only names GPUs.
+        // Ranks are threads; the device list (else 0, 1, …) names each
+        // rank's GPU where there is one.
+        let gpus = crate::api::misc::gpu_present();
+        let mut devs = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: a non-NULL devlist holds ndev ints (NCCL's contract).
+            let d = if devlist.is_null() { i as c_int } else { unsafe { *devlist.add(i) } };
+            if d < 0 {
+                return Err(Error::invalid(format!("devlist[{i}] is {d}: not a CUDA device")));
+            }
+            devs.push(if gpus { d } else { -1 });
+        }
         let comms = Communicator::init_threads(n)?;
         for (i, c) in comms.into_iter().enumerate() {
-            let h = Comm::ready(c, true);
+            let h = Comm::ready_on(c, devs[i]);
             // SAFETY: `comm` has room for ndev handles (NCCL's contract).
             unsafe { comm.add(i).write(handle_ptr(&h)) };
         }
@@ -152,21 +154,13 @@ nccl_api! {
 
     /// `ncclCommDestroy`: frees the communicator (local; the handle dies).
     fn ncclCommDestroy / pncclCommDestroy(comm: *mut c_void) {
-        let h = get(comm)?;
-        h.remove();
-        h.join();
-        drop(h.take());
+        get(comm)?.discard(false);
         Ok(())
     }
 
     /// `ncclCommAbort`: stops everything; the other ranks learn it.
     fn ncclCommAbort / pncclCommAbort(comm: *mut c_void) {
-        let h = get(comm)?;
-        h.remove();
-        h.join();
-        if let Some(c) = h.take() {
-            c.abort();
-        }
+        get(comm)?.discard(true);
         Ok(())
     }
 
@@ -286,7 +280,7 @@ nccl_api! {
     /// `ncclCommCuDevice`: the CUDA device current when the communicator
     /// was made; -1 for a communicator made without one (host memory).
     fn ncclCommCuDevice / pncclCommCuDevice(comm: *const c_void, device: *mut c_int) {
-        out(device, get(comm)?.cuda_device, "device")
+        out(device, get(comm)?.cuda_device.load(std::sync::atomic::Ordering::Relaxed), "device")
     }
 
     /// `ncclCommUserRank`.

@@ -13,7 +13,7 @@ use std::ffi::{c_int, c_void};
 static HOST: Mutex<Option<HashMap<usize, Layout>>> = Mutex::new(None);
 
 /// Whether `ncclMemAlloc` gives device memory: a driver and a device.
-fn gpu_present() -> bool {
+pub(crate) fn gpu_present() -> bool {
     #[cfg(feature = "cuda")]
     if oxccl_cuda::Device::count().is_ok_and(|n| n > 0) {
         return true;

@@ -2,5 +2,5 @@
 
 pub(crate) mod colls;
 pub(crate) mod comms;
-mod misc;
+pub(crate) mod misc;
 mod params;

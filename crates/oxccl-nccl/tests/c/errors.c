@@ -2,6 +2,7 @@
  * handles after destroy, groups, the simulator, memory, parameters: what a
  * C caller sees when it gets things wrong. Prints "PASS <checks>". */
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -83,7 +84,13 @@ int main(void) {
   /* An error inside a group fails the group and launches nothing. */
   CHECK(ncclGroupStart());
   FAILS(ncclAllReduce(x, y, 8, (ncclDataType_t)99, ncclSum, c[0], NULL), ncclInvalidArgument, "datatype");
-  FAILS(ncclGroupEnd(), ncclInvalidUsage, "nothing in the group was launched");
+  FAILS(ncclGroupEnd(), ncclInvalidArgument, "nothing in the group was launched");
+  ncclCollConfig_t badcc = NCCL_COLLCONFIG_INITIALIZER;
+  badcc.magic = 1;
+  CHECK(ncclGroupStart());
+  FAILS(ncclAllReduceConfig(x, y, 8, ncclFloat, ncclSum, c[0], NULL, &badcc), ncclInvalidArgument,
+        "NCCL_COLLCONFIG_INITIALIZER");
+  FAILS(ncclGroupEnd(), ncclInvalidArgument, "nothing in the group was launched");
 
   /* The communicator still works: one thread drives both ranks in a group. */
   float out[2][8];
@@ -126,6 +133,24 @@ int main(void) {
   FAILS(ncclCommDestroy(c[1]), ncclInvalidArgument, "already destroyed");
   CHECK(ncclCommAbort(c[0]));
   FAILS(ncclCommCount(c[0], &v), ncclInvalidArgument, "already destroyed");
+
+  /* Aborting a non-blocking init whose peer never comes returns at once. */
+  ncclComm_t lone;
+  ncclUniqueId id2;
+  CHECK(ncclGetUniqueId(&id2));
+  ncclResult_t rr = ncclCommInitRankConfig(&lone, 2, id2, 0, &cfg);
+  EXPECT(rr == ncclInProgress, "a lone non-blocking init returned %d", (int)rr);
+  ncclResult_t st = ncclSuccess;
+  CHECK(ncclCommGetAsyncError(lone, &st));
+  EXPECT(st == ncclInProgress, "a lone init reads %d, not ncclInProgress", (int)st);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  CHECK(ncclCommAbort(lone));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  EXPECT(secs < 1.0, "ncclCommAbort of a pending init took %.2f s", secs);
+  FAILS(ncclCommGetAsyncError(lone, &st), ncclInvalidArgument, "already destroyed");
+  checks++;
 
   /* Count 0 moves nothing and accepts NULL buffers. */
   ncclComm_t solo;
