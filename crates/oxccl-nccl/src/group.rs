@@ -132,20 +132,28 @@ pub fn defer(f: Deferred) -> Result<()> {
     }
 }
 
-/// Runs deferred work on threads, all at once; the first error.
-fn run_deferred(work: Vec<Deferred>) -> Result<()> {
-    if work.len() == 1 {
-        return work.into_iter().next().expect("one")();
+/// Runs jobs at once, on this thread when there is one, else one thread
+/// each; waits for all of them and returns the first error.
+fn all_at_once<F: FnOnce() -> Result<()> + Send>(jobs: Vec<F>) -> Result<()> {
+    if jobs.len() == 1 {
+        return jobs.into_iter().next().expect("one")();
     }
-    let threads: Vec<_> = work.into_iter().map(std::thread::spawn).collect();
-    let mut first = None;
-    for t in threads {
-        let r = t.join().unwrap_or_else(|_| Err(Error::Internal("a group's init thread panicked".into())));
-        if let Err(e) = r {
-            first.get_or_insert(e);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = jobs.into_iter().map(|f| s.spawn(f)).collect();
+        let mut first = None;
+        for t in threads {
+            let r = t.join().unwrap_or_else(|_| Err(Error::Internal("a thread of an NCCL group panicked".into())));
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
         }
-    }
-    first.map_or(Ok(()), Err)
+        first.map_or(Ok(()), Err)
+    })
+}
+
+/// Runs deferred work, all at once; the first error.
+fn run_deferred(work: Vec<Deferred>) -> Result<()> {
+    all_at_once(work)
 }
 
 /// `ncclGroupSimulateEnd`: closes the group without launching it; the
@@ -212,21 +220,7 @@ fn launch(ops: Vec<Entry>) -> Result<()> {
             None => per.push((h.handle, c, vec![p])),
         }
     }
-    if per.len() == 1 {
-        let (_, c, ops) = per.pop().expect("one");
-        return run_one(&c, ops);
-    }
-    std::thread::scope(|s| {
-        let threads: Vec<_> = per.into_iter().map(|(_, c, ops)| s.spawn(move || run_one(&c, ops))).collect();
-        let mut first = None;
-        for t in threads {
-            let r = t.join().unwrap_or_else(|_| Err(Error::Internal("a group's launch thread panicked".into())));
-            if let Err(e) = r {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
-    })
+    all_at_once(per.into_iter().map(|(_, c, ops)| move || run_one(&c, ops)).collect())
 }
 
 /// One communicator's part of a launch.

@@ -26,9 +26,13 @@ fn lib_dir() -> PathBuf {
     dir
 }
 
-/// A scratch directory for this test's binaries.
+/// A scratch directory of its own for each caller (tests run in parallel
+/// and may build the same program: one writing a binary another runs
+/// fails with "Text file busy").
 fn scratch(name: &str) -> PathBuf {
-    let d = lib_dir().join("c-abi-tests").join(format!("{name}-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = lib_dir().join("c-abi-tests").join(format!("{name}-{}-{k}", std::process::id()));
     std::fs::create_dir_all(&d).expect("scratch dir");
     d
 }
