@@ -4,7 +4,7 @@
 //! collective on host memory (ranks as threads, in groups, as processes,
 //! under mpirun) and get NCCL's error codes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,11 +12,13 @@ fn here() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Where the built library is (the test binary's profile directory), with
-/// its `libnccl.so.2` name.
+/// Where the built library is, with its `libnccl.so.2` name: the test
+/// binary's own directory (`target/<profile>/deps`), where cargo rebuilds
+/// the library for the tests (the copy one level up is refreshed only by
+/// builds of the library itself).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
+    let dir = exe.parent().expect("target/<profile>/deps").to_path_buf();
     assert!(dir.join("libnccl.so").exists(), "libnccl.so not built in {}", dir.display());
     let so2 = dir.join("libnccl.so.2");
     if std::fs::metadata(&so2).is_err() {
@@ -71,7 +73,10 @@ fn build(cc: &str, src: &str, extra: &[&str]) -> PathBuf {
 /// Runs a command with a deadline (killed after it), small oxccl timeouts;
 /// its stdout.
 fn run(cmd: &mut Command, limit: Duration) -> String {
-    cmd.env("OXCCL_TIMEOUT", "30").stdout(Stdio::piped()).stderr(Stdio::piped());
+    // cargo test's LD_LIBRARY_PATH names target/<profile> first, whose copy
+    // of the library may be stale (see lib_dir): it would win over the
+    // binary's rpath.
+    cmd.env("LD_LIBRARY_PATH", lib_dir()).env("OXCCL_TIMEOUT", "30").stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("spawn");
     let start = Instant::now();
     loop {

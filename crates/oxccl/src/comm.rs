@@ -50,6 +50,9 @@ struct Inner {
     tuner: Tuner,
     cache: Cache,
     seq: AtomicU64,
+    /// Shrinks after a failure made from this communicator (each names its
+    /// new communicator's rendezvous).
+    shrinks: AtomicU64,
     kinds: Vec<Option<Kind>>,
     /// The device side, set up by the first call on device buffers.
     device: Mutex<Option<Arc<DeviceComm>>>,
@@ -175,6 +178,7 @@ impl Communicator {
                 tuner,
                 cache: Cache::default(),
                 seq: AtomicU64::new(0),
+                shrinks: AtomicU64::new(0),
                 kinds,
                 device: Mutex::new(None),
             }),
@@ -256,6 +260,16 @@ impl Communicator {
         inner.shared.set_poison(&e);
         inner.shared.abort.store(true, Ordering::Release);
         inner.boot.abort("the application called abort");
+        self.stop();
+    }
+
+    /// Stops this rank's use of the communicator without telling the
+    /// others (they may still be finishing work on it): later calls fail
+    /// with `why`.
+    pub(crate) fn stop_locally(&self, why: &str) {
+        let inner = &self.inner;
+        inner.shared.set_poison(&Error::InvalidUsage(format!("rank {}: {why}", inner.rank)));
+        inner.shared.abort.store(true, Ordering::Release);
         self.stop();
     }
 
@@ -520,6 +534,11 @@ impl Communicator {
     /// The configuration this communicator was made with.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The number of this communicator's next shrink after a failure.
+    pub(crate) fn next_shrink(&self) -> u64 {
+        self.inner.shrinks.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn boot(&self) -> &Arc<Bootstrap> {

@@ -53,6 +53,54 @@ impl Communicator {
     /// new communicator's id travels from its rank 0 over this
     /// communicator, which must therefore still be usable.
     pub fn shrink(&self, exclude: &[usize]) -> Result<Communicator> {
+        let (stay, new_rank) = self.staying(exclude)?;
+        let mut bytes = [0u8; UniqueId::SIZE];
+        if new_rank == 0 {
+            bytes = *UniqueId::new()?.as_bytes();
+            let sent = bytes;
+            self.group(|g| {
+                for &r in &stay[1..] {
+                    g.send(&sent, r);
+                }
+            })?;
+        } else {
+            self.recv(&mut bytes, stay[0])?;
+        }
+        let id = UniqueId::from_bytes(&bytes)?;
+        Communicator::init(&id, stay.len(), new_rank, self.config().clone())
+    }
+
+    /// [`shrink`](Communicator::shrink) after a failure (NCCL's
+    /// `NCCL_SHRINK_ABORT`): stops this rank's work on this communicator
+    /// first (without disturbing ranks still finishing theirs), and needs
+    /// nothing of it but what every rank learnt at init, so the excluded
+    /// ranks may be dead and this communicator poisoned. Every remaining
+    /// rank derives the same rendezvous: the new rank 0's address (from
+    /// this communicator's peer table) and a port and nonce computed from
+    /// this communicator's id, the list and how many such shrinks it has
+    /// made; the new rank 0 binds that port (an error if it is taken).
+    pub fn shrink_after_failure(&self, exclude: &[usize]) -> Result<Communicator> {
+        let (stay, new_rank) = self.staying(exclude)?;
+        self.stop_locally("the communicator was shrunk after a failure (NCCL_SHRINK_ABORT); use the new one");
+        let ip = self.boot().peers()[stay[0]].addr;
+        let nonce: String = self.id().nonce().iter().map(|b| format!("{b:02x}")).collect();
+        let key = format!("oxccl-shrink/{nonce}/{}/{exclude:?}", self.next_shrink());
+        // Ports 10000 to 31999: below Linux's ephemeral range, where
+        // outgoing connections take theirs.
+        let h = UniqueId::for_env(SocketAddr::new(ip, 0), &key).nonce();
+        let port = 10_000 + (u16::from_le_bytes([h[0], h[1]]) % 22_000);
+        let id = UniqueId::for_env(SocketAddr::new(ip, port), &key);
+        Communicator::init(&id, stay.len(), new_rank, self.config().clone()).map_err(|e| match e {
+            Error::System(m) => Error::System(format!(
+                "shrink: the new communicator's rendezvous {ip}:{port} (derived, so every rank finds it): {m}"
+            )),
+            other => other,
+        })
+    }
+
+    /// The ranks that stay when `exclude` leave, and this rank's place
+    /// among them (an error names a bad list).
+    fn staying(&self, exclude: &[usize]) -> Result<(Vec<usize>, usize)> {
         let (me, n) = (self.rank(), self.size());
         let mut out = vec![false; n];
         for &r in exclude {
@@ -70,20 +118,7 @@ impl Communicator {
         }
         let stay: Vec<usize> = (0..n).filter(|&r| !out[r]).collect();
         let new_rank = stay.iter().position(|&r| r == me).expect("this rank stays");
-        let mut bytes = [0u8; UniqueId::SIZE];
-        if new_rank == 0 {
-            bytes = *UniqueId::new()?.as_bytes();
-            let sent = bytes;
-            self.group(|g| {
-                for &r in &stay[1..] {
-                    g.send(&sent, r);
-                }
-            })?;
-        } else {
-            self.recv(&mut bytes, stay[0])?;
-        }
-        let id = UniqueId::from_bytes(&bytes)?;
-        Communicator::init(&id, stay.len(), new_rank, self.config().clone())
+        Ok((stay, new_rank))
     }
 
     /// A communicator from the environment a launcher set: torchrun

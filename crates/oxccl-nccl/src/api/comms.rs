@@ -213,13 +213,15 @@ nccl_api! {
         if n > 0 && exclude_ranks_list.is_null() {
             return Err(Error::invalid("excludeRanksList is NULL but excludeRanksCount is not 0"));
         }
-        if shrink_flags != 0 {
-            return Err(Error::InvalidUsage(format!(
-                "shrinkFlags {shrink_flags}: only NCCL_SHRINK_DEFAULT is supported (the new id travels over this \
-                 communicator, so its ranks must still be reachable); after a failure, make a new communicator \
-                 with ncclGetUniqueId and ncclCommInitRank among the survivors"
-            )));
-        }
+        let after_failure = match shrink_flags {
+            0 => false,
+            1 => true,
+            f => {
+                return Err(Error::invalid(format!(
+                    "shrinkFlags {f}: need NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"
+                )));
+            }
+        };
         let list: Vec<usize> = (0..n)
             // SAFETY: the list holds excludeRanksCount ints (checked non-NULL).
             .map(|i| unsafe { *exclude_ranks_list.add(i) })
@@ -232,7 +234,7 @@ nccl_api! {
         let target = newcomm as usize;
         // In a group the shrink ends at ncclGroupEnd, beside the others.
         crate::group::defer(Box::new(move || {
-            let made = c.shrink(&list)?;
+            let made = if after_failure { c.shrink_after_failure(&list)? } else { c.shrink(&list)? };
             let p = handle_ptr(&Comm::ready(made, blocking));
             // SAFETY: the caller keeps `newcomm` valid until the shrink (or
             // its group) has ended, which is when this runs.

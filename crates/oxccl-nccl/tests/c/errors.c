@@ -79,7 +79,9 @@ int main(void) {
   FAILS(ncclGroupEnd(), ncclInvalidUsage, "without a matching ncclGroupStart");
   FAILS(ncclRedOpDestroy((ncclRedOp_t)77, c[0]), ncclInvalidArgument, "op 77");
   FAILS(ncclCommWindowRegister(c[0], y, sizeof y, NULL, 0), ncclInvalidUsage, "not supported");
-  FAILS(ncclCommShrink(c[0], NULL, 0, &bad, NULL, NCCL_SHRINK_ABORT), ncclInvalidUsage, "NCCL_SHRINK_DEFAULT");
+  FAILS(ncclCommShrink(c[0], NULL, 0, &bad, NULL, 5), ncclInvalidArgument, "NCCL_SHRINK_ABORT (1)");
+  int me = 0;
+  FAILS(ncclCommShrink(c[0], &me, 1, &bad, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument, "exclude list");
 
   /* An error inside a group fails the group and launches nothing. */
   CHECK(ncclGroupStart());
@@ -150,6 +152,26 @@ int main(void) {
   double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
   EXPECT(secs < 1.0, "ncclCommAbort of a pending init took %.2f s", secs);
   FAILS(ncclCommGetAsyncError(lone, &st), ncclInvalidArgument, "already destroyed");
+  checks++;
+
+  /* A rank dies (aborts); the others shrink around it with
+   * NCCL_SHRINK_ABORT although their communicator is poisoned. */
+  ncclComm_t three[3], two[2];
+  CHECK(ncclCommInitAll(three, 3, NULL));
+  CHECK(ncclCommAbort(three[2]));
+  int gone = 2;
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) CHECK(ncclCommShrink(three[r], &gone, 1, &two[r], NULL, NCCL_SHRINK_ABORT));
+  CHECK(ncclGroupEnd());
+  float twos[2][8];
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) CHECK(ncclAllReduce(x, twos[r], 8, ncclFloat, ncclSum, two[r], NULL));
+  CHECK(ncclGroupEnd());
+  EXPECT(twos[1][7] == 16, "all-reduce after the shrink gave %g", twos[1][7]);
+  for (int r = 0; r < 2; r++) {
+    CHECK(ncclCommDestroy(two[r]));
+    CHECK(ncclCommDestroy(three[r]));
+  }
   checks++;
 
   /* Count 0 moves nothing and accepts NULL buffers. */
