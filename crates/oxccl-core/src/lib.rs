@@ -24,6 +24,7 @@ pub mod dtype;
 pub mod error;
 pub mod kernels;
 pub mod op;
+pub mod size;
 
 pub use dtype::DataType;
 pub use error::{Error, Result};

@@ -134,7 +134,10 @@ impl std::str::FromStr for Kind {
     fn from_str(s: &str) -> Result<Kind> {
         let key = s.trim().to_ascii_lowercase();
         KINDS.iter().find(|k| k.1 == key || k.2.contains(&key.as_str())).map(|k| k.0).ok_or_else(|| {
-            let names: Vec<&str> = KINDS.iter().map(|k| k.1).collect();
+            let names: Vec<String> = KINDS
+                .iter()
+                .map(|k| if k.2.is_empty() { k.1.to_string() } else { format!("{} (or {})", k.1, k.2.join(", ")) })
+                .collect();
             Error::invalid(format!("unknown transport {s:?}; expected one of {}", names.join(", ")))
         })
     }
@@ -252,7 +255,7 @@ pub fn recv_by_peek<R: Receiver + ?Sized>(r: &mut R, dst: &Region) -> Result<(bo
     let mut moved = false;
     while let Some(piece) = r.peek()? {
         if piece.msg_len != dst.len() {
-            return Err(Error::Remote(wrong_length(piece.msg_len, dst.len())));
+            return Err(Error::InvalidUsage(wrong_length(piece.msg_len, dst.len())));
         }
         let (off, n) = (piece.offset, piece.data.len());
         dst.sub(off, n)?.write(|d| d.copy_from_slice(piece.data))?;

@@ -544,7 +544,7 @@ impl Receiver for ShmReceiver {
         match self.c.current()? {
             Some((len, true)) => {
                 if len != dst.len() {
-                    return Err(Error::Remote(crate::wrong_length(len, dst.len())));
+                    return Err(Error::InvalidUsage(crate::wrong_length(len, dst.len())));
                 }
                 // A piece at a time, so the rank keeps serving its peers.
                 let done = dst.write(|d| self.c.read_ref_into(d, 8 << 20))??;

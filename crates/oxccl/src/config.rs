@@ -80,8 +80,11 @@ impl std::str::FromStr for SingleCopy {
         match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Ok(SingleCopy::Auto),
             "off" | "never" | "0" => Ok(SingleCopy::Off),
-            n => n.parse().map(SingleCopy::From).map_err(|_| {
-                Error::invalid(format!("OXCCL_SINGLE_COPY_MIN={s:?}: expected a number of bytes, auto or off"))
+            n => oxccl_core::size::parse_size(n).map(SingleCopy::From).ok_or_else(|| {
+                Error::invalid(format!(
+                    "OXCCL_SINGLE_COPY_MIN={s:?}: expected auto, off or {}",
+                    oxccl_core::size::SIZE_FORMS
+                ))
             }),
         }
     }
@@ -197,6 +200,42 @@ fn parse_num<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
     }
 }
 
+/// A size variable (`4M`, `512K`, bytes): an error names it and what it
+/// accepts.
+fn parse_bytes(name: &str) -> Result<Option<usize>> {
+    match lookup(name) {
+        None => Ok(None),
+        Some((name, v)) => oxccl_core::size::parse_size(&v)
+            .map(Some)
+            .ok_or_else(|| Error::invalid(format!("{name}={v:?}: expected {}", oxccl_core::size::SIZE_FORMS))),
+    }
+}
+
+/// Checks a size setting against its range; the error names the variable
+/// that set it (or the `Config` field, when set explicitly).
+fn in_range(what: &str, name: &str, explicit: bool, v: usize, lo: usize, hi: usize) -> Result<()> {
+    if (lo..=hi).contains(&v) {
+        return Ok(());
+    }
+    let set_by = if explicit {
+        "Config".to_string()
+    } else {
+        lookup(name).map(|(n, s)| format!("{n}={s:?}")).unwrap_or_else(|| name.to_string())
+    };
+    let human = |b: usize| match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    };
+    let range = if hi == usize::MAX {
+        format!("at least {}", human(lo))
+    } else {
+        format!("between {} and {}", human(lo), human(hi))
+    };
+    Err(Error::invalid(format!("{set_by}: {what} {v} must be {range}")))
+}
+
 /// Parses a transport name (`OXCCL_TRANSPORT`).
 pub fn parse_kind(s: &str) -> Result<Kind> {
     s.parse::<Kind>().map_err(|e| match e {
@@ -245,14 +284,12 @@ impl Config {
         };
         let (buffsize, tcp_buffsize) = match self.buffsize {
             Some(b) => (b, b),
-            None => match parse_num("OXCCL_BUFFSIZE")? {
+            None => match parse_bytes("OXCCL_BUFFSIZE")? {
                 Some(b) => (b, b),
                 None => (4 << 20, 512 << 10),
             },
         };
-        if !(16 << 10..=1 << 30).contains(&buffsize) {
-            return Err(Error::invalid(format!("buffer size {buffsize} must be between 16 KiB and 1 GiB")));
-        }
+        in_range("buffer size", "OXCCL_BUFFSIZE", self.buffsize.is_some(), buffsize, 16 << 10, 1 << 30)?;
         let nsocks = num_setting(self.nsocks, "OXCCL_NSOCKS", 2)?;
         if !(1..=16).contains(&nsocks) {
             return Err(Error::invalid(format!("sockets per connection {nsocks} must be 1 to 16")));
@@ -268,18 +305,27 @@ impl Config {
             Some(p) => p,
             None => env("OXCCL_DEVICE_PATH").map(|v| v.parse()).transpose()?.unwrap_or_default(),
         };
-        let device_window = num_setting(self.device_window, "OXCCL_DEVICE_WINDOW", 8 << 20)?;
-        if !(64 << 10..=1 << 30).contains(&device_window) {
-            return Err(Error::invalid(format!("device window {device_window} must be between 64 KiB and 1 GiB")));
-        }
+        let device_window = match self.device_window {
+            Some(w) => w,
+            None => parse_bytes("OXCCL_DEVICE_WINDOW")?.unwrap_or(8 << 20),
+        };
+        in_range(
+            "device window",
+            "OXCCL_DEVICE_WINDOW",
+            self.device_window.is_some(),
+            device_window,
+            64 << 10,
+            1 << 30,
+        )?;
         let device_blocks = num_setting(self.device_blocks, "OXCCL_DEVICE_BLOCKS", 16)?;
         if !(1..=64).contains(&device_blocks) {
             return Err(Error::invalid(format!("device blocks {device_blocks} must be 1 to 64")));
         }
-        let stage_chunk = num_setting(self.stage_chunk, "OXCCL_STAGE_CHUNK", 4 << 20)?;
-        if stage_chunk == 0 {
-            return Err(Error::invalid("stage chunk must be at least 1 byte"));
-        }
+        let stage_chunk = match self.stage_chunk {
+            Some(c) => c,
+            None => parse_bytes("OXCCL_STAGE_CHUNK")?.unwrap_or(4 << 20),
+        };
+        in_range("stage chunk", "OXCCL_STAGE_CHUNK", self.stage_chunk.is_some(), stage_chunk, 1, usize::MAX)?;
         let mut programs = self.programs.clone();
         for file in env("OXCCL_ALGO_FILE").iter().flat_map(|v| v.split(',')).map(str::trim).filter(|f| !f.is_empty()) {
             for id in programs::load(file).map_err(|e| prefix("OXCCL_ALGO_FILE", e))? {

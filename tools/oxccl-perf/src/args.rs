@@ -233,26 +233,8 @@ fn parse_uint(flag: &str, v: &str, min: i64, max: i64) -> Result<usize, String> 
 /// A size in bytes: a number with an optional K, M or G (binary units,
 /// as nccl-tests' `parsesize`), optionally followed by `B`.
 pub fn parse_size(flag: &str, v: &str) -> Result<usize, String> {
-    let bad = || format!("invalid size {v:?} for {flag}: expected a number of bytes with an optional K, M or G suffix");
-    let t = v.trim();
-    let t = t.strip_suffix(['B', 'b']).filter(|r| r.ends_with(|c: char| c.is_ascii_alphabetic())).unwrap_or(t);
-    let (num, unit) = match t.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => (t[..i].trim_end(), c.to_ascii_uppercase()),
-        _ => (t, ' '),
-    };
-    let mult: f64 = match unit {
-        ' ' => 1.0,
-        'K' => 1024.0,
-        'M' => 1024.0 * 1024.0,
-        'G' => 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(bad()),
-    };
-    let x: f64 = num.parse().map_err(|_| bad())?;
-    let bytes = x * mult;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > (1u64 << 48) as f64 {
-        return Err(bad());
-    }
-    Ok(bytes as usize)
+    oxccl_core::size::parse_size(v)
+        .ok_or_else(|| format!("invalid size {v:?} for {flag}: expected {}", oxccl_core::size::SIZE_FORMS))
 }
 
 fn set(o: &mut Options, flag: char, v: &str) -> Result<(), String> {

@@ -174,7 +174,7 @@ fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, 
     }
     let launch = detect(|k| std::env::var(k).ok())?;
     let main_proc = launch.as_ref().is_none_or(|l| l.rank == 0);
-    let mut reporter = main_proc.then(|| Reporter::new(prog, o, argv));
+    let mut reporter = if main_proc { Some(Reporter::new(prog, o, argv)?) } else { None };
     let comms = communicators(kind, o, launch.as_ref()).map_err(|e| format!("cannot create the communicators: {e}"))?;
     let n = comms[0].0.size();
     if let (Some(path), true) = (&o.program, main_proc) {

@@ -83,9 +83,11 @@ fn create_new(path: &std::path::Path) -> std::io::Result<(PathBuf, std::fs::File
 
 impl Reporter {
     /// A reporter for program `prog`; with `-J`, reserves the JSON file
-    /// and says where it goes (or, as nccl-tests does, that it is skipped
-    /// when the file cannot be created: the other ranks are waiting).
-    pub fn new(prog: &str, opts: &Options, argv: &[String]) -> Reporter {
+    /// and says where it goes. A file that cannot be created is an error
+    /// (nccl-tests prints "skipping json output" and exits 0, so a script
+    /// loses its results without a sign); it comes before any rank has
+    /// joined, and a launcher stops the other ranks.
+    pub fn new(prog: &str, opts: &Options, argv: &[String]) -> Result<Reporter, String> {
         let columns = Columns {
             cputime: opts.report_cputime,
             timestamps: opts.report_timestamps,
@@ -93,13 +95,8 @@ impl Reporter {
         };
         let mut r = Reporter { prog: prog.to_string(), columns, json: None, out: std::io::stdout() };
         if let Some(p) = &opts.output_file {
-            let path = match create_new(p) {
-                Ok((path, _)) => path,
-                Err(e) => {
-                    r.print(&format!("# skipping json output; {} not accessible ({e})\n", p.display()));
-                    return r;
-                }
-            };
+            let (path, _) =
+                create_new(p).map_err(|e| format!("-J {}: cannot create the JSON file: {e}", p.display()))?;
             r.print(&format!("# Writing JSON output to {}\n", path.display()));
             let mut doc = Map::new();
             doc.insert("version".into(), json!(2));
@@ -109,7 +106,7 @@ impl Reporter {
             doc.insert("oxccl_version".into(), json!(env!("CARGO_PKG_VERSION")));
             r.json = Some(Json { path, doc, results: Vec::new(), row: Map::new() });
         }
-        r
+        Ok(r)
     }
 
     fn print(&mut self, s: &str) {

@@ -102,12 +102,37 @@ fn json_record() {
     assert!(r.stdout.contains(second.to_str().unwrap()), "{}", r.stdout);
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&second).unwrap()).unwrap();
     assert_eq!(v["results"].as_array().unwrap().len(), 1);
-    // An unwritable place: said, and the run goes on (as in nccl-tests).
+    // An unwritable place is an error naming it (nccl-tests skips it and
+    // exits 0: a script would lose its results without a sign).
     let nowhere = dir.join("no-such-dir").join("x.json");
     let r = run_threads("reduce", &["-t", "2", "-b", "8", "-e", "8", "-J", nowhere.to_str().unwrap()]);
-    assert_eq!(r.code, Some(0), "{r:?}");
-    assert!(r.stdout.starts_with("# skipping json output;"), "{}", r.stdout);
+    assert_ne!(r.code, Some(0), "{r:?}");
+    assert!(r.stderr.contains("-J") && r.stderr.contains("no-such-dir"), "{}", r.stderr);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn malformed_variables_are_errors_naming_them() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("OXCCL_BUFFSIZE", "1000", &["OXCCL_BUFFSIZE=\"1000\"", "between 16 KiB and 1 GiB"]),
+        ("OXCCL_BUFFSIZE", "lots", &["OXCCL_BUFFSIZE=\"lots\"", "4M"]),
+        ("OXCCL_TRANSPORT", "foo", &["OXCCL_TRANSPORT", "mem", "shm", "tcp (or socket, net)"]),
+        ("OXCCL_SINGLE_COPY_MIN", "big", &["OXCCL_SINGLE_COPY_MIN", "auto, off"]),
+    ];
+    for (var, value, needles) in cases {
+        let mut cmd = Command::new(exe("all_reduce"));
+        cmd.args(["-t", "2", "-b", "8", "-e", "8"]).env(var, value);
+        let r = run_with_deadline(cmd, Duration::from_secs(60));
+        assert_ne!(r.code, Some(0), "{var}={value}: {r:?}");
+        for n in *needles {
+            assert!(r.stderr.contains(n), "{var}={value}: {n:?} not in {}", r.stderr);
+        }
+    }
+    // Sizes take the benchmarks' suffixes.
+    let mut cmd = Command::new(exe("all_reduce"));
+    cmd.args(["-t", "2", "-b", "8", "-e", "8"]).env("OXCCL_BUFFSIZE", "4M").env("OXCCL_SINGLE_COPY_MIN", "64K");
+    let r = run_with_deadline(cmd, Duration::from_secs(60));
+    assert_eq!(r.code, Some(0), "{r:?}");
 }
 
 #[test]

@@ -168,7 +168,13 @@ impl TcpReceiver {
                 && let Some((None, dst)) = self.land
             {
                 if dst.len() as u64 != h.msg_len {
-                    return Err(self.remote(i, crate::wrong_length(h.msg_len, dst.len())));
+                    return Err(Error::InvalidUsage(format!(
+                        "rank {} (at rank {}, channel {}, stream {i}): {}",
+                        self.peer,
+                        self.shared.me,
+                        self.ch,
+                        crate::wrong_length(h.msg_len, dst.len())
+                    )));
                 }
                 self.land = Some((Some(h.seq), dst));
             }
@@ -435,7 +441,7 @@ impl Receiver for TcpReceiver {
         if self.land.is_none() {
             match self.msgs.front() {
                 Some(m) if m.len != dst.len() as u64 => {
-                    return Err(Error::Remote(format!(
+                    return Err(Error::InvalidUsage(format!(
                         "rank {}: {}",
                         self.peer,
                         crate::wrong_length(m.len, dst.len())

@@ -30,7 +30,10 @@ pub(super) fn pump(s: &mut dyn Sender, src: &Region, put: &mut usize, es: usize)
 /// whole elements.
 fn usable(piece: &Piece<'_>, expect: usize, got: usize, es: usize, peer: usize) -> Result<usize> {
     if piece.msg_len != expect {
-        return Err(Error::Remote(format!("rank {peer}: {}", oxccl_transport::wrong_length(piece.msg_len, expect))));
+        return Err(Error::InvalidUsage(format!(
+            "rank {peer}: {}",
+            oxccl_transport::wrong_length(piece.msg_len, expect)
+        )));
     }
     if piece.offset != got {
         return Err(Error::Internal(format!("piece at byte {} of a message, expected {got}", piece.offset)));
