@@ -112,3 +112,107 @@ fn inconsistent_init_is_an_error() {
     let bad = Config { algo: Some("allreduce:spiral".into()), ..Config::default() };
     assert!(Communicator::init_threads_with(1, bad).unwrap_err().to_string().contains("spiral"));
 }
+
+/// A named call on a communicator.
+type NamedCall<'a> = (&'static str, Box<dyn Fn() -> oxccl::Result<()> + Sync + 'a>);
+
+/// Every kind of call on `c`, each with a deadline: all must fail, each
+/// within `limit`.
+fn every_call_fails_fast(c: &Communicator, limit: Duration) {
+    let peer = (c.rank() + 1) % c.size();
+    let n = c.size();
+    let calls: Vec<NamedCall<'_>> = vec![
+        ("all_reduce", Box::new(|| c.all_reduce_in_place(&mut [1.0f32; 64], ReduceOp::Sum))),
+        ("barrier", Box::new(|| c.barrier())),
+        ("send", Box::new(move || c.send(&[1u8; 64], peer))),
+        ("recv", Box::new(move || c.recv(&mut [0u8; 64], peer))),
+        (
+            "group",
+            Box::new(move || {
+                let (out, mut inc) = ([1u8; 8], [0u8; 8]);
+                c.group(|g| {
+                    g.send(&out, peer);
+                    g.recv(&mut inc, peer);
+                })
+            }),
+        ),
+        (
+            "all_to_allv",
+            Box::new(move || {
+                let counts = vec![1usize; n];
+                let displs: Vec<usize> = (0..n).collect();
+                let send = vec![1u32; n];
+                let mut recv = vec![0u32; n];
+                c.all_to_allv(&send, &counts, &displs, &mut recv, &counts, &displs)
+            }),
+        ),
+        ("async all_reduce", Box::new(|| c.all_reduce_async(vec![1.0f32; 64], ReduceOp::Sum)?.wait().map(|_| ()))),
+        ("split", Box::new(|| c.split(Some(0), 0).map(|_| ()))),
+        ("shrink", Box::new(|| c.shrink(&[]).map(|_| ()))),
+    ];
+    for (name, call) in &calls {
+        let t = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _ = tx.send(call());
+            });
+            match rx.recv_timeout(limit + Duration::from_secs(5)) {
+                Ok(r) => assert!(r.is_err(), "rank {}: {name} on an aborted communicator succeeded", c.rank()),
+                // The scope would wait for the hung call: end the process.
+                Err(_) => {
+                    eprintln!("rank {}: {name} on an aborted communicator hangs", c.rank());
+                    std::process::abort();
+                }
+            }
+        });
+        assert!(t.elapsed() < limit, "rank {}: {name} took {:?} to fail", c.rank(), t.elapsed());
+    }
+}
+
+#[test]
+fn after_abort_every_call_fails_at_once_on_every_rank() {
+    let cfg = Config { timeout: Some(Duration::from_secs(10)), ..Config::default() };
+    let comms = Communicator::init_threads_with(3, cfg).unwrap();
+    comms[0].abort();
+    // The aborting rank: at once.
+    every_call_fails_fast(&comms[0], Duration::from_millis(500));
+    // The others learn it from the bootstrap within moments.
+    std::thread::sleep(Duration::from_millis(200));
+    std::thread::scope(|s| {
+        for c in &comms[1..] {
+            s.spawn(move || every_call_fails_fast(c, Duration::from_secs(3)));
+        }
+    });
+}
+
+#[test]
+fn a_call_racing_abort_ends_within_the_aborts_bound() {
+    for (transport, trials) in [(None, 100usize), (Some(oxccl::Kind::Shm), 30), (Some(oxccl::Kind::Tcp), 30)] {
+        racing_abort(transport, trials);
+    }
+}
+
+fn racing_abort(transport: Option<oxccl::Kind>, trials: usize) {
+    let cfg = Config { timeout: Some(Duration::from_secs(10)), transport, ..Config::default() };
+    for trial in 0..trials {
+        let comms = Communicator::init_threads_with(2, cfg.clone()).unwrap();
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    // Both ranks all-reduce until the abort stops them.
+                    let mut x = vec![1.0f32; 4096];
+                    while c.all_reduce_in_place(&mut x, ReduceOp::Sum).is_ok() {}
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200 * (trial % 10) as u64));
+            comms[trial % 2].abort();
+        });
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{transport:?} trial {trial}: the racing calls took {:?}",
+            t.elapsed()
+        );
+    }
+}

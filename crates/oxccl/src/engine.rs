@@ -61,7 +61,8 @@ impl Shared {
         let e = self
             .poisoned()
             .unwrap_or_else(|| Error::InvalidUsage(format!("{}: the communicator was destroyed", self.who)));
-        job.done.finish(Err(e), job.keep);
+        let mut job = job;
+        job.done.finish(Err(e), job.keep.take());
     }
 
     /// Runs a job to its end: on the calling thread when nothing is queued
@@ -131,8 +132,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
         shared.shutdown.store(true, Ordering::Release);
         q.drain(..).collect()
     };
-    for job in left {
-        job.done.finish(Err(err.clone()), job.keep);
+    for mut job in left {
+        job.done.finish(Err(err.clone()), job.keep.take());
     }
     let mut fabric = shared.fabric.lock();
     if shared.poisoned().is_none() {

@@ -87,6 +87,20 @@ impl Job {
     }
 }
 
+/// A job never ends unfinished: whatever drops it without finishing it (a
+/// panic while it runs, a queue torn down) finishes its completion with
+/// an error, so no waiter can wait on it forever.
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.done.is_done() {
+            self.done.finish(
+                Err(Error::Internal(format!("{} ended without finishing (its progress thread failed)", self.label))),
+                self.keep.take(),
+            );
+        }
+    }
+}
+
 /// What the engine must own and do around a job's tasks.
 #[derive(Default)]
 pub(crate) struct Extras {
@@ -144,5 +158,22 @@ impl Completion {
             self.cv.wait_for(&mut st, d);
         }
         st.as_ref().map(|(r, _)| r.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_dropped_unfinished_finishes_its_waiters_with_an_error() {
+        let job = Job::new(Label::new("all_reduce", 7), Vec::new(), Extras::default(), Some(Box::new(vec![1u8; 4])));
+        let done = job.done.clone();
+        let waiter = std::thread::spawn(move || done.wait());
+        drop(job);
+        let (r, keep) = waiter.join().unwrap();
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("all_reduce") && e.contains("ended without finishing"), "{e}");
+        assert!(keep.is_some(), "the caller's storage comes back");
     }
 }
