@@ -74,7 +74,9 @@ struct SegHeader {
     stride: u64,
     total: u64,
     pid: u32,
-    _pad: u32,
+    /// The creator's pid namespace (its inode's low 32 bits): a pid means
+    /// something only there.
+    pidns: u32,
 }
 
 struct Mapping {
@@ -119,6 +121,66 @@ fn shm_path(name: &str) -> Result<PathBuf> {
         )));
     }
     Ok(PathBuf::from("/dev/shm").join(name))
+}
+
+/// Whether process `pid` exists (a process of another user counts).
+fn pid_alive(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
+    if p <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists; no memory is
+    // touched.
+    let r = unsafe { libc::kill(p, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// This process's pid namespace (the low 32 bits of its inode; 0 if
+/// unknown).
+fn pid_namespace() -> u32 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|p| p.to_string_lossy().trim_start_matches("pid:[").trim_end_matches(']').parse::<u64>().ok())
+        .map_or(0, |ino| ino as u32)
+}
+
+/// The creator's pid recorded in the segment file at `path`, if it is an
+/// oxccl segment (magic checked) made in this pid namespace.
+fn segment_pid(path: &std::path::Path) -> Option<u32> {
+    use std::io::Read;
+    let mut b = [0u8; std::mem::size_of::<SegHeader>()];
+    std::fs::File::open(path).ok()?.read_exact(&mut b).ok()?;
+    let word = |at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+    let magic = u64::from_ne_bytes(b[..8].try_into().ok()?);
+    let ns = word(std::mem::offset_of!(SegHeader, pidns));
+    (magic == SEG_MAGIC && ns == pid_namespace() && ns != 0).then(|| word(std::mem::offset_of!(SegHeader, pid)))
+}
+
+/// Whether `/dev/shm/<file>` is something a crashed process left: a
+/// segment (published under `name`, or any `oxccl-*` one) whose creator
+/// is gone, or a half-built `.<name>.<pid>.tmp` whose builder is gone.
+fn stale(file: &str, name: &str) -> bool {
+    let path = PathBuf::from("/dev/shm").join(file);
+    if let Some(rest) = file.strip_prefix('.').and_then(|f| f.strip_suffix(".tmp")) {
+        let Some((base, pid)) = rest.rsplit_once('.') else { return false };
+        let ours = base == name || base.starts_with("oxccl-");
+        return ours && pid.parse().is_ok_and(|p| !pid_alive(p));
+    }
+    (file == name || file.starts_with("oxccl-")) && segment_pid(&path).is_some_and(|p| !pid_alive(p))
+}
+
+/// Removes what crashed processes left in `/dev/shm` (see [`stale`]): a
+/// rank killed between publishing its segment and unlinking it leaves one,
+/// and a rerun under the same name must not fail for it. Files of other
+/// users cannot be removed and are left alone.
+fn sweep_stale(name: &str) {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    for e in dir.flatten() {
+        let file = e.file_name().to_string_lossy().into_owned();
+        if stale(&file, name) && std::fs::remove_file(e.path()).is_ok() {
+            tracing::info!("removed {}: left by a process that is gone", e.path().display());
+        }
+    }
 }
 
 fn layout(nranks: usize, nslots: usize, capacity: usize) -> Option<(usize, usize)> {
@@ -220,6 +282,7 @@ impl Inbox {
             )));
         }
         let path = shm_path(name)?;
+        sweep_stale(name);
         let nslots = nchannels + 2;
         let (stride, total) = layout(nranks, nslots, capacity).ok_or_else(|| {
             Error::invalid(format!("shm inbox {name}: {nranks} ranks x {nslots} slots x {capacity} bytes overflows"))
@@ -249,7 +312,7 @@ impl Inbox {
                 stride: stride as u64,
                 total: total as u64,
                 pid: std::process::id(),
-                _pad: 0,
+                pidns: pid_namespace(),
             };
             // SAFETY: the fresh mapping is ours alone (private name); the
             // header and each ring header lie inside it and are aligned.
