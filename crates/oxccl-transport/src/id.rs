@@ -34,7 +34,7 @@ use crate::{Error, Result};
 pub const SOCKET_IFNAME_ENV: &str = "OXCCL_SOCKET_IFNAME";
 
 const MAGIC: [u8; 8] = *b"OXCCLUID";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 const OFF_VERSION: usize = 8;
 const OFF_FAMILY: usize = 10;
 const OFF_NONCE: usize = 12;
@@ -42,13 +42,20 @@ const OFF_PORT: usize = 28;
 const OFF_IP: usize = 30;
 const OFF_FLOWINFO: usize = 46;
 const OFF_SCOPE: usize = 50;
+const OFF_SECRET: usize = 64;
 
 /// The 128-byte token every rank of one communicator is given.
 ///
 /// Layout (all other bytes zero): `0..8` magic `OXCCLUID`, `8..10` version
 /// (little endian), `10` address family (4 or 6), `12..28` nonce, `28..30`
 /// port (big endian), `30..46` IP address (IPv4 in the first 4 bytes),
-/// `46..50` IPv6 flow info, `50..54` IPv6 scope id.
+/// `46..50` IPv6 flow info, `50..54` IPv6 scope id, `64..96` the secret.
+///
+/// The nonce names the communicator and travels in clear; the secret
+/// never leaves the id: connections prove they know it ([`crate::auth`]).
+/// Pass the id between processes as NCCL's is passed (MPI, a file only
+/// the job can read, the launcher's environment): whoever holds it can
+/// join.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UniqueId {
     bytes: [u8; 128],
@@ -79,7 +86,9 @@ impl UniqueId {
             .map_err(|e| Error::System(format!("bootstrap listener on {ip} has no local address: {e}")))?;
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).map_err(|e| Error::System(format!("cannot draw a random nonce: {e}")))?;
-        let id = UniqueId::from_addr(addr, nonce);
+        let mut secret = [0u8; 32];
+        getrandom::fill(&mut secret).map_err(|e| Error::System(format!("cannot draw a random secret: {e}")))?;
+        let id = UniqueId::from_addr(addr, nonce).with_secret(secret);
         LISTENERS.lock().push((nonce, addr, listener));
         Ok(id)
     }
@@ -113,6 +122,11 @@ impl UniqueId {
     /// communicator counter), so all ranks compute the same id. Rank 0
     /// binds `addr` in its init; pick a port nothing else (such as the
     /// launcher's own store) uses.
+    ///
+    /// Its secret is derived from the same two, so anyone who knows them
+    /// can compute it: give it a real one with
+    /// [`with_secret_from`](UniqueId::with_secret_from) (`OXCCL_SECRET`,
+    /// `OXCCL_SECRET_FILE`).
     pub fn for_env(addr: SocketAddr, job_key: &str) -> UniqueId {
         let mut input = Vec::with_capacity(64 + job_key.len());
         input.extend_from_slice(b"oxccl-for-env\0");
@@ -124,7 +138,26 @@ impl UniqueId {
         let mut nonce = [0u8; 16];
         nonce[..8].copy_from_slice(&a.to_le_bytes());
         nonce[8..].copy_from_slice(&b.to_le_bytes());
-        UniqueId::from_addr(addr, nonce)
+        UniqueId::from_addr(addr, nonce).with_secret(crate::auth::derive("for-env", &input))
+    }
+
+    /// The same id with this secret.
+    pub fn with_secret(mut self, secret: crate::auth::Secret) -> UniqueId {
+        self.bytes[OFF_SECRET..OFF_SECRET + 32].copy_from_slice(&secret);
+        self
+    }
+
+    /// The same id with a secret derived from key material every rank has
+    /// (a passphrase, a key file's bytes).
+    pub fn with_secret_from(self, material: &[u8]) -> UniqueId {
+        self.with_secret(crate::auth::derive("material", material))
+    }
+
+    /// The secret connections prove they know (never sent anywhere).
+    pub fn secret(&self) -> crate::auth::Secret {
+        let mut s = [0u8; 32];
+        s.copy_from_slice(&self.bytes[OFF_SECRET..OFF_SECRET + 32]);
+        s
     }
 
     /// The raw bytes.
@@ -186,6 +219,7 @@ impl fmt::Display for UniqueId {
     }
 }
 
+/// Shows the address and nonce, never the secret.
 impl fmt::Debug for UniqueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let nonce: String = self.nonce().iter().map(|b| format!("{b:02x}")).collect();

@@ -47,6 +47,7 @@
 //! segment mapping, `poll`; and [`region`], the one module that turns a
 //! caller's buffer into a raw view. Each block has a `// SAFETY:` comment.
 
+pub mod auth;
 pub mod bootstrap;
 pub mod cma;
 pub mod conformance;

@@ -294,3 +294,73 @@ fn for_env_ids_rendezvous() {
     each(&boots, |b| b.barrier().unwrap());
     assert_eq!(boots[1].peers()[0].addr, addr.ip());
 }
+
+#[test]
+fn a_forger_with_the_address_and_nonce_but_not_the_secret_is_refused_and_takes_no_place() {
+    // The id's address and nonce travel in clear; its secret does not.
+    let id = UniqueId::new().unwrap();
+    let forged = id.with_secret([0x42; 32]);
+    assert_eq!((forged.addr(), forged.nonce()), (id.addr(), id.nonce()));
+    let root = spawn_rank(id, 2, 0, opts(20));
+    // The forger claims rank 1 first: rank 0's proof does not verify under
+    // its secret, so it learns nothing (no peer table) and gives up.
+    let e = spawn_rank(forged, 2, 1, opts(20)).join().unwrap().unwrap_err().to_string();
+    assert!(e.contains("could not prove it knows this communicator's secret"), "{e}");
+    // The real rank 1 still gets its place.
+    let real = spawn_rank(id, 2, 1, opts(20)).join().unwrap().unwrap();
+    let root = root.join().unwrap().unwrap();
+    assert_eq!(real.peers().len(), 2);
+    let out = each(&[root, real], |b| b.all_gather(&[b.rank() as u8 + 7]).unwrap());
+    assert_eq!(out[1], vec![vec![7], vec![8]]);
+}
+
+#[test]
+fn a_rank_answering_a_real_challenge_with_a_forged_proof_is_told_and_refused() {
+    use std::io::Read;
+    let id = UniqueId::new().unwrap();
+    let root = spawn_rank(id, 2, 0, opts(20));
+    // Speak the protocol by hand: a hello, then a proof made with a wrong
+    // secret (a replayed or invented one).
+    let mut s = loop {
+        match TcpStream::connect(id.addr()) {
+            Ok(s) => break s,
+            Err(_) => thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    // A well-formed hello of rank 1 (magic, version, nonce, rank, nranks,
+    // pid, host, challenge), then a proof of zeros.
+    let mut hello = vec![0u8; 0];
+    hello.extend_from_slice(&0x5342_584fu32.to_le_bytes());
+    hello.extend_from_slice(&2u16.to_le_bytes());
+    hello.extend_from_slice(&id.nonce());
+    hello.extend_from_slice(&1u32.to_le_bytes());
+    hello.extend_from_slice(&2u32.to_le_bytes());
+    hello.extend_from_slice(&1u32.to_le_bytes());
+    hello.extend_from_slice(&4u32.to_le_bytes());
+    hello.extend_from_slice(b"evil");
+    hello.extend_from_slice(&[9u8; 16]);
+    let mut frame = (hello.len() as u32).to_le_bytes().to_vec();
+    frame.push(1);
+    frame.extend_from_slice(&hello);
+    s.write_all(&frame).unwrap();
+    let mut head = [0u8; 5];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(head[4], 9, "rank 0 answers a hello with its challenge");
+    let mut body = vec![0u8; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+    s.read_exact(&mut body).unwrap();
+    let mut proof = 32u32.to_le_bytes().to_vec();
+    proof.push(10);
+    proof.extend_from_slice(&[0u8; 32]);
+    s.write_all(&proof).unwrap();
+    s.read_exact(&mut head).unwrap();
+    assert_eq!(head[4], 2, "a forged proof is rejected");
+    let mut why = vec![0u8; u32::from_le_bytes(head[..4].try_into().unwrap()) as usize];
+    s.read_exact(&mut why).unwrap();
+    let why = String::from_utf8_lossy(&why).into_owned();
+    assert!(why.contains("rank 1 could not prove it knows the communicator's secret"), "{why}");
+    // Rank 1's place is still free for the real rank 1.
+    let real = spawn_rank(id, 2, 1, opts(20)).join().unwrap().unwrap();
+    let root = root.join().unwrap().unwrap();
+    assert_eq!((real.peers().len(), root.peers().len()), (2, 2));
+}

@@ -89,5 +89,5 @@ pub use oxccl_transport::region::Region;
 pub use oxccl_transport::{Kind, PeerStats};
 pub use programs::ProgramId;
 pub use raw::RawOp;
-pub use split::Launch;
+pub use split::{Launch, with_launch_secret};
 pub use tuner::Choice;

@@ -89,7 +89,9 @@ impl Communicator {
         // outgoing connections take theirs.
         let h = UniqueId::for_env(SocketAddr::new(ip, 0), &key).nonce();
         let port = 10_000 + (u16::from_le_bytes([h[0], h[1]]) % 22_000);
-        let id = UniqueId::for_env(SocketAddr::new(ip, port), &key);
+        // The secret comes from the parent's, which never travelled.
+        let id = UniqueId::for_env(SocketAddr::new(ip, port), &key)
+            .with_secret_from(&[&self.id().secret()[..], key.as_bytes()].concat());
         Communicator::init(&id, stay.len(), new_rank, self.config().clone()).map_err(|e| match e {
             Error::System(m) => Error::System(format!(
                 "shrink: the new communicator's rendezvous {ip}:{port} (derived, so every rank finds it): {m}"
@@ -127,11 +129,41 @@ impl Communicator {
     /// `PMI_SIZE`) or Slurm (`SLURM_PROCID`, `SLURM_NTASKS`); the
     /// rendezvous address is `OXCCL_ADDR` (host:port) or
     /// `MASTER_ADDR:MASTER_PORT`, where rank 0 listens.
+    ///
+    /// Connections prove they know the communicator's secret: set it with
+    /// `OXCCL_SECRET` (a passphrase) or `OXCCL_SECRET_FILE` (a file only
+    /// the job can read), the same on every rank. Without either, the
+    /// secret is derived from the address and the job key, which anyone
+    /// who knows them can compute (a warning says so once).
     pub fn from_env() -> Result<Communicator> {
         let env = Launch::from_vars(|k| std::env::var(k).ok())?;
-        let id = UniqueId::for_env(env.addr, &env.job);
+        let id = with_launch_secret(UniqueId::for_env(env.addr, &env.job), |k| std::env::var(k).ok())?;
         Communicator::init(&id, env.size, env.rank, Config::default())
     }
+}
+
+/// `id` with the secret `OXCCL_SECRET` or `OXCCL_SECRET_FILE` gives (read
+/// through `get`); unchanged, with a warning once, when neither is set.
+pub fn with_launch_secret(id: UniqueId, get: impl Fn(&str) -> Option<String>) -> Result<UniqueId> {
+    if let Some(s) = get("OXCCL_SECRET").filter(|s| !s.is_empty()) {
+        return Ok(id.with_secret_from(s.as_bytes()));
+    }
+    if let Some(path) = get("OXCCL_SECRET_FILE").filter(|s| !s.is_empty()) {
+        let bytes = std::fs::read(&path)
+            .map_err(|e| Error::invalid(format!("OXCCL_SECRET_FILE={path:?}: cannot read it: {e}")))?;
+        if bytes.is_empty() {
+            return Err(Error::invalid(format!("OXCCL_SECRET_FILE={path:?} is empty")));
+        }
+        return Ok(id.with_secret_from(&bytes));
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            "no OXCCL_SECRET or OXCCL_SECRET_FILE: the communicator's secret is derived from the rendezvous \
+             address and the job key, so anyone who knows both can join; set one of them on every rank"
+        )
+    });
+    Ok(id)
 }
 
 /// What a launcher told this process.

@@ -140,7 +140,8 @@ fn communicators(kind: CollKind, o: &Options, launch: Option<&Launch>) -> Result
     let comms = match launch {
         None => Communicator::init_threads_with(t, config).map_err(|e| e.to_string())?,
         Some(l) => {
-            let id = UniqueId::for_env(l.addr, &l.job);
+            let id = oxccl::with_launch_secret(UniqueId::for_env(l.addr, &l.job), |k| std::env::var(k).ok())
+                .map_err(|e| e.to_string())?;
             let nranks = l.size * t;
             let handles: Vec<_> = (0..t)
                 .map(|i| {

@@ -79,7 +79,7 @@ nccl_api! {
                 let addr = v.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
                     Error::invalid(format!("{name}={v:?} is not host:port"))
                 })?;
-                UniqueId::for_env(addr, "NCCL_COMM_ID")
+                oxccl::with_launch_secret(UniqueId::for_env(addr, "NCCL_COMM_ID"), |k| std::env::var(k).ok())?
             }
             None => UniqueId::new_on(oxccl::config::lookup("OXCCL_SOCKET_IFNAME").map(|(_, v)| v).as_deref())?,
         };

@@ -8,8 +8,9 @@ use super::PeerInfo;
 
 /// First field of a hello: "OXBS".
 pub(super) const MAGIC: u32 = 0x5342_584f;
-/// Bootstrap protocol version.
-pub(super) const VERSION: u16 = 1;
+/// Bootstrap protocol version (2: hellos carry a challenge and are
+/// authenticated).
+pub(super) const VERSION: u16 = 2;
 /// Largest frame accepted on an established connection.
 pub(super) const MAX_FRAME: usize = 1 << 30;
 /// Largest hello (a hostname, a boot id, a namespace name).
@@ -40,6 +41,12 @@ pub(super) mod tag {
     pub const ABORT: u8 = 7;
     /// either way: clean shutdown follows; EOF after it is no failure.
     pub const GOODBYE: u8 = 8;
+    /// 0 -> rank k: rank 0's challenge and its proof of the secret over
+    /// the rank's challenge.
+    pub const CHALLENGE: u8 = 9;
+    /// rank k -> 0: the rank's proof of the secret over rank 0's challenge
+    /// and its hello.
+    pub const PROOF: u8 = 10;
 }
 
 /// One whole frame (header and payload).
@@ -213,13 +220,15 @@ pub(super) struct Hello {
     pub(super) nranks: u32,
     pub(super) pid: u32,
     pub(super) host: String,
+    /// The rank's challenge to rank 0.
+    pub(super) challenge: [u8; crate::auth::CHALLENGE_LEN],
 }
 
 impl Hello {
     pub(super) fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
         e.u32(self.magic).u16(self.version).raw(&self.nonce).u32(self.rank).u32(self.nranks).u32(self.pid);
-        e.bytes(self.host.as_bytes());
+        e.bytes(self.host.as_bytes()).raw(&self.challenge);
         frame(tag::HELLO, &e.0)
     }
 
@@ -237,8 +246,10 @@ impl Hello {
         nonce.copy_from_slice(d.raw(16)?);
         let (rank, nranks, pid) = (d.u32()?, d.u32()?, d.u32()?);
         let host = d.string()?;
+        let mut challenge = [0u8; crate::auth::CHALLENGE_LEN];
+        challenge.copy_from_slice(d.raw(crate::auth::CHALLENGE_LEN)?);
         d.end()?;
-        Ok(Hello { magic, version, nonce, rank, nranks, pid, host })
+        Ok(Hello { magic, version, nonce, rank, nranks, pid, host, challenge })
     }
 }
 

@@ -12,8 +12,16 @@ use super::frame::{self, Hello, tag};
 use crate::id::{UniqueId, listen, take_listener};
 use crate::{Error, Result};
 
-/// How long an accepted connection may take to send its hello.
+/// How long an accepted connection may take to send its hello and prove
+/// it knows the secret.
 const HELLO_DEADLINE: Duration = Duration::from_secs(2);
+/// Most accepted connections still proving themselves; more are closed at
+/// once (a flood of strangers cannot exhaust threads or descriptors).
+const MAX_UNPROVEN: usize = 64;
+
+/// The labels of the bootstrap's proofs.
+const ROOT_PROOF: &[u8] = b"oxccl-boot-root";
+const RANK_PROOF: &[u8] = b"oxccl-boot-rank";
 
 fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
@@ -63,7 +71,7 @@ pub(super) fn root(
             }
             return Err(Error::Timeout(msg));
         }
-        accept_all(&listener, &tx, deadline);
+        accept_all(&listener, &tx, deadline, id);
         let mut next = rx.recv_timeout(Duration::from_millis(5)).ok();
         while let Some((mut stream, peer, hello)) = next {
             let hello = match hello {
@@ -120,18 +128,31 @@ pub(super) fn root(
 /// thread that reports the hello (or why there is none) on `tx`.
 type HelloReport = (TcpStream, SocketAddr, std::result::Result<Hello, String>);
 
-fn accept_all(listener: &TcpListener, tx: &mpsc::Sender<HelloReport>, deadline: Instant) {
+fn accept_all(listener: &TcpListener, tx: &mpsc::Sender<HelloReport>, deadline: Instant, id: &UniqueId) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static UNPROVEN: AtomicUsize = AtomicUsize::new(0);
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
+                if UNPROVEN.load(Ordering::Relaxed) >= MAX_UNPROVEN {
+                    tracing::warn!(
+                        "bootstrap: {MAX_UNPROVEN} connections are still proving themselves; closing {peer} at once"
+                    );
+                    continue;
+                }
+                UNPROVEN.fetch_add(1, Ordering::Relaxed);
                 let tx = tx.clone();
+                let id = *id;
                 let limit = HELLO_DEADLINE.min(remaining(deadline)).max(Duration::from_millis(10));
                 let spawned = thread::Builder::new().name("oxccl-boot-hello".into()).spawn(move || {
                     let mut stream = stream;
-                    let hello = read_hello(&mut stream, limit);
+                    let end = Instant::now() + limit;
+                    let hello = read_hello(&mut stream, limit).and_then(|h| prove_rank(&mut stream, &id, h, end));
+                    UNPROVEN.fetch_sub(1, Ordering::Relaxed);
                     let _ = tx.send((stream, peer, hello));
                 });
                 if let Err(e) = spawned {
+                    UNPROVEN.fetch_sub(1, Ordering::Relaxed);
                     tracing::warn!("bootstrap: cannot start a thread to read {peer}'s hello: {e}; dropping it");
                 }
             }
@@ -156,6 +177,42 @@ fn read_hello(stream: &mut TcpStream, limit: Duration) -> std::result::Result<He
         }
         Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err("closed before sending a hello".into()),
         Err(e) => Err(format!("not an oxccl bootstrap hello: {e}")),
+    }
+}
+
+/// Rank 0's side of the proof: answers the hello's challenge with a
+/// challenge of its own and a proof of the secret, then checks the rank's
+/// proof over that challenge and its hello. A connection that fails is
+/// told why and never takes a rank's place.
+fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> std::result::Result<Hello, String> {
+    if h.nonce != id.nonce() {
+        // Another communicator: leave it to the caller's warning.
+        return Ok(h);
+    }
+    let secret = id.secret();
+    let mine = crate::auth::challenge();
+    let nonce = id.nonce();
+    let proof = crate::auth::prove(&secret, &[ROOT_PROOF, &nonce, &h.challenge, &mine]);
+    let mut payload = mine.to_vec();
+    payload.extend_from_slice(&proof);
+    let _ = stream.set_write_timeout(Some(remaining(end).max(Duration::from_millis(10))));
+    stream.write_all(&frame::frame(tag::CHALLENGE, &payload)).map_err(|e| format!("sending the challenge: {e}"))?;
+    let _ = stream.set_read_timeout(Some(remaining(end).max(Duration::from_millis(10))));
+    let refuse = |stream: &mut TcpStream, why: String| {
+        let _ = stream.write_all(&frame::frame(tag::REJECT, why.as_bytes()));
+        why
+    };
+    match frame::read_frame(stream, 64) {
+        Ok((tag::PROOF, p)) if crate::auth::verify(&secret, &[RANK_PROOF, &nonce, &mine, &h.encode()], &p) => Ok(h),
+        Ok((tag::PROOF, _)) => Err(refuse(
+            stream,
+            format!(
+                "rank {} could not prove it knows the communicator's secret: its UniqueId is not rank 0's                  (a stranger, or an id with the right address and nonce but another secret)",
+                h.rank
+            ),
+        )),
+        Ok((t, _)) => Err(format!("answered the challenge with tag {t}, not a proof")),
+        Err(e) => Err(format!("no proof of the secret within {HELLO_DEADLINE:?}: {e}")),
     }
 }
 
@@ -243,6 +300,7 @@ pub(super) fn client(
         nranks: nranks as u32,
         pid: std::process::id(),
         host: host.to_string(),
+        challenge: crate::auth::challenge(),
     };
     let _ = stream.set_nodelay(true);
     let _ = stream.set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
@@ -250,6 +308,37 @@ pub(super) fn client(
         return Err(dropped(&format!("sending the hello: {e}")));
     }
     let _ = stream.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
+    // Rank 0 proves it knows the secret before this rank proves it does
+    // (and before anything of this rank's is believed).
+    let secret = id.secret();
+    let nonce = id.nonce();
+    match frame::read_frame(&mut stream, 64) {
+        Ok((tag::CHALLENGE, p)) if p.len() == crate::auth::CHALLENGE_LEN + crate::auth::PROOF_LEN => {
+            let (theirs, proof) = p.split_at(crate::auth::CHALLENGE_LEN);
+            if !crate::auth::verify(&secret, &[ROOT_PROOF, &nonce, &hello.challenge, theirs], proof) {
+                return Err(Error::Remote(format!(
+                    "rank {rank}: the rendezvous at {addr} could not prove it knows this communicator's secret:                      it is not our rank 0 (a stranger on that address, or rank 0 holds another id)"
+                )));
+            }
+            let mine = crate::auth::prove(&secret, &[RANK_PROOF, &nonce, theirs, &hello.encode()]);
+            if let Err(e) = stream.write_all(&frame::frame(tag::PROOF, &mine)) {
+                return Err(dropped(&format!("sending the proof: {e}")));
+            }
+        }
+        Ok((tag::REJECT, payload)) => {
+            return Err(Error::InvalidArgument(String::from_utf8_lossy(&payload).into_owned()));
+        }
+        Ok((t, _)) => {
+            return Err(Error::Remote(format!("rank {rank}: rank 0 at {addr} answered the hello with tag {t}")));
+        }
+        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            return Err(Error::Timeout(format!(
+                "rank {rank} reached {addr} but got no challenge within {timeout:?}: is rank 0 of this \
+                 communicator listening there?"
+            )));
+        }
+        Err(e) => return Err(dropped(&format!("waiting for rank 0's challenge: {e}"))),
+    }
     match frame::read_frame(&mut stream, frame::MAX_TABLE) {
         Ok((tag::TABLE, payload)) => {
             let peers = frame::decode_table(&payload).map_err(|e| {

@@ -44,6 +44,9 @@ pub struct Job {
     pub addr: String,
     /// `OXCCL_JOB`.
     pub id: String,
+    /// `OXCCL_SECRET`: fresh random bytes per run (unless the caller set
+    /// `OXCCL_SECRET` or `OXCCL_SECRET_FILE`, which the ranks inherit).
+    pub secret: Option<String>,
     /// Number of ranks.
     pub np: usize,
     /// `OXCCL_TRANSPORT`, if set.
@@ -52,6 +55,20 @@ pub struct Job {
     pub ifname: Option<String>,
     /// Pipe the ranks' output (for tagging) instead of sharing ours.
     pub piped: bool,
+}
+
+/// 32 random bytes in hex for the ranks' `OXCCL_SECRET`; `None` when the
+/// environment already names a secret.
+fn fresh_secret() -> Result<Option<String>, String> {
+    use std::io::Read;
+    if ["OXCCL_SECRET", "OXCCL_SECRET_FILE"].iter().any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty())) {
+        return Ok(None);
+    }
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| format!("cannot read /dev/urandom for the ranks' secret: {e}"))?;
+    Ok(Some(b.iter().map(|x| format!("{x:02x}")).collect()))
 }
 
 impl Job {
@@ -73,6 +90,7 @@ impl Job {
             command: cli.command.clone(),
             addr: format!("127.0.0.1:{port}"),
             id: format!("oxccl-run-{}-{port}-{nanos:x}", std::process::id()),
+            secret: fresh_secret()?,
             np: cli.np,
             transport: cli.transport,
             ifname,
@@ -90,6 +108,9 @@ impl Job {
             ("OXCCL_ADDR", self.addr.clone()),
             ("OXCCL_JOB", self.id.clone()),
         ];
+        if let Some(s) = &self.secret {
+            v.push(("OXCCL_SECRET", s.clone()));
+        }
         if let Some(t) = self.transport {
             v.push(("OXCCL_TRANSPORT", t.env_value().to_string()));
         }
