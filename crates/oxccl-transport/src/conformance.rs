@@ -595,8 +595,9 @@ pub fn send_from_and_recv_into(p: &dyn Provider) {
             s.commit(n).unwrap();
         }
         s.progress().unwrap();
-        r.progress().unwrap();
-        match r.recv_into(&dst) {
+        // The mismatch shows wherever the message meets the destination:
+        // in progress (a landing armed) or in recv_into.
+        match r.progress().and_then(|_| r.recv_into(&dst)) {
             Err(e) => {
                 assert!(e.to_string().contains("100000") && e.to_string().contains("10"), "provider {name}: {e}");
                 break;

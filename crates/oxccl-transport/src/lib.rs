@@ -83,6 +83,13 @@ pub const CHANNELS: usize = 16;
 /// [`control`]); never used by programs.
 pub const CONTROL_CHANNEL: Channel = u32::MAX - 1;
 
+/// Whether `ch` names a channel a connection may have: `0..CHANNELS`,
+/// [`P2P_CHANNEL`] or [`CONTROL_CHANNEL`] (checked before anything is set
+/// up for a connection a peer announces).
+pub fn valid_channel(ch: Channel) -> bool {
+    (ch as usize) < CHANNELS || ch == P2P_CHANNEL || ch == CONTROL_CHANNEL
+}
+
 /// Which provider carries a connection.
 ///
 /// Non-exhaustive: providers are added without touching any `match` on

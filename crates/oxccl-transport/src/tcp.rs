@@ -46,7 +46,7 @@ use crate::{Channel, Error, Receiver, Result, Sender};
 use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::{HashMap, HashSet};
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,6 +56,23 @@ use std::time::{Duration, Instant};
 /// Most connections waiting for their handshake; the oldest is dropped
 /// beyond this (a scanner cannot exhaust file descriptors).
 const MAX_PENDING: usize = 256;
+/// How long an accepted socket may take to present its handshake and its
+/// proof (a real peer sends both as soon as the challenge arrives).
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+/// Bytes a connecting side sends first: the handshake, then its proof.
+const HELLO_LEN: usize = HANDSHAKE_LEN + crate::auth::PROOF_LEN;
+/// The label of a data connection's proof.
+const TCP_PROOF: &[u8] = b"oxccl-tcp";
+
+/// The proof a connecting side sends: the secret over the accepting
+/// side's challenge and the handshake's bytes (its ranks, channel and
+/// stripe).
+fn prove_handshake(secret: &crate::auth::Secret, challenge: &[u8], hs: &[u8; HANDSHAKE_LEN]) -> [u8; HELLO_LEN] {
+    let mut out = [0u8; HELLO_LEN];
+    out[..HANDSHAKE_LEN].copy_from_slice(hs);
+    out[HANDSHAKE_LEN..].copy_from_slice(&crate::auth::prove(secret, &[TCP_PROOF, challenge, hs]));
+    out
+}
 
 /// Settings of the TCP provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,11 +108,13 @@ struct Arrived {
     socks: Vec<Option<Socket>>,
 }
 
-/// An accepted socket whose handshake is still being read.
+/// An accepted socket whose handshake and proof are still being read.
 struct Pending {
     sock: Socket,
     from: String,
-    buf: [u8; HANDSHAKE_LEN],
+    /// The challenge sent to it on accept.
+    challenge: [u8; crate::auth::CHALLENGE_LEN],
+    buf: [u8; HELLO_LEN],
     got: usize,
     deadline: Instant,
 }
@@ -122,6 +141,8 @@ struct Shared {
     me: usize,
     nranks: usize,
     nonce: [u8; 16],
+    /// The communicator's secret: every connection proves it knows it.
+    secret: crate::auth::Secret,
     opts: TcpOptions,
     listener: Socket,
     addr: SocketAddr,
@@ -161,8 +182,16 @@ fn tune(sock: &Socket, opts: &TcpOptions) -> std::io::Result<()> {
 
 impl Tcp {
     /// Binds a non-blocking listener on an ephemeral port of `bind_ip` for
-    /// rank `my_rank` of `nranks` in the communicator with this `nonce`.
-    pub fn new(my_rank: usize, nranks: usize, nonce: [u8; 16], bind_ip: IpAddr, opts: TcpOptions) -> Result<Tcp> {
+    /// rank `my_rank` of `nranks` in the communicator with this `nonce`
+    /// and `secret` (which every connection proves it knows).
+    pub fn new(
+        my_rank: usize,
+        nranks: usize,
+        nonce: [u8; 16],
+        secret: crate::auth::Secret,
+        bind_ip: IpAddr,
+        opts: TcpOptions,
+    ) -> Result<Tcp> {
         if my_rank >= nranks || nranks > u32::MAX as usize {
             return Err(Error::invalid(format!("tcp: rank {my_rank} of {nranks} ranks")));
         }
@@ -201,6 +230,7 @@ impl Tcp {
                 me: my_rank,
                 nranks,
                 nonce,
+                secret,
                 opts,
                 listener,
                 addr,
@@ -376,8 +406,18 @@ impl Shared {
                         let old = st.pending.remove(0);
                         tracing::warn!("tcp rank {}: too many handshakes pending, dropped {}", self.me, old.from);
                     }
-                    let deadline = Instant::now() + self.opts.connect_timeout;
-                    st.pending.push(Pending { sock, from, buf: [0; HANDSHAKE_LEN], got: 0, deadline });
+                    // The challenge goes out at once: 16 bytes always fit a
+                    // fresh socket's buffer.
+                    let challenge = crate::auth::challenge();
+                    if let Err(e) = (&sock).write_all(&challenge) {
+                        tracing::warn!(
+                            "tcp rank {}: dropped a connection from {from}: sending the challenge: {e}",
+                            self.me
+                        );
+                        continue;
+                    }
+                    let deadline = Instant::now() + HANDSHAKE_DEADLINE.min(self.opts.connect_timeout);
+                    st.pending.push(Pending { sock, from, challenge, buf: [0; HELLO_LEN], got: 0, deadline });
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -393,11 +433,11 @@ impl Shared {
             let p = &mut st.pending[i];
             let outcome = loop {
                 match (&p.sock).read(&mut p.buf[p.got..]) {
-                    Ok(0) => break Err(format!("closed after {} of {HANDSHAKE_LEN} handshake bytes", p.got)),
+                    Ok(0) => break Err(format!("closed after {} of {HELLO_LEN} handshake bytes", p.got)),
                     Ok(n) => {
                         moved = true;
                         p.got += n;
-                        if p.got == HANDSHAKE_LEN {
+                        if p.got == HELLO_LEN {
                             break Ok(true);
                         }
                     }
@@ -405,8 +445,9 @@ impl Shared {
                     Err(e) if e.kind() == ErrorKind::WouldBlock => {
                         if now >= p.deadline {
                             break Err(format!(
-                                "no handshake within {:?} ({} of {HANDSHAKE_LEN} bytes)",
-                                self.opts.connect_timeout, p.got
+                                "no handshake within {:?} ({} of {HELLO_LEN} bytes)",
+                                HANDSHAKE_DEADLINE.min(self.opts.connect_timeout),
+                                p.got
                             ));
                         }
                         break Ok(false);
@@ -418,7 +459,7 @@ impl Shared {
                 Ok(false) => i += 1,
                 Ok(true) => {
                     let p = st.pending.swap_remove(i);
-                    if let Err(why) = self.admit(&mut st, p.sock, &p.buf) {
+                    if let Err(why) = self.admit(&mut st, p.sock, &p.buf, &p.challenge) {
                         tracing::warn!("tcp rank {}: dropped a connection from {}: {why}", self.me, p.from);
                     }
                     moved = true;
@@ -433,10 +474,20 @@ impl Shared {
         moved
     }
 
-    /// Checks a complete handshake and files its socket.
-    fn admit(&self, st: &mut State, sock: Socket, buf: &[u8]) -> std::result::Result<(), String> {
+    /// Checks a complete handshake and its proof, and files its socket.
+    fn admit(&self, st: &mut State, sock: Socket, buf: &[u8], challenge: &[u8]) -> std::result::Result<(), String> {
         let expect = Expect { nonce: self.nonce, receiver: self.me, nranks: self.nranks };
-        let h = Handshake::decode(buf, &expect).map_err(|e| e.to_string())?;
+        let (hs, proof) = buf.split_at(HANDSHAKE_LEN);
+        let h = Handshake::decode(hs, &expect).map_err(|e| e.to_string())?;
+        if !crate::auth::verify(&self.secret, &[TCP_PROOF, challenge, hs], proof) {
+            return Err(format!(
+                "it claims to be rank {} (channel {}) but cannot prove it knows the communicator's secret",
+                h.sender, h.channel
+            ));
+        }
+        if !crate::valid_channel(h.channel) {
+            return Err(format!("rank {}: channel {} does not exist", h.sender, h.channel));
+        }
         let key = (h.sender as usize, h.channel);
         if st.taken.contains(&key) {
             return Err(format!("rank {} channel {} is already connected", h.sender, h.channel));
@@ -475,8 +526,10 @@ pub fn tcp_pair_with(ch: Channel, opts: TcpOptions) -> Result<(Box<dyn Sender>, 
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce).map_err(|e| Error::System(format!("tcp: random nonce: {e}")))?;
     let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let a = Tcp::new(0, 2, nonce, lo, opts.clone())?;
-    let b = Tcp::new(1, 2, nonce, lo, opts)?;
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| Error::System(format!("tcp: random secret: {e}")))?;
+    let a = Tcp::new(0, 2, nonce, secret, lo, opts.clone())?;
+    let b = Tcp::new(1, 2, nonce, secret, lo, opts)?;
     let addrs = vec![a.addr(), b.addr()];
     a.set_peer_addrs(addrs.clone())?;
     b.set_peer_addrs(addrs)?;

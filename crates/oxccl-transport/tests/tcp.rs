@@ -6,7 +6,7 @@
 use oxccl_transport::tcp::{Tcp, TcpOptions, tcp_pair, tcp_pair_with};
 use oxccl_transport::wire::{Handshake, Header};
 use oxccl_transport::{Error, P2P_CHANNEL, Receiver, Sender};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -139,6 +139,9 @@ fn run(mut tx: Box<dyn Sender>, mut rx: Box<dyn Receiver>, sizes: Vec<usize>, el
     (t.join().unwrap(), rx)
 }
 
+/// The communicator's secret of these tests' providers.
+const SECRET: [u8; 32] = [0x5e; 32];
+
 #[test]
 fn random_messages_over_1_2_4_streams() {
     for streams in [1, 2, 4] {
@@ -162,8 +165,8 @@ fn default_pair_and_zero_byte_messages() {
 #[test]
 fn several_channels_both_directions_share_one_tcp_per_rank() {
     let nonce = [9; 16];
-    let a = Tcp::new(0, 2, nonce, LO, opts(2, 64 << 10)).unwrap();
-    let b = Tcp::new(1, 2, nonce, LO, opts(3, 64 << 10)).unwrap();
+    let a = Tcp::new(0, 2, nonce, SECRET, LO, opts(2, 64 << 10)).unwrap();
+    let b = Tcp::new(1, 2, nonce, SECRET, LO, opts(3, 64 << 10)).unwrap();
     let addrs = vec![a.addr(), b.addr()];
     a.set_peer_addrs(addrs.clone()).unwrap();
     b.set_peer_addrs(addrs).unwrap();
@@ -187,8 +190,8 @@ fn several_channels_both_directions_share_one_tcp_per_rank() {
 #[test]
 fn receiver_created_after_the_data_arrived() {
     let nonce = [1; 16];
-    let a = Tcp::new(0, 2, nonce, LO, opts(2, 1 << 20)).unwrap();
-    let b = Tcp::new(1, 2, nonce, LO, opts(2, 1 << 20)).unwrap();
+    let a = Tcp::new(0, 2, nonce, SECRET, LO, opts(2, 1 << 20)).unwrap();
+    let b = Tcp::new(1, 2, nonce, SECRET, LO, opts(2, 1 << 20)).unwrap();
     a.set_peer_addrs(vec![a.addr(), b.addr()]).unwrap();
     b.set_peer_addrs(vec![a.addr(), b.addr()]).unwrap();
     let mut tx = a.sender(1, 2).unwrap();
@@ -294,7 +297,7 @@ fn misuse_is_an_error() {
     };
     assert!(matches!(rx.consume(got + 1), Err(Error::InvalidUsage(_))));
 
-    let t = Tcp::new(0, 2, [0; 16], LO, TcpOptions::default()).unwrap();
+    let t = Tcp::new(0, 2, [0; 16], SECRET, LO, TcpOptions::default()).unwrap();
     assert!(matches!(t.sender(1, 0), Err(Error::InvalidUsage(_))), "sender before set_peer_addrs");
     assert!(matches!(t.set_peer_addrs(vec![t.addr()]), Err(Error::InvalidArgument(_))));
     t.set_peer_addrs(vec![t.addr(), t.addr()]).unwrap();
@@ -304,17 +307,17 @@ fn misuse_is_an_error() {
     assert!(t.receiver(1, 0).is_ok());
     assert!(matches!(t.receiver(1, 0), Err(Error::InvalidUsage(_))));
     for bad in [opts(0, 4096), opts(65, 4096), opts(2, 100), opts(2, 0)] {
-        assert!(matches!(Tcp::new(0, 2, [0; 16], LO, bad), Err(Error::InvalidArgument(_))));
+        assert!(matches!(Tcp::new(0, 2, [0; 16], SECRET, LO, bad), Err(Error::InvalidArgument(_))));
     }
-    assert!(matches!(Tcp::new(2, 2, [0; 16], LO, TcpOptions::default()), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Tcp::new(2, 2, [0; 16], SECRET, LO, TcpOptions::default()), Err(Error::InvalidArgument(_))));
 }
 
 #[test]
 fn bad_connections_are_dropped_while_a_real_pair_works() {
     let nonce = [5; 16];
     let o = TcpOptions { connect_timeout: Duration::from_secs(1), ..opts(2, 64 << 10) };
-    let a = Tcp::new(0, 3, nonce, LO, o.clone()).unwrap();
-    let b = Tcp::new(1, 3, nonce, LO, o).unwrap();
+    let a = Tcp::new(0, 3, nonce, SECRET, LO, o.clone()).unwrap();
+    let b = Tcp::new(1, 3, nonce, SECRET, LO, o).unwrap();
     let addrs = vec![a.addr(), b.addr(), a.addr()];
     a.set_peer_addrs(addrs.clone()).unwrap();
     b.set_peer_addrs(addrs).unwrap();
@@ -323,6 +326,25 @@ fn bad_connections_are_dropped_while_a_real_pair_works() {
 
     let hs = |nonce, receiver, sender, stripe| {
         Handshake { nonce, sender, receiver, channel: 0, stripe, nstripes: 2 }.encode().to_vec()
+    };
+    // A handshake with a proof: made with `secret` over the challenge the
+    // accepting rank sends (read from `s`), or replayed from another one.
+    let proven = |s: &mut TcpStream, h: Vec<u8>, secret: &[u8; 32]| {
+        // Rank 1 accepts (and sends its challenge) when it makes progress.
+        let mut challenge = [0u8; 16];
+        let mut got = 0;
+        s.set_nonblocking(true).unwrap();
+        while got < 16 {
+            b.progress().unwrap();
+            match s.read(&mut challenge[got..]) {
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("reading the challenge: {e}"),
+            }
+        }
+        s.set_nonblocking(false).unwrap();
+        let p = oxccl_transport::auth::prove(secret, &[b"oxccl-tcp", &challenge, &h]);
+        [h, p.to_vec()].concat()
     };
     let mut garbage = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec();
     garbage.resize(200, b'z');
@@ -343,6 +365,22 @@ fn bad_connections_are_dropped_while_a_real_pair_works() {
             socks.push(s); // keep open: only the handshake is judged
         }
     }
+    // Strangers who know the nonce (it travels in clear) but not the
+    // secret; one who replays a proof made for another challenge; an
+    // insider naming a channel that does not exist (1000). None takes a
+    // place or a socket for long.
+    let mut forger = TcpStream::connect(b.addr()).unwrap();
+    let forged = proven(&mut forger, hs(nonce, 1, 0, 0), &[9; 32]);
+    forger.write_all(&forged).unwrap();
+    let mut first = TcpStream::connect(b.addr()).unwrap();
+    let good = proven(&mut first, hs(nonce, 1, 2, 0), &SECRET);
+    let mut replayer = TcpStream::connect(b.addr()).unwrap();
+    replayer.write_all(&good).unwrap();
+    let mut insider = TcpStream::connect(b.addr()).unwrap();
+    let far = Handshake { nonce, sender: 2, receiver: 1, channel: 1000, stripe: 0, nstripes: 1 }.encode().to_vec();
+    let far = proven(&mut insider, far, &SECRET);
+    insider.write_all(&far).unwrap();
+    socks.extend([forger, first, replayer, insider]);
     // Silent connections: dropped at the deadline.
     let silent: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(b.addr()).unwrap()).collect();
 
@@ -401,8 +439,8 @@ fn expect_closed(rx: &mut dyn Receiver, before: usize) -> Error {
 fn peer_drop_mid_message_is_a_remote_error_naming_the_rank() {
     for close_tcp in [false, true] {
         let nonce = [2; 16];
-        let a = Tcp::new(3, 4, nonce, LO, opts(2, 64 << 10)).unwrap();
-        let b = Tcp::new(1, 4, nonce, LO, opts(2, 64 << 10)).unwrap();
+        let a = Tcp::new(3, 4, nonce, SECRET, LO, opts(2, 64 << 10)).unwrap();
+        let b = Tcp::new(1, 4, nonce, SECRET, LO, opts(2, 64 << 10)).unwrap();
         let addrs = vec![b.addr(), b.addr(), b.addr(), a.addr()];
         a.set_peer_addrs(addrs.clone()).unwrap();
         b.set_peer_addrs(addrs).unwrap();
@@ -438,6 +476,7 @@ fn peer_drop_mid_message_is_a_remote_error_naming_the_rank() {
 #[test]
 fn peer_drop_between_messages_delivers_what_was_sent_first() {
     let (mut tx, mut rx) = tcp_pair_with(0, opts(4, 256 << 10)).unwrap();
+    establish(&mut *tx, &mut *rx);
     let sz = vec![200_000, 0, 5, 150_000];
     send_all(&mut *tx, &sz, 1, 4);
     drop(tx);
@@ -451,7 +490,7 @@ fn connecting_to_nobody_times_out_with_the_peer_named() {
     // A port that was just free: connections are refused.
     let dead = std::net::TcpListener::bind((LO, 0)).unwrap().local_addr().unwrap();
     let o = TcpOptions { connect_timeout: Duration::from_millis(300), ..opts(2, 4096) };
-    let a = Tcp::new(0, 2, [0; 16], LO, o).unwrap();
+    let a = Tcp::new(0, 2, [0; 16], SECRET, LO, o).unwrap();
     a.set_peer_addrs(vec![a.addr(), dead]).unwrap();
     let mut tx = a.sender(1, 4).unwrap();
     tx.begin(10).unwrap();
@@ -475,6 +514,7 @@ fn connecting_to_nobody_times_out_with_the_peer_named() {
 fn an_abandoned_landing_writes_nothing() {
     use oxccl_transport::region::Region;
     let (mut tx, mut rx) = tcp_pair_with(3, opts(2, 64 << 10)).unwrap();
+    establish(&mut *tx, &mut *rx);
     let mut dst = vec![7u8; 1 << 20];
     let d = Region::of_mut(&mut dst);
     assert_eq!(rx.recv_into(&d).unwrap(), (false, false), "nothing arrived yet");
@@ -520,6 +560,25 @@ fn an_abandoned_send_from_sends_what_it_had() {
     }
     assert!(got == want, "the receiver got what the buffer held when it was sent");
     assert!(tx.released(token));
+}
+
+/// Progresses both ends until the connection is up and proven (the
+/// accepting side must answer: its challenge comes before anything the
+/// sender sends), so that a sender driven alone afterwards gets its bytes
+/// into the kernel.
+fn establish(tx: &mut dyn Sender, rx: &mut dyn Receiver) {
+    let deadline = Instant::now() + LIMIT;
+    // The first progress opens the sockets; flushed then means the
+    // handshake and its proof are out.
+    loop {
+        tx.progress().unwrap();
+        rx.progress().unwrap();
+        if tx.flushed() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the connection never came up");
+        thread::sleep(Duration::from_micros(200));
+    }
 }
 
 fn send_all_from(tx: &mut dyn Sender, src: &[u8]) {

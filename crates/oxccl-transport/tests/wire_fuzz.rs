@@ -9,7 +9,7 @@ use oxccl_transport::tcp::{Tcp, TcpOptions};
 use oxccl_transport::wire::{Expect, HANDSHAKE_LEN, HEADER_LEN, Handshake, Header, MAX_MSG, stripe_range};
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -81,31 +81,51 @@ fn feed(body: &[u8]) -> (u64, Error) {
 fn feed_n(bodies: &[Vec<u8>]) -> (u64, Error) {
     let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let opts = TcpOptions { streams: 1, buffer: 64 << 10, ..TcpOptions::default() };
-    let tcp = Tcp::new(1, 2, NONCE, lo, opts).unwrap();
+    let tcp = Tcp::new(1, 2, NONCE, [3; 32], lo, opts).unwrap();
     tcp.set_peer_addrs(vec![tcp.addr(), tcp.addr()]).unwrap();
     let mut rx = tcp.receiver(0, 0).unwrap();
     let n = bodies.len() as u16;
-    let mut socks: Vec<(TcpStream, Vec<u8>, usize)> = (0..n)
-        .map(|i| {
+    // Each socket reads the receiver's challenge, then sends the handshake,
+    // its proof (the receiver's secret is [3; 32]) and the body.
+    struct Sock {
+        s: TcpStream,
+        challenge: Vec<u8>,
+        out: Vec<u8>,
+        at: usize,
+    }
+    let mut socks: Vec<Sock> = (0..n)
+        .map(|_| {
             let s = TcpStream::connect(tcp.addr()).unwrap();
             s.set_nonblocking(true).unwrap();
-            let mut out = handshake(i, n).to_vec();
-            out.extend_from_slice(&bodies[usize::from(i)]);
-            (s, out, 0)
+            Sock { s, challenge: Vec::new(), out: Vec::new(), at: 0 }
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         assert!(Instant::now() < deadline, "receiver neither finished nor failed");
-        for (s, out, at) in &mut socks {
-            if *at < out.len() {
-                match s.write(&out[*at..]) {
-                    Ok(n) => *at += n,
+        for (i, k) in socks.iter_mut().enumerate() {
+            if k.challenge.len() < 16 {
+                let mut b = [0u8; 16];
+                match k.s.read(&mut b[..16 - k.challenge.len()]) {
+                    Ok(got) => k.challenge.extend_from_slice(&b[..got]),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => *at = out.len(), // the receiver gave up and closed
+                    Err(e) => panic!("reading the challenge: {e}"),
                 }
-                if *at == out.len() {
-                    let _ = s.shutdown(Shutdown::Write);
+                if k.challenge.len() == 16 {
+                    let hs = handshake(i as u16, n);
+                    let proof = oxccl_transport::auth::prove(&[3; 32], &[b"oxccl-tcp", &k.challenge, &hs]);
+                    k.out = [&hs[..], &proof, &bodies[i]].concat();
+                }
+                continue;
+            }
+            if k.at < k.out.len() {
+                match k.s.write(&k.out[k.at..]) {
+                    Ok(w) => k.at += w,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => k.at = k.out.len(), // the receiver gave up and closed
+                }
+                if k.at == k.out.len() {
+                    let _ = k.s.shutdown(Shutdown::Write);
                 }
             }
         }

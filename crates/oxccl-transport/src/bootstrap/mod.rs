@@ -184,6 +184,8 @@ impl Shared {
 pub struct Bootstrap {
     shared: Arc<Shared>,
     local_ip: IpAddr,
+    /// The communicator's secret (the id's), for the providers' proofs.
+    secret: crate::auth::Secret,
     /// Serializes collective calls and numbers them.
     seq: Mutex<u64>,
     monitor: Mutex<Option<JoinHandle<()>>>,
@@ -254,8 +256,14 @@ impl Bootstrap {
             callbacks: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
         });
-        let mut boot =
-            Bootstrap { shared: shared.clone(), local_ip, seq: Mutex::new(0), monitor: Mutex::new(None), wake: None };
+        let mut boot = Bootstrap {
+            shared: shared.clone(),
+            local_ip,
+            secret: id.secret(),
+            seq: Mutex::new(0),
+            monitor: Mutex::new(None),
+            wake: None,
+        };
         if !readers.is_empty() {
             let (wake_tx, wake_rx) = UnixStream::pair()
                 .map_err(|e| Error::System(format!("rank {rank}: cannot create a wake pipe: {e}")))?;
@@ -272,6 +280,12 @@ impl Bootstrap {
     /// This rank.
     pub fn rank(&self) -> usize {
         self.shared.rank
+    }
+
+    /// The communicator's secret, which connections prove they know
+    /// ([`crate::auth`]).
+    pub fn secret(&self) -> crate::auth::Secret {
+        self.secret
     }
 
     /// Number of ranks.

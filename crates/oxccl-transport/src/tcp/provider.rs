@@ -35,7 +35,9 @@ impl Factory for TcpFactory {
             connect_timeout: opts.timeout.min(Duration::from_secs(30)),
             ..TcpOptions::default()
         };
-        Ok(Box::new(TcpProvider { tcp: Some(Tcp::new(setup.rank, setup.nranks(), setup.nonce, ip, topts)?) }))
+        Ok(Box::new(TcpProvider {
+            tcp: Some(Tcp::new(setup.rank, setup.nranks(), setup.nonce, setup.boot.secret(), ip, topts)?),
+        }))
     }
 }
 

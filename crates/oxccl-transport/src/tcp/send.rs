@@ -13,6 +13,7 @@
 //! buffer, each behind its header in one `writev`, in order with the other
 //! messages; the buffer is released once the kernel has all of it.
 
+use super::{HELLO_LEN, prove_handshake};
 use super::{Shared, aligned_buffer, start_connect};
 use crate::region::Region;
 use crate::wire::{HANDSHAKE_LEN, HEADER_LEN, Handshake, Header, MAX_MSG, stripe_range};
@@ -55,8 +56,57 @@ const FROM_MIN: usize = 32 << 10;
 struct Stream {
     sock: Arc<Socket>,
     connected: bool,
-    hs: [u8; HANDSHAKE_LEN],
+    /// The handshake, then (once the accepting side's challenge is in)
+    /// the proof: what this socket sends first.
+    hs: [u8; HELLO_LEN],
+    /// The plain handshake, to prove over.
+    plain: [u8; HANDSHAKE_LEN],
+    /// The accepting side's challenge, as it arrives.
+    challenge: [u8; crate::auth::CHALLENGE_LEN],
+    challenge_got: usize,
     hs_sent: usize,
+}
+
+impl Stream {
+    fn new(sock: Arc<Socket>, plain: [u8; HANDSHAKE_LEN]) -> Stream {
+        Stream {
+            sock,
+            connected: false,
+            hs: [0; HELLO_LEN],
+            plain,
+            challenge: [0; crate::auth::CHALLENGE_LEN],
+            challenge_got: 0,
+            hs_sent: 0,
+        }
+    }
+
+    /// Whether the challenge is in and the proof made.
+    fn proven(&self) -> bool {
+        self.challenge_got == crate::auth::CHALLENGE_LEN
+    }
+
+    /// Reads what has come of the challenge; `Err` if the accepting side
+    /// closed first (it refused or dropped the socket: reconnect).
+    fn read_challenge(&mut self, secret: &crate::auth::Secret) -> std::io::Result<bool> {
+        use std::io::Read;
+        let mut moved = false;
+        while !self.proven() {
+            match (&*self.sock).read(&mut self.challenge[self.challenge_got..]) {
+                Ok(0) => return Err(std::io::Error::new(ErrorKind::ConnectionAborted, "closed before the challenge")),
+                Ok(n) => {
+                    self.challenge_got += n;
+                    moved = true;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.proven() && moved {
+            self.hs = prove_handshake(secret, &self.challenge, &self.plain);
+        }
+        Ok(moved)
+    }
 }
 
 /// The message being written.
@@ -78,6 +128,8 @@ pub(super) struct TcpSender {
     since: Option<Instant>,
     retry_at: Option<Instant>,
     ready: bool,
+    /// Every socket has the accepting side's challenge and its proof.
+    proven: bool,
     /// The FIFO is `buf[base..base + cap]`, 64-aligned in memory.
     buf: Vec<u8>,
     base: usize,
@@ -114,6 +166,7 @@ impl TcpSender {
             since: None,
             retry_at: None,
             ready: false,
+            proven: false,
             cap,
             commit: 0,
             cur: None,
@@ -129,9 +182,12 @@ impl TcpSender {
         format!("rank {} → rank {} at {} (channel {})", self.shared.me, self.peer, self.addr, self.ch)
     }
 
-    /// Opens the sockets (first use) and checks whether they are connected.
+    /// Opens the sockets (first use), checks whether they are connected,
+    /// and reads the accepting side's challenges. Connected sockets take
+    /// messages into the FIFO (`ready`); a socket carries them once its
+    /// proof is made (`proven`).
     fn connect(&mut self) -> Result<bool> {
-        if self.ready {
+        if self.ready && self.proven {
             return Ok(false);
         }
         let now = Instant::now();
@@ -158,11 +214,34 @@ impl TcpSender {
                     stripe: i as u16,
                     nstripes: self.nstripes,
                 };
-                self.streams.push(Stream { sock, connected: false, hs: hs.encode(), hs_sent: 0 });
+                self.streams.push(Stream::new(sock, hs.encode()));
                 moved = true;
             }
             let s = &mut self.streams[i];
             if s.connected {
+                if s.proven() {
+                    continue;
+                }
+                match s.read_challenge(&self.shared.secret) {
+                    Ok(m) => moved |= m,
+                    Err(e) => {
+                        // The accepting side dropped the socket before its
+                        // challenge (too many pending, a restart): again,
+                        // until the deadline.
+                        if now.duration_since(since) >= opts.connect_timeout {
+                            return Err(Error::Timeout(format!(
+                                "{}: the peer accepted but sent no challenge within {:?}: {e}",
+                                who, opts.connect_timeout
+                            )));
+                        }
+                        let sock = start_connect(&target, opts)
+                            .map_err(|e| Error::System(format!("{}: reopening stream {i}: {e}", who)))?;
+                        s.sock = Arc::new(sock);
+                        s.connected = false;
+                        self.shared.register(&s.sock);
+                        self.retry_at = Some(now + Duration::from_millis(20));
+                    }
+                }
                 continue;
             }
             if let Ok(Some(e)) | Err(e) = s.sock.take_error() {
@@ -192,6 +271,7 @@ impl TcpSender {
             }
         }
         self.ready = self.streams.iter().all(|s| s.connected);
+        self.proven = self.ready && self.streams.iter().all(Stream::proven);
         Ok(moved)
     }
 
@@ -215,9 +295,14 @@ impl TcpSender {
         let (cap, commit) = (self.cap, self.commit);
         let ring = &self.buf[self.base..self.base + cap as usize];
         for (i, (s, jobs)) in self.streams.iter_mut().zip(&mut self.queues).enumerate() {
+            if !s.proven() {
+                // Nothing goes out before the proof (the handshake is its
+                // first part).
+                continue;
+            }
             loop {
                 let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(8);
-                if s.hs_sent < HANDSHAKE_LEN {
+                if s.hs_sent < HELLO_LEN {
                     iov.push(IoSlice::new(&s.hs[s.hs_sent..]));
                 }
                 let mut ext: Option<(Region, u64)> = None;
@@ -271,7 +356,7 @@ impl TcpSender {
                 }
                 moved = true;
                 let mut n = n;
-                let hs = n.min(HANDSHAKE_LEN - s.hs_sent);
+                let hs = n.min(HELLO_LEN - s.hs_sent);
                 s.hs_sent += hs;
                 n -= hs;
                 let mut k = 0;
@@ -416,7 +501,7 @@ impl Sender for TcpSender {
     }
 
     fn flushed(&self) -> bool {
-        self.streams.iter().all(|s| s.hs_sent == HANDSHAKE_LEN)
+        self.streams.iter().all(|s| s.hs_sent == HELLO_LEN)
             && self.queues.iter().flatten().all(|j| match j.ext {
                 Some(_) => j.done(),
                 None => j.hdr_sent == HEADER_LEN && j.pos + j.sent >= (j.pos + j.len).min(self.commit),
