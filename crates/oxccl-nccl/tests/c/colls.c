@@ -260,8 +260,11 @@ static void split(Local* L, int k) {
   }
 }
 
-/* The ranks but the last make a smaller communicator; an all-reduce on it. */
-static void shrink(Local* L, int k) {
+/* The ranks but the last make a smaller communicator (flags: NCCL_SHRINK_DEFAULT,
+ * or NCCL_SHRINK_ABORT, which needs nothing of the parent but its peer table
+ * and leaves the parent unusable; errors.c shrinks around an aborted rank);
+ * an all-reduce on it. The caller destroys the parents. */
+static void shrink(Local* L, int k, int flags) {
   int n = L[0].n;
   if (n < 2) return;
   int last = n - 1;
@@ -269,7 +272,7 @@ static void shrink(Local* L, int k) {
   int32_t one[64], sum[64];
   if (k > 1) CHECK(ncclGroupStart());
   for (int j = 0; j < k; j++)
-    if (L[j].rank != last) CHECK(ncclCommShrink(L[j].comm, &last, 1, &sub[j], NULL, NCCL_SHRINK_DEFAULT));
+    if (L[j].rank != last) CHECK(ncclCommShrink(L[j].comm, &last, 1, &sub[j], NULL, flags));
   if (k > 1) CHECK(ncclGroupEnd());
   if (k > 1) CHECK(ncclGroupStart());
   for (int j = 0; j < k; j++) {
@@ -284,39 +287,12 @@ static void shrink(Local* L, int k) {
   if (k > 1) CHECK(ncclGroupEnd());
   for (int j = 0; j < k; j++) {
     if (L[j].rank == last) continue;
-    EXPECT(sum[j] == n - 1, "shrink: all-reduce of ones gave %d", sum[j]);
-    CHECK(ncclCommDestroy(sub[j]));
-    L[j].checks += 2;
-  }
-}
-
-/* NCCL_SHRINK_ABORT: the ranks but the last make a communicator without
- * it, needing nothing of the parent but its peer table (errors.c shrinks
- * around a rank that aborted). The last rank keeps its parent handle; the
- * caller destroys every parent. */
-static void shrink_after_failure(Local* L, int k) {
-  int n = L[0].n;
-  if (n < 2) return;
-  int last = n - 1;
-  ncclComm_t sub[64];
-  int32_t one[64], sum[64];
-  if (k > 1) CHECK(ncclGroupStart());
-  for (int j = 0; j < k; j++)
-    if (L[j].rank != last) CHECK(ncclCommShrink(L[j].comm, &last, 1, &sub[j], NULL, NCCL_SHRINK_ABORT));
-  if (k > 1) CHECK(ncclGroupEnd());
-  if (k > 1) CHECK(ncclGroupStart());
-  for (int j = 0; j < k; j++) {
-    if (L[j].rank == last) continue;
-    one[j] = 1;
-    CHECK(ncclAllReduce(&one[j], &sum[j], 1, ncclInt32, ncclSum, sub[j], NULL));
-  }
-  if (k > 1) CHECK(ncclGroupEnd());
-  for (int j = 0; j < k; j++) {
-    if (L[j].rank == last) continue;
-    EXPECT(sum[j] == n - 1, "shrink after a failure: all-reduce of ones gave %d", sum[j]);
-    float x = 1;
-    ncclResult_t r = ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, L[j].comm, NULL);
-    EXPECT(r == ncclInvalidUsage, "the parent after NCCL_SHRINK_ABORT returned %d", (int)r);
+    EXPECT(sum[j] == n - 1, "shrink (flags %d): all-reduce of ones gave %d", flags, sum[j]);
+    if (flags == NCCL_SHRINK_ABORT) {
+      float x = 1;
+      ncclResult_t r = ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, L[j].comm, NULL);
+      EXPECT(r == ncclInvalidUsage, "the parent after NCCL_SHRINK_ABORT returned %d", (int)r);
+    }
     CHECK(ncclCommDestroy(sub[j]));
     L[j].checks += 2;
   }
@@ -334,8 +310,8 @@ static long run(Local* L, int k) {
   matrix(L, k);
   p2p(L, k);
   split(L, k);
-  shrink(L, k);
-  shrink_after_failure(L, k);
+  shrink(L, k, NCCL_SHRINK_DEFAULT);
+  shrink(L, k, NCCL_SHRINK_ABORT);
   long checks = 0;
   for (int j = 0; j < k; j++) checks += L[j].checks;
   return checks;

@@ -80,6 +80,18 @@ impl Stream {
         }
     }
 
+    /// A fresh socket in place of this one (refused, or dropped before its
+    /// challenge came in full): connecting, awaiting a new challenge.
+    fn reopen(&mut self, target: &SockAddr, shared: &Shared, who: &str, i: usize) -> Result<()> {
+        let sock = start_connect(target, &shared.opts)
+            .map_err(|e| Error::System(format!("{who}: reopening stream {i}: {e}")))?;
+        self.sock = Arc::new(sock);
+        self.connected = false;
+        self.challenge_got = 0;
+        shared.register(&self.sock);
+        Ok(())
+    }
+
     /// Whether the challenge is in and the proof made.
     fn proven(&self) -> bool {
         self.challenge_got == crate::auth::CHALLENGE_LEN
@@ -234,11 +246,7 @@ impl TcpSender {
                                 who, opts.connect_timeout
                             )));
                         }
-                        let sock = start_connect(&target, opts)
-                            .map_err(|e| Error::System(format!("{}: reopening stream {i}: {e}", who)))?;
-                        s.sock = Arc::new(sock);
-                        s.connected = false;
-                        self.shared.register(&s.sock);
+                        s.reopen(&target, &self.shared, &who, i)?;
                         self.retry_at = Some(now + Duration::from_millis(20));
                     }
                 }
@@ -253,10 +261,7 @@ impl TcpSender {
                         who, opts.connect_timeout
                     )));
                 }
-                let sock = start_connect(&target, opts)
-                    .map_err(|e| Error::System(format!("{}: reopening stream {i}: {e}", who)))?;
-                s.sock = Arc::new(sock);
-                self.shared.register(&s.sock);
+                s.reopen(&target, &self.shared, &who, i)?;
                 self.retry_at = Some(now + Duration::from_millis(20));
                 continue;
             }
