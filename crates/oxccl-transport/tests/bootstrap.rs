@@ -364,3 +364,14 @@ fn a_rank_answering_a_real_challenge_with_a_forged_proof_is_told_and_refused() {
     let root = root.join().unwrap().unwrap();
     assert_eq!((real.peers().len(), root.peers().len()), (2, 2));
 }
+
+#[test]
+fn an_unreachable_rendezvous_names_the_refusal() {
+    // A port that was just free: every connection is refused.
+    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let id = UniqueId::from_addr(addr, [3; 16]);
+    let e = Bootstrap::init(&id, 2, 1, &opts(1)).unwrap_err();
+    let m = e.to_string();
+    assert!(matches!(e, Error::Timeout(_)), "{m}");
+    assert!(m.contains(&addr.to_string()) && m.contains("refused"), "{m}");
+}

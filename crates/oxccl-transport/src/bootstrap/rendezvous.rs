@@ -265,10 +265,13 @@ pub(super) fn client(
 ) -> Result<(TcpStream, Vec<PeerInfo>, IpAddr)> {
     let addr = id.addr();
     let mut backoff = Duration::from_millis(10);
+    // The last real connection error (a refusal, an unreachable network),
+    // which is what the final message must name.
+    let mut last: Option<std::io::Error> = None;
     let mut stream = loop {
         let left = remaining(deadline);
         let attempt = if left.is_zero() {
-            Err(std::io::Error::new(ErrorKind::TimedOut, "deadline passed"))
+            Err(last.take().unwrap_or_else(|| std::io::Error::new(ErrorKind::TimedOut, "no attempt finished in time")))
         } else {
             TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5)))
         };
@@ -282,6 +285,7 @@ pub(super) fn client(
                          {e}); is rank 0 running with this UniqueId, and is {addr} reachable from here?"
                     )));
                 }
+                last = Some(e);
                 thread::sleep(backoff.min(left));
                 backoff = (backoff * 2).min(Duration::from_millis(200));
             }
