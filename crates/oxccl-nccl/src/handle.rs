@@ -14,7 +14,7 @@
 use oxccl::{Communicator, DataType, Error, ReduceOp, Result};
 use parking_lot::Condvar;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -56,19 +56,17 @@ pub struct Comm {
     /// The number the handle is.
     pub handle: usize,
     state: Mutex<State>,
-    /// `ncclConfig_t.blocking`.
-    pub blocking: bool,
-    /// The CUDA device current when it was made (`ncclCommCuDevice`);
-    /// -1 without one.
-    pub cuda_device: std::sync::atomic::AtomicI32,
+    /// The CUDA device current when it was made, or the one
+    /// `ncclCommInitAll`'s list names (`ncclCommCuDevice`); -1 without one.
+    pub cuda_device: i32,
     /// Rank and size, known before a non-blocking init ends.
     pub rank: usize,
     /// Number of ranks.
     pub nranks: usize,
     /// User operators: `op - NUM_OPS` indexes them; `None` once destroyed.
     ops: Mutex<Vec<Option<(DataType, Scalar)>>>,
-    /// Registrations (`ncclCommRegister`): handle → (address, bytes).
-    pub regs: Mutex<HashMap<usize, (usize, usize)>>,
+    /// Live registration handles (`ncclCommRegister`).
+    pub regs: Mutex<HashSet<usize>>,
 }
 
 static COMMS: Mutex<Option<HashMap<usize, Arc<Comm>>>> = Mutex::new(None);
@@ -82,34 +80,30 @@ pub fn fresh() -> usize {
 }
 
 impl Comm {
-    fn new(rank: usize, nranks: usize, blocking: bool, state: State) -> Arc<Comm> {
-        let cuda_device = cuda_device();
+    fn new(rank: usize, nranks: usize, cuda_device: i32, state: State) -> Arc<Comm> {
         let c = Arc::new(Comm {
             handle: fresh(),
             state: Mutex::new(state),
-            blocking,
-            cuda_device: cuda_device.into(),
+            cuda_device,
             rank,
             nranks,
             ops: Mutex::new(Vec::new()),
-            regs: Mutex::new(HashMap::new()),
+            regs: Mutex::new(HashSet::new()),
         });
         COMMS.lock().get_or_insert_with(HashMap::new).insert(c.handle, c.clone());
         c
     }
 
-    /// Registers a communicator made now.
-    pub fn ready(comm: Communicator, blocking: bool) -> Arc<Comm> {
-        let (rank, nranks) = (comm.rank(), comm.size());
-        Comm::new(rank, nranks, blocking, State::Ready(Arc::new(comm)))
+    /// Registers a communicator made now, on the calling thread's device.
+    pub fn ready(comm: Communicator) -> Arc<Comm> {
+        Comm::ready_on(comm, cuda_device())
     }
 
     /// Registers a communicator made now for CUDA device `device`
     /// (`ncclCommInitAll`'s list).
     pub fn ready_on(comm: Communicator, device: i32) -> Arc<Comm> {
-        let c = Comm::ready(comm, true);
-        c.cuda_device.store(device, Ordering::Relaxed);
-        c
+        let (rank, nranks) = (comm.rank(), comm.size());
+        Comm::new(rank, nranks, device, State::Ready(Arc::new(comm)))
     }
 
     /// Registers a communicator whose init `f` runs on a thread of its
@@ -117,7 +111,6 @@ impl Comm {
     pub fn spawn(
         rank: usize,
         nranks: usize,
-        blocking: bool,
         f: impl FnOnce() -> Result<Communicator> + Send + 'static,
     ) -> Result<Arc<Comm>> {
         let slot = Arc::new(Slot::default());
@@ -131,7 +124,7 @@ impl Comm {
                 s2.cv.notify_all();
             })
             .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
-        Ok(Comm::new(rank, nranks, blocking, State::Pending(slot)))
+        Ok(Comm::new(rank, nranks, cuda_device(), State::Pending(slot)))
     }
 
     /// The handle `h` (an error names it when it is NULL, unknown or

@@ -64,14 +64,16 @@ const HELLO_LEN: usize = HANDSHAKE_LEN + crate::auth::PROOF_LEN;
 /// The label of a data connection's proof.
 const TCP_PROOF: &[u8] = b"oxccl-tcp";
 
-/// The proof a connecting side sends: the secret over the accepting
-/// side's challenge and the handshake's bytes (its ranks, channel and
-/// stripe).
-fn prove_handshake(secret: &crate::auth::Secret, challenge: &[u8], hs: &[u8; HANDSHAKE_LEN]) -> [u8; HELLO_LEN] {
-    let mut out = [0u8; HELLO_LEN];
-    out[..HANDSHAKE_LEN].copy_from_slice(hs);
-    out[HANDSHAKE_LEN..].copy_from_slice(&crate::auth::prove(secret, &[TCP_PROOF, challenge, hs]));
-    out
+/// The proof a connecting side sends after its handshake `hs`: the secret
+/// over the accepting side's challenge and the handshake's bytes (its
+/// ranks, channel and stripe).
+fn handshake_proof(secret: &crate::auth::Secret, challenge: &[u8], hs: &[u8]) -> [u8; crate::auth::PROOF_LEN] {
+    crate::auth::prove(secret, &[TCP_PROOF, challenge, hs])
+}
+
+/// Whether `proof` is [`handshake_proof`] of `hs` over `challenge`.
+fn handshake_proven(secret: &crate::auth::Secret, challenge: &[u8], hs: &[u8], proof: &[u8]) -> bool {
+    crate::auth::verify(secret, &[TCP_PROOF, challenge, hs], proof)
 }
 
 /// Settings of the TCP provider.
@@ -479,7 +481,7 @@ impl Shared {
         let expect = Expect { nonce: self.nonce, receiver: self.me, nranks: self.nranks };
         let (hs, proof) = buf.split_at(HANDSHAKE_LEN);
         let h = Handshake::decode(hs, &expect).map_err(|e| e.to_string())?;
-        if !crate::auth::verify(&self.secret, &[TCP_PROOF, challenge, hs], proof) {
+        if !handshake_proven(&self.secret, challenge, hs, proof) {
             return Err(format!(
                 "it claims to be rank {} (channel {}) but cannot prove it knows the communicator's secret",
                 h.sender, h.channel

@@ -211,6 +211,14 @@ fn parse_bytes(name: &str) -> Result<Option<usize>> {
     }
 }
 
+/// An explicit size, else size variable `name`, else `default`.
+fn size_setting(explicit: Option<usize>, name: &str, default: usize) -> Result<usize> {
+    match explicit {
+        Some(v) => Ok(v),
+        None => Ok(parse_bytes(name)?.unwrap_or(default)),
+    }
+}
+
 /// Checks a size setting against its range; the error names the variable
 /// that set it (or the `Config` field, when set explicitly).
 fn in_range(what: &str, name: &str, explicit: bool, v: usize, lo: usize, hi: usize) -> Result<()> {
@@ -305,10 +313,7 @@ impl Config {
             Some(p) => p,
             None => env("OXCCL_DEVICE_PATH").map(|v| v.parse()).transpose()?.unwrap_or_default(),
         };
-        let device_window = match self.device_window {
-            Some(w) => w,
-            None => parse_bytes("OXCCL_DEVICE_WINDOW")?.unwrap_or(8 << 20),
-        };
+        let device_window = size_setting(self.device_window, "OXCCL_DEVICE_WINDOW", 8 << 20)?;
         in_range(
             "device window",
             "OXCCL_DEVICE_WINDOW",
@@ -321,10 +326,7 @@ impl Config {
         if !(1..=64).contains(&device_blocks) {
             return Err(Error::invalid(format!("device blocks {device_blocks} must be 1 to 64")));
         }
-        let stage_chunk = match self.stage_chunk {
-            Some(c) => c,
-            None => parse_bytes("OXCCL_STAGE_CHUNK")?.unwrap_or(4 << 20),
-        };
+        let stage_chunk = size_setting(self.stage_chunk, "OXCCL_STAGE_CHUNK", 4 << 20)?;
         in_range("stage chunk", "OXCCL_STAGE_CHUNK", self.stage_chunk.is_some(), stage_chunk, 1, usize::MAX)?;
         let mut programs = self.programs.clone();
         for file in env("OXCCL_ALGO_FILE").iter().flat_map(|v| v.split(',')).map(str::trim).filter(|f| !f.is_empty()) {

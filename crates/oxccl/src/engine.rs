@@ -48,7 +48,7 @@ pub(crate) struct Shared {
 impl Shared {
     /// Queues a job for the progress thread; after shutdown it ends at
     /// once with the reason (nobody would run it).
-    pub fn submit(&self, job: Job) {
+    pub fn submit(&self, mut job: Job) {
         {
             let mut q = self.queue.lock();
             if !self.shutdown.load(Ordering::Acquire) {
@@ -61,7 +61,6 @@ impl Shared {
         let e = self
             .poisoned()
             .unwrap_or_else(|| Error::InvalidUsage(format!("{}: the communicator was destroyed", self.who)));
-        let mut job = job;
         job.done.finish(Err(e), job.keep.take());
     }
 

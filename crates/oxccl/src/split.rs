@@ -87,7 +87,7 @@ impl Communicator {
         let key = format!("oxccl-shrink/{nonce}/{}/{exclude:?}", self.next_shrink());
         // Ports 10000 to 31999: below Linux's ephemeral range, where
         // outgoing connections take theirs.
-        let h = UniqueId::for_env(SocketAddr::new(ip, 0), &key).nonce();
+        let h = oxccl_transport::auth::derive("shrink-port", key.as_bytes());
         let port = 10_000 + (u16::from_le_bytes([h[0], h[1]]) % 22_000);
         // The secret comes from the parent's, which never travelled.
         let id = UniqueId::for_env(SocketAddr::new(ip, port), &key)

@@ -40,11 +40,11 @@ fn init(comm: CommOut, nranks: c_int, id: &UniqueIdC, rank: c_int, config: *cons
     let id = id_of(id)?;
     let in_group = crate::group::active();
     if opts.blocking && !in_group {
-        let c = Comm::ready(Communicator::init(&id, n, r, Config::default())?, true);
+        let c = Comm::ready(Communicator::init(&id, n, r, Config::default())?);
         out(comm, handle_ptr(&c), "comm")?;
         return Ok(error::SUCCESS);
     }
-    let c = Comm::spawn(r, n, opts.blocking, move || Communicator::init(&id, n, r, Config::default()))?;
+    let c = Comm::spawn(r, n, move || Communicator::init(&id, n, r, Config::default()))?;
     out(comm, handle_ptr(&c), "comm")?;
     if !in_group {
         return Ok(IN_PROGRESS);
@@ -60,6 +60,30 @@ fn init(comm: CommOut, nranks: c_int, id: &UniqueIdC, rank: c_int, config: *cons
 
 fn get(comm: *const c_void) -> Result<Arc<Comm>> {
     Comm::get(comm as usize)
+}
+
+/// Makes a communicator from `parent` (split, shrink) with `make`, at the
+/// end of the open group (beside the group's others) or now, and writes
+/// its handle, or NULL for none, to `newcomm` then. It is on the parent's
+/// CUDA device.
+fn hand_out(
+    parent: &Comm,
+    newcomm: CommOut,
+    config: *const ConfigC,
+    make: impl FnOnce() -> Result<Option<Communicator>> + Send + 'static,
+) -> Result<()> {
+    abi::read_config(config)?;
+    if newcomm.is_null() {
+        return Err(Error::invalid("newcomm is NULL"));
+    }
+    let (target, device) = (newcomm as usize, parent.cuda_device);
+    crate::group::defer(Box::new(move || {
+        let p = make()?.map_or(std::ptr::null_mut(), |c| handle_ptr(&Comm::ready_on(c, device)));
+        // SAFETY: the caller keeps `newcomm` valid until the call (or its
+        // group) has ended, which is when this runs.
+        unsafe { (target as CommOut).write(p) };
+        Ok(())
+    }))
 }
 
 nccl_api! {
@@ -178,27 +202,14 @@ nccl_api! {
     /// `ncclCommSplit`: `color` NCCL_SPLIT_NOCOLOR (-1) joins nothing
     /// (`*newcomm` = NULL).
     fn ncclCommSplit / pncclCommSplit(comm: *mut c_void, color: c_int, key: c_int, newcomm: CommOut, config: *mut ConfigC) {
-        let c = get(comm)?.comm()?;
+        let h = get(comm)?;
+        let c = h.comm()?;
         let color = match color {
             -1 => None,
             c if c >= 0 => Some(c as u32),
             c => return Err(Error::invalid(format!("color {c}: need >= 0 or NCCL_SPLIT_NOCOLOR (-1)"))),
         };
-        let blocking = abi::read_config(config)?.blocking;
-        if newcomm.is_null() {
-            return Err(Error::invalid("newcomm is NULL"));
-        }
-        // In a group the split ends at ncclGroupEnd, beside the group's
-        // other splits; `*newcomm` is written then.
-        let target = newcomm as usize;
-        crate::group::defer(Box::new(move || {
-            let made = c.split(color, key)?;
-            let p = made.map_or(std::ptr::null_mut(), |c| handle_ptr(&Comm::ready(c, blocking)));
-            // SAFETY: the caller keeps `newcomm` valid until the split (or
-            // its group) has ended, which is when this runs.
-            unsafe { (target as CommOut).write(p) };
-            Ok(())
-        }))
+        hand_out(&h, newcomm, config, move || c.split(color, key))
     }
 
     /// `ncclCommShrink`: a communicator without the excluded ranks (called
@@ -207,7 +218,8 @@ nccl_api! {
         comm: *mut c_void, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int,
         newcomm: CommOut, config: *mut ConfigC, shrink_flags: c_int
     ) {
-        let c = get(comm)?.comm()?;
+        let h = get(comm)?;
+        let c = h.comm()?;
         let n = usize::try_from(exclude_ranks_count)
             .map_err(|_| Error::invalid(format!("excludeRanksCount is {exclude_ranks_count}")))?;
         if n > 0 && exclude_ranks_list.is_null() {
@@ -227,20 +239,9 @@ nccl_api! {
             .map(|i| unsafe { *exclude_ranks_list.add(i) })
             .map(|r| usize::try_from(r).map_err(|_| Error::invalid(format!("excluded rank {r} is negative"))))
             .collect::<Result<_>>()?;
-        let blocking = abi::read_config(config)?.blocking;
-        if newcomm.is_null() {
-            return Err(Error::invalid("newcomm is NULL"));
-        }
-        let target = newcomm as usize;
-        // In a group the shrink ends at ncclGroupEnd, beside the others.
-        crate::group::defer(Box::new(move || {
-            let made = if after_failure { c.shrink_after_failure(&list)? } else { c.shrink(&list)? };
-            let p = handle_ptr(&Comm::ready(made, blocking));
-            // SAFETY: the caller keeps `newcomm` valid until the shrink (or
-            // its group) has ended, which is when this runs.
-            unsafe { (target as CommOut).write(p) };
-            Ok(())
-        }))
+        hand_out(&h, newcomm, config, move || {
+            if after_failure { c.shrink_after_failure(&list) } else { c.shrink(&list) }.map(Some)
+        })
     }
 
     /// `ncclCommGetUniqueId`: an id for `ncclCommGrow`, which oxccl lacks.
@@ -282,7 +283,7 @@ nccl_api! {
     /// `ncclCommCuDevice`: the CUDA device current when the communicator
     /// was made; -1 for a communicator made without one (host memory).
     fn ncclCommCuDevice / pncclCommCuDevice(comm: *const c_void, device: *mut c_int) {
-        out(device, get(comm)?.cuda_device.load(std::sync::atomic::Ordering::Relaxed), "device")
+        out(device, get(comm)?.cuda_device, "device")
     }
 
     /// `ncclCommUserRank`.
@@ -299,19 +300,17 @@ nccl_api! {
         }
         let id = handle::fresh();
         out(handle, id as *mut c_void, "handle")?;
-        h.regs.lock().insert(id, (buff as usize, size));
+        h.regs.lock().insert(id);
         Ok(())
     }
 
     /// `ncclCommDeregister`.
     fn ncclCommDeregister / pncclCommDeregister(comm: *const c_void, handle: *mut c_void) {
         let h = get(comm)?;
-        match h.regs.lock().remove(&(handle as usize)) {
-            Some(_) => Ok(()),
-            None => Err(Error::invalid(format!(
-                "handle {handle:p} is not a registration of this communicator (or was deregistered)"
-            ))),
+        if h.regs.lock().remove(&(handle as usize)) {
+            return Ok(());
         }
+        Err(Error::invalid(format!("handle {handle:p} is not a registration of this communicator (or was deregistered)")))
     }
 
     /// `ncclRedOpCreatePreMulSum`: `scalar` × input, summed.

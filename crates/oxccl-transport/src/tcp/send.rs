@@ -13,7 +13,7 @@
 //! buffer, each behind its header in one `writev`, in order with the other
 //! messages; the buffer is released once the kernel has all of it.
 
-use super::{HELLO_LEN, prove_handshake};
+use super::{HELLO_LEN, handshake_proof};
 use super::{Shared, aligned_buffer, start_connect};
 use crate::region::Region;
 use crate::wire::{HANDSHAKE_LEN, HEADER_LEN, Handshake, Header, MAX_MSG, stripe_range};
@@ -57,10 +57,8 @@ struct Stream {
     sock: Arc<Socket>,
     connected: bool,
     /// The handshake, then (once the accepting side's challenge is in)
-    /// the proof: what this socket sends first.
+    /// its proof: what this socket sends first.
     hs: [u8; HELLO_LEN],
-    /// The plain handshake, to prove over.
-    plain: [u8; HANDSHAKE_LEN],
     /// The accepting side's challenge, as it arrives.
     challenge: [u8; crate::auth::CHALLENGE_LEN],
     challenge_got: usize,
@@ -68,16 +66,10 @@ struct Stream {
 }
 
 impl Stream {
-    fn new(sock: Arc<Socket>, plain: [u8; HANDSHAKE_LEN]) -> Stream {
-        Stream {
-            sock,
-            connected: false,
-            hs: [0; HELLO_LEN],
-            plain,
-            challenge: [0; crate::auth::CHALLENGE_LEN],
-            challenge_got: 0,
-            hs_sent: 0,
-        }
+    fn new(sock: Arc<Socket>, handshake: [u8; HANDSHAKE_LEN]) -> Stream {
+        let mut hs = [0; HELLO_LEN];
+        hs[..HANDSHAKE_LEN].copy_from_slice(&handshake);
+        Stream { sock, connected: false, hs, challenge: [0; crate::auth::CHALLENGE_LEN], challenge_got: 0, hs_sent: 0 }
     }
 
     /// A fresh socket in place of this one (refused, or dropped before its
@@ -115,7 +107,8 @@ impl Stream {
             }
         }
         if self.proven() && moved {
-            self.hs = prove_handshake(secret, &self.challenge, &self.plain);
+            let proof = handshake_proof(secret, &self.challenge, &self.hs[..HANDSHAKE_LEN]);
+            self.hs[HANDSHAKE_LEN..].copy_from_slice(&proof);
         }
         Ok(moved)
     }
