@@ -107,7 +107,7 @@ fn context(e: Error, what: &str) -> Error {
 pub fn end() -> Result<()> {
     match close()? {
         Some((deferred, ops)) => {
-            run_deferred(deferred)?;
+            all_at_once(deferred)?;
             launch(ops)
         }
         None => Ok(()),
@@ -151,11 +151,6 @@ fn all_at_once<F: FnOnce() -> Result<()> + Send>(jobs: Vec<F>) -> Result<()> {
     })
 }
 
-/// Runs deferred work, all at once; the first error.
-fn run_deferred(work: Vec<Deferred>) -> Result<()> {
-    all_at_once(work)
-}
-
 /// `ncclGroupSimulateEnd`: closes the group without launching it; the
 /// predicted time of its collectives in seconds.
 pub fn simulate_end() -> Result<f64> {
@@ -164,7 +159,7 @@ pub fn simulate_end() -> Result<f64> {
     };
     // Inits, splits and shrinks happen even in a simulated group (NCCL's
     // rule): only the calls are priced instead of run.
-    run_deferred(deferred)?;
+    all_at_once(deferred)?;
     let mut t = 0.0;
     for (_, c, p) in ops {
         let (kind, count, dtype, root) = match p {

@@ -64,7 +64,6 @@ nccl_api! {
         if gpu_present() && oxccl_cuda::is_device_memory(ptr as u64) {
             return oxccl_cuda::free_device(ptr as u64).map_err(|e| Error::invalid(format!("cannot free {ptr:p}: {e}")));
         }
-        let _ = gpu_present;
         Err(Error::invalid(format!("ptr {ptr:p} did not come from ncclMemAlloc (or was freed already)")))
     }
 
