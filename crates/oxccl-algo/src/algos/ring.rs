@@ -50,30 +50,32 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
                     p.push(r, 0, f(off, len));
                 }
             };
-            // Reduce-scatter: after step s, rank r has added its part to block r-s.
-            emit(r, &|off, len| Step::Send { peer: next, src: Slice::input(off, len) });
+            // Reduce-scatter, as `reduce_scatter` runs it (so that the sums are
+            // added in the same order, bit for bit): after step s, rank r has
+            // added its part to block r-1-s.
+            emit(r + n - 1, &|off, len| Step::Send { peer: next, src: Slice::input(off, len) });
             for s in 1..n - 1 {
-                emit(r + n - s, &|off, len| Step::RecvReduceSend {
+                emit(r + 2 * n - 1 - s, &|off, len| Step::RecvReduceSend {
                     recv: prev,
                     send: next,
                     src: Slice::input(off, len),
                 });
             }
-            // Block r+1 is complete here: keep it and start the all-gather.
-            emit(r + 1, &|off, len| Step::RecvReduceCopySend {
+            // Block r is complete here: keep it and start the all-gather.
+            emit(r, &|off, len| Step::RecvReduceCopySend {
                 recv: prev,
                 send: next,
                 src: Slice::input(off, len),
                 dst: Slice::output(off, len),
             });
             for s in 1..n - 1 {
-                emit(r + 1 + n - s, &|off, len| Step::RecvCopySend {
+                emit(r + n - s, &|off, len| Step::RecvCopySend {
                     recv: prev,
                     send: next,
                     dst: Slice::output(off, len),
                 });
             }
-            emit(r + 2, &|off, len| Step::Recv { peer: prev, dst: Slice::output(off, len) });
+            emit(r + 1, &|off, len| Step::Recv { peer: prev, dst: Slice::output(off, len) });
         }
     }
 }
