@@ -4,7 +4,7 @@ use crate::adam::AdamW;
 use crate::layout::{Bucket, LayerSpec, Layout};
 use crate::mem::{Charge, Meter, Tracked};
 use crate::param::Param;
-use crate::stage::{Stage, StateBytes};
+use crate::stage::{Stage, paper_bytes, shards_grads};
 use oxccl::{CollKind, Communicator, Error, ReduceOp, Result, Work};
 use std::sync::Arc;
 
@@ -124,7 +124,7 @@ impl<'c, P: Param> Zero<'c, P> {
                 Stage::Zero3 => (None, Some(working(b.shard, own.start))),
                 _ => (Some(working(b.padded, 0)), None),
             };
-            let grad_len = if stage.shards_grads() { b.shard } else { b.padded };
+            let grad_len = if shards_grads(stage) { b.shard } else { b.padded };
             state.push(State {
                 full,
                 shard,
@@ -191,7 +191,7 @@ impl<'c, P: Param> Zero<'c, P> {
 
     /// The paper's formula for the unpadded parameters, as bytes.
     pub fn paper_bytes(&self) -> f64 {
-        self.stage.formula(self.layout.params() as f64, self.comm.size(), StateBytes::adam(size_of::<P>()))
+        paper_bytes(self.stage, self.layout.params(), self.comm.size(), size_of::<P>())
     }
 
     fn layer(&self, layer: usize, what: &str) -> Result<&Bucket> {
@@ -262,7 +262,7 @@ impl<'c, P: Param> Zero<'c, P> {
                 b.name
             )));
         }
-        let mut buf = if self.stage.shards_grads() {
+        let mut buf = if shards_grads(self.stage) {
             Tracked::<P>::zeroed(&self.meter, b.padded)
         } else {
             st.grad.take().expect("a whole gradient buffer between steps")
@@ -293,7 +293,7 @@ impl<'c, P: Param> Zero<'c, P> {
         // In the order they were started.
         for (b, st) in self.layout.buckets.iter().zip(&mut self.state) {
             let reduced = st.reducing.take().expect("checked above").finish()?;
-            if self.stage.shards_grads() {
+            if shards_grads(self.stage) {
                 let slice = st.grad.as_mut().expect("a gradient slice");
                 slice.v.copy_from_slice(&reduced.v[b.own(rank)]);
             } else {
@@ -307,7 +307,7 @@ impl<'c, P: Param> Zero<'c, P> {
         let mut partial = 0f64;
         for (b, st) in self.layout.buckets.iter().zip(&self.state) {
             let g = &st.grad.as_ref().expect("a gradient").v;
-            let own = if self.stage.shards_grads() { 0..b.shard } else { b.own(rank) };
+            let own = if shards_grads(self.stage) { 0..b.shard } else { b.own(rank) };
             partial += g[own].iter().map(|&x| f64::from(x.to_f32() * inv_n).powi(2)).sum::<f64>();
         }
         let before = traffic(self.comm);

@@ -22,12 +22,12 @@
 //! parallelism would make room.
 
 use crate::units::{format_count, format_gb_gib, short};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
 /// A data-parallel training scheme: what each data-parallel rank keeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     /// Plain data parallelism: every rank holds all parameters, gradients

@@ -133,7 +133,7 @@ fn run_typed<P: Param>(c: &Communicator, o: &Options) -> Res<Value> {
         let mut secs = [m.secs];
         c.all_reduce_in_place(&mut secs, ReduceOp::Max)?;
         stages.insert(
-            stage.name().into(),
+            stage.key().into(),
             json!({
                 "sent_bytes_per_step": sent,
                 "recv_bytes_per_step": col(1),

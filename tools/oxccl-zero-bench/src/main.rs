@@ -56,7 +56,12 @@ struct Args {
 }
 
 fn options(a: &Args) -> Res<Options> {
-    let stages = a.stages.split(',').map(Stage::parse).collect::<Result<Vec<_>, _>>()?;
+    let stages = a
+        .stages
+        .split(',')
+        .map(str::parse::<Stage>)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--stages: {e}"))?;
     let bf16 = match a.dtype.as_str() {
         "f32" => false,
         "bf16" => true,

@@ -41,7 +41,7 @@ fn check(r: &Value, n: usize) {
     assert!(ddp_loss.last() < ddp_loss.first(), "the model learns: {ddp_loss:?}");
     let padding = (r["padded_params"].as_u64().unwrap() - r["params"].as_u64().unwrap()) as f64;
     for stage in Stage::ALL {
-        let s = &st[stage.name()];
+        let s = &st[stage.key()];
         let (sent, recv) = (u64s(&s["sent_bytes_per_step"]), u64s(&s["recv_bytes_per_step"]));
         let (num, den) = if stage == Stage::Zero3 { (3, 2) } else { (1, 1) };
         for r in 0..n {
@@ -147,7 +147,7 @@ fn processes_over_shared_memory() {
     }
     // One process per rank: each held at most its own peak.
     for s in Stage::ALL {
-        let st = &r["stages"][s.name()];
+        let st = &r["stages"][s.key()];
         let (peak, rss) = (u64s(&st["peak_bytes_by_rank"]), u64s(&st["peak_rss_bytes_by_rank"]));
         assert!(peak.iter().zip(&rss).all(|(p, r)| p <= r), "{s}: {peak:?} vs {rss:?}");
     }
