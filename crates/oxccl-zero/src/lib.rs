@@ -61,6 +61,6 @@ pub use adam::AdamW;
 pub use ckpt::Header;
 pub use layout::{Bucket, LayerSpec, Layout, Tensor};
 pub use mem::{Meter, peak_rss};
-pub use optim::{StepReport, Zero, traffic};
+pub use optim::{StepReport, Zero, same_on_every_rank, traffic};
 pub use param::Param;
 pub use stage::{Stage, StateBytes};

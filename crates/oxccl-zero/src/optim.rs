@@ -407,17 +407,21 @@ impl<P: Param> State<P> {
     }
 }
 
-/// Errors unless `init` is the same on every rank (compares a hash of its
-/// bits by max and min).
-fn same_everywhere(comm: &Communicator, init: &[f32]) -> Result<()> {
+/// Whether every rank holds the same `v`, bit for bit (compares a hash of
+/// its bits by max and min: a collective, call it on every rank).
+pub fn same_on_every_rank(comm: &Communicator, v: &[f32]) -> Result<bool> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    init.iter().for_each(|x| x.to_bits().hash(&mut h));
-    let mine = h.finish();
-    let (mut hi, mut lo) = ([mine], [mine]);
+    v.iter().for_each(|x| x.to_bits().hash(&mut h));
+    let (mut hi, mut lo) = ([h.finish()], [h.finish()]);
     comm.all_reduce_in_place(&mut hi, ReduceOp::Max)?;
     comm.all_reduce_in_place(&mut lo, ReduceOp::Min)?;
-    if hi != lo {
+    Ok(hi == lo)
+}
+
+/// Errors unless `init` is the same on every rank.
+fn same_everywhere(comm: &Communicator, init: &[f32]) -> Result<()> {
+    if !same_on_every_rank(comm, init)? {
         return Err(Error::invalid(format!(
             "rank {}: oxccl-zero: the ranks were given different initial parameters (every rank must pass the same)",
             comm.rank()

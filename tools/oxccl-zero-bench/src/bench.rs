@@ -6,7 +6,7 @@ use crate::data::Corpus;
 use crate::model::{ModelConfig, Res, forward_backward};
 use oxccl::half::bf16;
 use oxccl::{Communicator, ReduceOp};
-use oxccl_zero::{AdamW, Param, Stage, Zero, peak_rss, traffic};
+use oxccl_zero::{AdamW, Param, Stage, Zero, peak_rss, same_on_every_rank, traffic};
 use serde_json::{Value, json};
 use std::time::Instant;
 
@@ -88,16 +88,6 @@ fn gather_u64(c: &Communicator, mine: &[u64]) -> Res<Vec<Vec<u64>>> {
     let mut all = vec![0u64; mine.len() * c.size()];
     c.all_gather(mine, &mut all)?;
     Ok(all.chunks(mine.len().max(1)).map(|x| x.to_vec()).collect())
-}
-
-fn same_on_every_rank(c: &Communicator, v: &[f32]) -> Res<bool> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    v.iter().for_each(|x| x.to_bits().hash(&mut h));
-    let (mut hi, mut lo) = ([h.finish()], [h.finish()]);
-    c.all_reduce_in_place(&mut hi, ReduceOp::Max)?;
-    c.all_reduce_in_place(&mut lo, ReduceOp::Min)?;
-    Ok(hi == lo)
 }
 
 /// Trains every stage of `o` on this rank and returns the report every
