@@ -8,11 +8,12 @@
 
 use crate::adam::AdamW;
 use crate::layout::Tensor;
-use crate::optim::Zero;
+use crate::optim::{Zero, held};
 use crate::param::Param;
 use crate::stage::Stage;
 use oxccl::{Error, ReduceOp, Result};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -86,16 +87,17 @@ impl<P: Param> Zero<'_, P> {
         write(&(json.len() as u64).to_le_bytes())?;
         write(&json)?;
         for (b, st) in layout.buckets.iter().zip(state.iter_mut()) {
-            let parts: Vec<Vec<f32>> = st
+            // DDP holds them whole: written as they are, not copied.
+            let parts: Vec<Cow<'_, [f32]>> = st
                 .optim()
                 .into_iter()
                 .map(|v| {
                     if stage == Stage::Ddp {
-                        return Ok(v.clone());
+                        return Ok(Cow::Borrowed(v.as_slice()));
                     }
                     let mut whole = vec![0f32; b.padded];
                     comm.all_gather(v, &mut whole)?;
-                    Ok(whole)
+                    Ok(Cow::Owned(whole))
                 })
                 .collect::<Result<_>>()?;
             for (t, off) in &b.tensors {
@@ -116,6 +118,7 @@ impl<P: Param> Zero<'_, P> {
     /// optimizer's. Nothing changes on error.
     pub fn load(&mut self, path: impl AsRef<Path>) -> Result<Header> {
         let path = path.as_ref();
+        let stage = self.stage();
         let (comm, layout, state) = self.parts();
         let rank = comm.rank();
         if state.iter().any(|s| s.busy()) {
@@ -177,14 +180,14 @@ impl<P: Param> Zero<'_, P> {
             loaded.push(parts);
         }
         for ((b, st), parts) in layout.buckets.iter().zip(state.iter_mut()).zip(loaded) {
-            let own = b.own(rank);
+            let held = held(stage, b, rank);
             for (dst, src) in st.optim().into_iter().zip(&parts) {
-                let from = if dst.len() == b.padded { 0..b.padded } else { own.clone() };
-                dst.copy_from_slice(&src[from]);
+                dst.copy_from_slice(&src[held.clone()]);
             }
-            st.refresh(own);
-            if let Some(full) = st.whole_from_slices() {
-                comm.all_gather_in_place(full)?;
+            st.refresh(held);
+            // Stages 1–2 refreshed only their slice of the whole parameters.
+            if matches!(stage, Stage::Zero1 | Stage::Zero2) {
+                comm.all_gather_in_place(st.whole().expect("stages 1-2 hold whole parameters"))?;
             }
         }
         self.set_steps(header.step);

@@ -6,6 +6,7 @@ use crate::mem::{Charge, Meter, Tracked};
 use crate::param::Param;
 use crate::stage::{Stage, paper_bytes, shards_grads};
 use oxccl::{CollKind, Communicator, Error, ReduceOp, Result, Work};
+use std::ops::Range;
 use std::sync::Arc;
 
 /// A buffer lent to an asynchronous collective; its bytes stay charged.
@@ -101,10 +102,10 @@ impl<'c, P: Param> Zero<'c, P> {
         }
         same_everywhere(comm, init)?;
         let meter = Arc::new(Meter::default());
-        let (rank, sharded) = (comm.rank(), stage != Stage::Ddp);
+        let rank = comm.rank();
         let mut state = Vec::with_capacity(layout.buckets.len());
         for b in &layout.buckets {
-            let own = if sharded { b.own(rank) } else { 0..b.padded };
+            let own = held(stage, b, rank);
             let mut master = Tracked::<f32>::zeroed(&meter, own.len());
             for (i, x) in own.clone().enumerate() {
                 if x < b.numel {
@@ -378,33 +379,37 @@ impl<P: Param> State<P> {
         [&mut self.master.v, &mut self.m.v, &mut self.v.v]
     }
 
-    /// Sets the working parameters from the master weights this rank
-    /// holds (whole in stage 0, its slice otherwise; `own` is where the
-    /// slice lies) and clears the gradient.
-    pub(crate) fn refresh(&mut self, own: std::ops::Range<usize>) {
+    /// Sets the working parameters from the master weights, which lie at
+    /// `held` of the bucket ([`held`]), and clears the gradient. Stages 1–2
+    /// then hold only their slice up to date: see [`State::whole`].
+    pub(crate) fn refresh(&mut self, held: Range<usize>) {
         let from = |m: &[f32], out: &mut [P]| out.iter_mut().zip(m).for_each(|(o, &x)| *o = P::from_f32(x));
         if let Some(s) = self.shard.as_mut() {
             from(&self.master.v, &mut s.v);
         } else if let Some(f) = self.full.as_mut() {
-            let at = if f.v.len() == self.master.v.len() { 0..f.v.len() } else { own };
-            from(&self.master.v, &mut f.v[at]);
+            from(&self.master.v, &mut f.v[held]);
         }
         if let Some(g) = self.grad.as_mut() {
             g.v.fill(P::default());
         }
     }
 
-    /// Stages 1–2: the whole working parameters, of which this rank
-    /// updates only its slice (to be all-gathered).
-    pub(crate) fn whole_from_slices(&mut self) -> Option<&mut Vec<P>> {
-        let f = self.full.as_mut()?;
-        (f.v.len() != self.master.v.len()).then_some(&mut f.v)
+    /// The whole working parameters (stages 0–2, and stage 3 while
+    /// gathered).
+    pub(crate) fn whole(&mut self) -> Option<&mut Vec<P>> {
+        self.full.as_mut().map(|f| &mut f.v)
     }
 
     /// Whether collectives are in flight.
     pub(crate) fn busy(&self) -> bool {
         self.reducing.is_some() || self.gathering.is_some()
     }
+}
+
+/// The elements of bucket `b` whose fp32 master weights and moments `rank`
+/// holds: all of them in DDP, its own slice in every ZeRO stage.
+pub(crate) fn held(stage: Stage, b: &Bucket, rank: usize) -> Range<usize> {
+    if stage == Stage::Ddp { 0..b.padded } else { b.own(rank) }
 }
 
 /// Whether every rank holds the same `v`, bit for bit (compares a hash of
