@@ -4,6 +4,7 @@
 
 use crate::group::{self, DeviceCall, Pending};
 use crate::handle::Comm;
+use oxccl::call::resolve_addrs;
 use oxccl::{Call, CollKind, CudaStream, DataType, DeviceBuf, Error, RawOp, ReduceOp, Region, Result};
 use oxccl_algo::collective::Collective;
 use std::ffi::c_void;
@@ -30,14 +31,6 @@ pub struct Args {
     pub stream: usize,
 }
 
-/// Where a call's input and output lie: `send: None` is in place inside
-/// `recv`. Addresses and byte lengths.
-#[derive(Debug, PartialEq, Eq)]
-struct Resolved {
-    send: Option<(usize, usize)>,
-    recv: (usize, usize),
-}
-
 /// Whether memory at `addr` is on a GPU (never without the `cuda`
 /// feature or a driver).
 fn on_device(addr: usize) -> bool {
@@ -54,47 +47,6 @@ pub fn dtype_of(dt: i32) -> Result<DataType> {
     DataType::from_nccl(dt).map_err(|_| {
         Error::invalid(format!("datatype {dt} is not an ncclDataType_t (0 = ncclInt8 … 11 = ncclFloat8e5m2)"))
     })
-}
-
-/// Resolves NCCL's buffers for `rank` of `coll`: lengths from the count,
-/// NULL only where nothing is read or written, and NCCL's in-place layout
-/// (e.g. all-gather's `sendbuff == recvbuff + rank × count`) recognised.
-/// Overlapping buffers in any other layout are refused.
-fn resolve(coll: &Collective, rank: usize, send: usize, recv: usize) -> Result<Resolved> {
-    let es = coll.dtype.size();
-    let bytes = |n: usize, what: &str| {
-        n.checked_mul(es).filter(|b| *b <= isize::MAX as usize).ok_or_else(|| {
-            Error::invalid(format!(
-                "count {} of {}: the {what} buffer would exceed the address space",
-                coll.count, coll.dtype
-            ))
-        })
-    };
-    let (ni, no) = (bytes(coll.input_len(rank), "send")?, bytes(coll.output_len(rank), "receive")?);
-    let name = coll.kind.name();
-    if ni > 0 && send == 0 {
-        return Err(Error::invalid(format!("{name}: sendbuff is NULL but rank {rank} sends {ni} bytes")));
-    }
-    if no > 0 && recv == 0 {
-        return Err(Error::invalid(format!("{name}: recvbuff is NULL but rank {rank} receives {no} bytes")));
-    }
-    if ni > 0 && no > 0 {
-        let l = coll.in_place_layout(rank);
-        let base = recv.checked_sub(l.output_at * es);
-        if base.is_some_and(|b| b.checked_add(l.input_at * es) == Some(send)) {
-            let base = base.expect("checked");
-            return Ok(Resolved { send: None, recv: (base, bytes(l.len, "in-place")?) });
-        }
-        let overlap = send < recv.saturating_add(no) && recv < send.saturating_add(ni);
-        if overlap {
-            return Err(Error::invalid(format!(
-                "{name}: sendbuff and recvbuff overlap, but not in NCCL's in-place layout \
-                 (rank {rank}'s input at element {} of the output buffer)",
-                l.input_at as isize - l.output_at as isize
-            )));
-        }
-    }
-    Ok(Resolved { send: Some((send, ni)), recv: (recv, no) })
 }
 
 /// A host region (a dangling, never-read address for empty ones).
@@ -127,7 +79,7 @@ pub fn collective(a: Args) -> Result<()> {
         Error::InvalidArgument(m) => Error::invalid(format!("rank {}: {m}", c.rank())),
         other => other,
     })?;
-    let res = resolve(&coll, c.rank(), a.send as usize, a.recv as usize)?;
+    let res = resolve_addrs(&coll, c.rank(), a.send as usize, a.recv as usize)?;
     let device = on_device(a.send as usize) || on_device(a.recv as usize);
     let pending = if device {
         let buf = |(addr, len): (usize, usize)| DeviceBuf::new(addr as u64, len);
@@ -189,33 +141,4 @@ pub fn p2p(send: bool, buf: usize, count: usize, dt: i32, peer: i32, comm: usize
     let region = region(buf, len, !send);
     let op = if send { RawOp::Send { buf: region, peer, dtype } } else { RawOp::Recv { buf: region, peer, dtype } };
     group::submit(h, c, Pending::Host(op))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn in_place_layouts_are_recognised_and_other_overlaps_refused() {
-        let ag = Collective { kind: CollKind::AllGather, nranks: 4, count: 10, root: 0, dtype: DataType::Float32 };
-        // sendbuff = recvbuff + rank × count × 4 bytes.
-        let r = resolve(&ag, 2, 0x1000 + 80, 0x1000).unwrap();
-        assert_eq!(r, Resolved { send: None, recv: (0x1000, 160) });
-        let e = resolve(&ag, 2, 0x1000, 0x1000).unwrap_err().to_string();
-        assert!(e.contains("overlap") && e.contains("in-place"), "{e}");
-        let rs = Collective { kind: CollKind::ReduceScatter, ..ag };
-        // recvbuff = sendbuff + rank × recvcount × 4 bytes.
-        let r = resolve(&rs, 3, 0x2000, 0x2000 + 120).unwrap();
-        assert_eq!(r, Resolved { send: None, recv: (0x2000, 160) });
-        let ar = Collective { kind: CollKind::AllReduce, ..ag };
-        assert_eq!(resolve(&ar, 1, 0x10, 0x10).unwrap(), Resolved { send: None, recv: (0x10, 40) });
-        assert_eq!(resolve(&ar, 1, 0x10, 0x1000).unwrap(), Resolved { send: Some((0x10, 40)), recv: (0x1000, 40) });
-        let e = resolve(&ar, 1, 0, 0x1000).unwrap_err().to_string();
-        assert!(e.contains("sendbuff is NULL") && e.contains("rank 1"), "{e}");
-        // A non-root's broadcast send buffer is never read: NULL is fine.
-        let bc = Collective { kind: CollKind::Broadcast, ..ag };
-        assert_eq!(resolve(&bc, 1, 0, 0x1000).unwrap().send, Some((0, 0)));
-        let huge = Collective { count: usize::MAX / 2, ..ar };
-        assert!(resolve(&huge, 0, 0x10, 0x1000).unwrap_err().to_string().contains("address space"));
-    }
 }

@@ -147,6 +147,57 @@ pub(crate) fn check_collective(coll: &Collective, op: ReduceOp, rank: usize) -> 
     Ok(())
 }
 
+/// Where a call's input and output lie: `send: None` is in place inside
+/// `recv`. Addresses and byte lengths.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Resolved {
+    /// The send buffer's address and length, `None` when in place.
+    pub send: Option<(usize, usize)>,
+    /// The receive buffer's address and length.
+    pub recv: (usize, usize),
+}
+
+/// Resolves NCCL's buffers for `rank` of `coll`: lengths from the count,
+/// NULL only where nothing is read or written, and NCCL's in-place layout
+/// (e.g. all-gather's `sendbuff == recvbuff + rank × count`) recognised.
+/// Overlapping buffers in any other layout are refused.
+pub fn resolve_addrs(coll: &Collective, rank: usize, send: usize, recv: usize) -> Result<Resolved> {
+    let es = coll.dtype.size();
+    let bytes = |n: usize, what: &str| {
+        n.checked_mul(es).filter(|b| *b <= isize::MAX as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "count {} of {}: the {what} buffer would exceed the address space",
+                coll.count, coll.dtype
+            ))
+        })
+    };
+    let (ni, no) = (bytes(coll.input_len(rank), "send")?, bytes(coll.output_len(rank), "receive")?);
+    let name = coll.kind.name();
+    if ni > 0 && send == 0 {
+        return Err(Error::invalid(format!("{name}: sendbuff is NULL but rank {rank} sends {ni} bytes")));
+    }
+    if no > 0 && recv == 0 {
+        return Err(Error::invalid(format!("{name}: recvbuff is NULL but rank {rank} receives {no} bytes")));
+    }
+    if ni > 0 && no > 0 {
+        let l = coll.in_place_layout(rank);
+        let base = recv.checked_sub(l.output_at * es);
+        if base.is_some_and(|b| b.checked_add(l.input_at * es) == Some(send)) {
+            let base = base.expect("checked");
+            return Ok(Resolved { send: None, recv: (base, bytes(l.len, "in-place")?) });
+        }
+        let overlap = send < recv.saturating_add(no) && recv < send.saturating_add(ni);
+        if overlap {
+            return Err(Error::invalid(format!(
+                "{name}: sendbuff and recvbuff overlap, but not in NCCL's in-place layout \
+                 (rank {rank}'s input at element {} of the output buffer)",
+                l.input_at as isize - l.output_at as isize
+            )));
+        }
+    }
+    Ok(Resolved { send: Some((send, ni)), recv: (recv, no) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,5 +231,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("root"), "{e}");
+    }
+
+    #[test]
+    fn in_place_layouts_are_recognised_and_other_overlaps_refused() {
+        let ag = Collective { kind: CollKind::AllGather, nranks: 4, count: 10, root: 0, dtype: DataType::Float32 };
+        // sendbuff = recvbuff + rank × count × 4 bytes.
+        let r = resolve_addrs(&ag, 2, 0x1000 + 80, 0x1000).unwrap();
+        assert_eq!(r, Resolved { send: None, recv: (0x1000, 160) });
+        let e = resolve_addrs(&ag, 2, 0x1000, 0x1000).unwrap_err().to_string();
+        assert!(e.contains("overlap") && e.contains("in-place"), "{e}");
+        let rs = Collective { kind: CollKind::ReduceScatter, ..ag };
+        // recvbuff = sendbuff + rank × recvcount × 4 bytes.
+        let r = resolve_addrs(&rs, 3, 0x2000, 0x2000 + 120).unwrap();
+        assert_eq!(r, Resolved { send: None, recv: (0x2000, 160) });
+        let ar = Collective { kind: CollKind::AllReduce, ..ag };
+        assert_eq!(resolve_addrs(&ar, 1, 0x10, 0x10).unwrap(), Resolved { send: None, recv: (0x10, 40) });
+        assert_eq!(
+            resolve_addrs(&ar, 1, 0x10, 0x1000).unwrap(),
+            Resolved { send: Some((0x10, 40)), recv: (0x1000, 40) }
+        );
+        let e = resolve_addrs(&ar, 1, 0, 0x1000).unwrap_err().to_string();
+        assert!(e.contains("sendbuff is NULL") && e.contains("rank 1"), "{e}");
+        // A non-root's broadcast send buffer is never read: NULL is fine.
+        let bc = Collective { kind: CollKind::Broadcast, ..ag };
+        assert_eq!(resolve_addrs(&bc, 1, 0, 0x1000).unwrap().send, Some((0, 0)));
+        let huge = Collective { count: usize::MAX / 2, ..ar };
+        assert!(resolve_addrs(&huge, 0, 0x10, 0x1000).unwrap_err().to_string().contains("address space"));
     }
 }
