@@ -1,0 +1,315 @@
+"""The ``"oxccl"`` backend of torch.distributed.
+
+``import oxccl.torch`` registers it; then, under torchrun (or with
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set)::
+
+    import torch.distributed as dist, oxccl.torch
+    dist.init_process_group("oxccl")
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+``dist.new_group(ranks, backend="oxccl")`` works too. Rank 0 of each group
+makes the group's unique id and passes it through the group's store.
+
+Operations run in the order they are called, on one thread per process
+group that releases the GIL while oxccl works, so ``async_op=True`` (and
+DDP's bucketed all-reduces) overlap with the caller's computation; each
+returns a ``Work`` made from a ``torch.futures.Future`` whose value is the
+list of output tensors. CUDA tensors go through oxccl's device path on the
+caller's current stream.
+"""
+
+import atexit
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+import oxccl
+from oxccl.errors import InvalidArgument, InvalidUsage
+
+_RED = dist.ReduceOp.RedOpType
+_OPS = {_RED.SUM: "sum", _RED.PRODUCT: "prod", _RED.MIN: "min", _RED.MAX: "max", _RED.AVG: "avg"}
+
+
+def _op(opts):
+    red = getattr(opts, "reduceOp", None)
+    if red is None:
+        return "sum"
+    kind = getattr(red, "op", red)
+    if kind in _OPS:
+        return _OPS[kind]
+    if kind == _RED.PREMUL_SUM:
+        raise InvalidArgument("oxccl backend: PREMUL_SUM: this PyTorch does not show the factor to a Python backend; "
+                              "multiply the tensor and use SUM (oxccl's own all_reduce takes op='premul_sum')")
+    raise InvalidArgument(f"oxccl backend: reduce op {kind} is not one oxccl has (SUM, PRODUCT, MIN, MAX, AVG)")
+
+
+class ProcessGroupOxccl(dist.ProcessGroup):
+    """A torch.distributed process group on one oxccl communicator."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        key = "oxccl/unique_id"
+        if rank == 0:
+            uid = oxccl.unique_id()
+            store.set(key, uid)
+        else:
+            uid = store.get(key).decode()
+        self.comm = oxccl.Communicator.init(uid, size, rank, timeout=timeout)
+        self._jobs = queue.SimpleQueue()
+        self._worker = threading.Thread(target=_work, args=(self._jobs,), name=f"oxccl-pg-rank{rank}", daemon=True)
+        self._worker.start()
+        _LIVE.append(self)
+
+    def getBackendName(self):
+        return "oxccl"
+
+    def __repr__(self):
+        return f"<ProcessGroupOxccl rank {self.rank()} of {self.size()}>"
+
+    # --- running -------------------------------------------------------
+
+    def _submit(self, fn, outputs, tensors=()):
+        """Queues ``fn`` (CUDA tensors: runs it now, enqueued on the current
+        stream); a Work whose future's value is ``outputs``."""
+        fut = torch.futures.Future()
+        if any(t.is_cuda for t in tensors):
+            try:
+                fn()
+            except BaseException as e:
+                fut.set_exception(e)
+            else:
+                fut.set_result(outputs)
+        else:
+            self._jobs.put((fn, fut, outputs))
+        return _create_work_from_future(fut)
+
+    def shutdown(self):
+        """Runs the operations queued so far, then leaves the communicator
+        (the peers see a goodbye, not a death). At exit this happens to
+        every group still open."""
+        if self._worker.is_alive():
+            self._jobs.put(None)
+            self._worker.join()
+        self.comm.close()
+
+    # --- collectives ---------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        op, c = _op(opts), self.comm
+
+        def run():
+            with c.group():
+                for t in tensors:
+                    c.all_reduce(t, op=op)
+
+        return self._submit(run, list(tensors), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts=None):
+        root, c = opts.rootRank if opts is not None else 0, self.comm
+
+        def run():
+            with c.group():
+                for t in tensors:
+                    c.broadcast(t, root)
+
+        return self._submit(run, list(tensors), tensors)
+
+    def reduce(self, tensors, opts=None):
+        op, root, c = _op(opts), opts.rootRank if opts is not None else 0, self.comm
+
+        def run():
+            with c.group():
+                for t in tensors:
+                    c.reduce(t, op=op, root=root)
+
+        return self._submit(run, list(tensors), tensors)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._submit(lambda: self.comm.all_gather(input, output), [output], [output])
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        c, n = self.comm, self.size()
+        _check_lists("allgather", output_tensors, input_tensors, n)
+
+        def run():
+            flats = [torch.empty(n * t.numel(), dtype=t.dtype, device=t.device) for t in input_tensors]
+            with c.group():
+                for t, f in zip(input_tensors, flats):
+                    c.all_gather(t.contiguous(), f)
+            for outs, t, f in zip(output_tensors, input_tensors, flats):
+                for r, o in enumerate(outs):
+                    o.copy_(f[r * t.numel():(r + 1) * t.numel()].view_as(o))
+
+        return self._submit(run, [o for outs in output_tensors for o in outs], input_tensors)
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        return self.allgather(output_lists, input_tensors, opts)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        op = _op(opts)
+        return self._submit(lambda: self.comm.reduce_scatter(input, output, op=op), [output], [output])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        op, c, n = _op(opts), self.comm, self.size()
+        _check_lists("reduce_scatter", input_tensors, output_tensors, n)
+
+        def run():
+            flats = [torch.cat([i.reshape(-1) for i in ins]) for ins in input_tensors]
+            with c.group():
+                for o, f in zip(output_tensors, flats):
+                    c.reduce_scatter(f, o, op=op)
+
+        return self._submit(run, list(output_tensors), output_tensors)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        c, n = self.comm, self.size()
+
+        def counts(t, splits, what):
+            row = t[0].numel() if t.dim() > 0 and t.shape[0] > 0 else 1
+            if not splits:
+                if t.dim() == 0 or t.shape[0] % n:
+                    raise InvalidArgument(f"rank {self.rank()}: alltoall: the {what} tensor's first dimension "
+                                          f"({t.shape[0] if t.dim() else 0}) does not split into {n} equal parts")
+                return [t.numel() // n] * n
+            return [int(s) * row for s in splits]
+
+        def run():
+            sc, rc = counts(input, input_split_sizes, "input"), counts(output, output_split_sizes, "output")
+            if not input_split_sizes and not output_split_sizes:
+                c.all_to_all(input, output)
+            else:
+                c.all_to_allv(input, sc, output, rc)
+
+        return self._submit(run, [output], [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        c, n, me = self.comm, self.size(), self.rank()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise InvalidArgument(f"rank {me}: alltoall: {len(input_tensors)} input and {len(output_tensors)} output "
+                                  f"tensors for {n} ranks")
+
+        def run():
+            ins = [t.contiguous() for t in input_tensors]
+            with c.group():
+                for peer in range(n):
+                    if peer != me:
+                        c.send(ins[peer], peer)
+                        c.recv(output_tensors[peer], peer)
+            output_tensors[me].copy_(ins[me])
+
+        return self._submit(run, list(output_tensors), output_tensors)
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        c, n, root = self.comm, self.size(), opts.rootRank if opts is not None else 0
+        me = self.rank()
+
+        def run():
+            (t,) = input_tensors
+            if me == root:
+                flat = torch.empty(n * t.numel(), dtype=t.dtype)
+                c.gather(t.contiguous(), flat, root)
+                for r, o in enumerate(output_tensors[0]):
+                    o.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(o))
+            else:
+                c.gather(t.contiguous(), torch.empty(0, dtype=t.dtype), root)
+
+        outs = [o for outs in output_tensors for o in outs]
+        return self._submit(run, outs, input_tensors)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        c, root, me = self.comm, opts.rootRank if opts is not None else 0, self.rank()
+
+        def run():
+            (o,) = output_tensors
+            if me == root:
+                flat = torch.cat([i.reshape(-1) for i in input_tensors[0]])
+            else:
+                flat = torch.empty(0, dtype=o.dtype)
+            c.scatter(flat, o, root)
+
+        return self._submit(run, list(output_tensors), output_tensors)
+
+    def send(self, tensors, dst, tag=0):
+        (t,) = tensors
+        return self._submit(lambda: self.comm.send(t.contiguous(), dst), [t], tensors)
+
+    def recv(self, tensors, src, tag=0):
+        (t,) = tensors
+        return self._submit(lambda: self.comm.recv(t, src), [t], tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise InvalidUsage(f"rank {self.rank()}: recv from any source: oxccl matches receives by peer; "
+                           "name the source rank")
+
+    def barrier(self, opts=None):
+        return self._submit(self.comm.barrier, [])
+
+    # --- oxccl's own ---------------------------------------------------
+
+    def stats(self):
+        """Bytes moved with each peer (oxccl's ``Communicator.stats``)."""
+        return self.comm.stats()
+
+
+def _work(jobs):
+    """The worker of one process group: runs its operations in order and
+    completes their futures (the exception of a failed one is the
+    future's, raised by ``wait()``)."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        fn, fut, value = job
+        try:
+            fn()
+        except BaseException as e:
+            fut.set_exception(e)
+        else:
+            fut.set_result(value)
+
+
+# Strong references: PyTorch 1.13 has no hook for destroy_process_group,
+# and a communicator left to the interpreter's teardown ends in C++'s
+# static destructors (an abort, seen on 4-rank runs); every group is
+# closed at exit instead, before the interpreter goes.
+_LIVE = []
+
+
+@atexit.register
+def _close_all():
+    for pg in list(_LIVE):
+        try:
+            pg.shutdown()
+        except Exception:
+            pass
+
+
+def _check_lists(what, lists, tensors, n):
+    if len(lists) != len(tensors) or any(len(ls) != n for ls in lists):
+        raise InvalidArgument(f"{what}: expected {len(tensors)} lists of {n} tensors, got "
+                              f"{[len(ls) for ls in lists]}")
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupOxccl(store, rank, size, timeout)
+
+
+def communicator(group=None):
+    """The oxccl :class:`~oxccl.Communicator` under ``group`` (the default
+    group when None), for oxccl's own calls and ``stats()``."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupOxccl):
+        raise InvalidUsage(f"{pg!r} is not an oxccl process group")
+    return pg.comm
+
+
+if not hasattr(dist.Backend, "OXCCL"):
+    dist.Backend.register_backend("oxccl", _create)
+
+__all__ = ["ProcessGroupOxccl", "communicator"]

@@ -1,0 +1,248 @@
+"""What each rank of a multi-process test runs (see launch.py); each
+function returns what the test checks."""
+
+import os
+import pickle
+import time
+
+import numpy as np
+
+import oxccl
+from common import run_collective
+
+
+def _out(value):
+    """Writes this rank's result now (for a rank that then dies)."""
+    with open(os.environ["OXCCL_TEST_OUT"], "wb") as f:
+        pickle.dump(value, f)
+
+
+def pkg_collectives(kinds, dtypes):
+    with oxccl.Communicator.from_env() as c:
+        root = 1 % c.size
+        return {(k, d): run_collective(c, k, 29, d, "sum", root) for k in kinds for d in dtypes}
+
+
+def pkg_unique_id():
+    # Rank 0 makes the id; the others read it from a file it writes.
+    path = os.path.join(os.path.dirname(os.environ["OXCCL_TEST_OUT"]), "uid")
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == 0:
+        uid = oxccl.unique_id()
+        with open(path + ".tmp", "w") as f:
+            f.write(uid)
+        os.rename(path + ".tmp", path)
+    else:
+        deadline = time.time() + 60
+        while not os.path.exists(path):
+            if time.time() > deadline:
+                raise TimeoutError("rank 0 wrote no unique id")
+            time.sleep(0.05)
+        uid = open(path).read()
+    with oxccl.Communicator.init(uid, n, rank, timeout=60) as c:
+        x = np.full(4, c.rank + 1, dtype=np.float64)
+        c.all_reduce(x)
+        return c.rank, float(x[0])
+
+
+def pkg_peer_dies():
+    c = oxccl.Communicator.from_env()
+    c.barrier()
+    if c.rank == 1:
+        _out(None)
+        time.sleep(0.5)
+        os._exit(0)  # no goodbye: a crash, as the others see it
+    t = time.time()
+    try:
+        for _ in range(1000):
+            c.all_reduce(np.ones(1 << 20, dtype=np.float32))
+        return ("none", "the collectives went on without rank 1", time.time() - t)
+    except oxccl.Error as e:
+        return (type(e).__name__, str(e), time.time() - t)
+
+
+# --- torch.distributed -------------------------------------------------------
+
+
+def _torch_init(backend):
+    import datetime
+
+    import torch.distributed as dist
+
+    import oxccl.torch  # noqa: F401  registers "oxccl"
+
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=120))
+    return dist
+
+
+def torch_semantics():
+    """torch.distributed's calls as PyTorch documents them, on "oxccl"."""
+    import torch
+
+    dist = _torch_init("oxccl")
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for dt in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.int8,
+               torch.uint8):
+        x = torch.full((5,), r + 1, dtype=dt)
+        dist.all_reduce(x)
+        out[("all_reduce", str(dt))] = x.tolist()
+    for name, op in (("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN), ("prod", dist.ReduceOp.PRODUCT),
+                     ("avg", dist.ReduceOp.AVG)):
+        x = torch.full((3,), float(r + 1))
+        dist.all_reduce(x, op=op)
+        out[("op", name)] = x.tolist()
+    try:
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
+        out["band"] = "no error"
+    except Exception as e:
+        out["band"] = str(e)
+    # async_op: the work completes and the tensor holds the result.
+    x = torch.full((1000,), float(r))
+    w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    out["async"] = (x[0].item(), w.is_completed())
+    fut = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+    out["future"] = fut.wait()[0].tolist()
+    # all_gather into a list, all_gather_into_tensor, reduce_scatter(_tensor).
+    lst = [torch.zeros(2) for _ in range(n)]
+    dist.all_gather(lst, torch.full((2,), float(r)))
+    out["all_gather"] = [t.tolist() for t in lst]
+    flat = torch.zeros(2 * n)
+    dist.all_gather_into_tensor(flat, torch.full((2,), float(r)))
+    out["all_gather_into_tensor"] = flat.tolist()
+    o = torch.zeros(2)
+    dist.reduce_scatter(o, [torch.full((2,), float(r + p)) for p in range(n)])
+    out["reduce_scatter"] = o.tolist()
+    o = torch.zeros(3)
+    dist.reduce_scatter_tensor(o, torch.arange(3 * n, dtype=torch.float32) * (r + 1))
+    out["reduce_scatter_tensor"] = o.tolist()
+    b = torch.full((4,), float(r))
+    dist.broadcast(b, src=n - 1)
+    out["broadcast"] = b.tolist()
+    x = torch.full((4,), float(r + 1))
+    dist.reduce(x, dst=0)
+    out["reduce"] = x.tolist()
+    # all_to_all_single with equal and uneven splits; all_to_all of lists.
+    o = torch.zeros(n)
+    dist.all_to_all_single(o, torch.arange(n, dtype=torch.float32) + 10 * r)
+    out["all_to_all_single"] = o.tolist()
+    insplit = [p + 1 for p in range(n)]
+    outsplit = [r + 1] * n
+    inp = torch.cat([torch.full((p + 1, 2), float(10 * r + p)) for p in range(n)])
+    o = torch.zeros(sum(outsplit), 2)
+    dist.all_to_all_single(o, inp, outsplit, insplit)
+    out["all_to_all_uneven"] = o[:, 0].tolist()
+    outs = [torch.zeros(1) for _ in range(n)]
+    dist.all_to_all(outs, [torch.full((1,), float(10 * r + p)) for p in range(n)])
+    out["all_to_all"] = [t.item() for t in outs]
+    g = [torch.zeros(2) for _ in range(n)] if r == 0 else None
+    dist.gather(torch.full((2,), float(r)), g, dst=0)
+    out["gather"] = None if g is None else [t.tolist() for t in g]
+    s = torch.zeros(2)
+    dist.scatter(s, [torch.full((2,), float(p)) for p in range(n)] if r == 0 else None, src=0)
+    out["scatter"] = s.tolist()
+    # send/recv around a ring in matched order.
+    t = torch.full((3,), float(r))
+    if r % 2 == 0:
+        dist.send(t, (r + 1) % n)
+        dist.recv(t, (r - 1) % n)
+    else:
+        got = torch.zeros(3)
+        dist.recv(got, (r - 1) % n)
+        dist.send(t, (r + 1) % n)
+        t = got
+    out["sendrecv"] = t.tolist()
+    dist.barrier()
+    # A subgroup of even ranks.
+    sub = dist.new_group([p for p in range(n) if p % 2 == 0], backend="oxccl")
+    if r % 2 == 0:
+        x = torch.ones(2)
+        dist.all_reduce(x, group=sub)
+        out["new_group"] = x.tolist()
+    out["backend"] = dist.get_backend()
+    dist.barrier()  # rank 0 holds the store: nobody leaves before all are done with it
+    dist.destroy_process_group()
+    return out
+
+
+def _model(torch, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 8))
+
+
+def _batches(torch, rank, steps):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)) for _ in range(steps)]
+
+
+def ddp_train(backend, steps, zero=False, measure=False):
+    """A small MLP trained by PyTorch's DistributedDataParallel (and, with
+    ``zero``, its ZeroRedundancyOptimizer) on ``backend``: the final
+    parameters, the losses, the step times and oxccl's byte counts."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist = _torch_init(backend)
+    r = dist.get_rank()
+    torch.set_num_threads(1)
+    model = DDP(_model(torch))
+    if zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses, times = [], []
+    before = 0
+    for i, (x, y) in enumerate(_batches(torch, r, steps)):
+        if i == 2 and backend == "oxccl":  # after DDP's first-steps bucket rebuild
+            before = _moved(dist)
+        t = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+        losses.append(loss.item())
+    moved = (_moved(dist) - before) if backend == "oxccl" else 0
+    params = [p.detach().clone().numpy() for p in model.parameters()]
+    nparams = sum(p.numel() for p in model.parameters())
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"params": params, "losses": losses, "times": times, "moved": moved, "nparams": nparams,
+            "measured_steps": steps - 2}
+
+
+def _moved(dist):
+    import oxccl.torch
+
+    return oxccl.torch.communicator().bytes_moved()
+
+
+def fsdp_train(backend, steps):
+    """PyTorch's FullyShardedDataParallel where this PyTorch has it on CPU;
+    else the reason it does not."""
+    import torch
+
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    except Exception as e:
+        return {"unsupported": f"torch {torch.__version__}: importing FSDP fails: {type(e).__name__}: {e}"}
+    dist = _torch_init(backend)
+    try:
+        model = FSDP(_model(torch), device_id=torch.device("cpu"))
+    except Exception as e:
+        dist.destroy_process_group()
+        return {"unsupported": f"torch {torch.__version__}: FSDP on CPU fails: {type(e).__name__}: {e}"}
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    before = _moved(dist) if backend == "oxccl" else 0
+    for x, y in _batches(torch, dist.get_rank(), steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    moved = (_moved(dist) - before) if backend == "oxccl" else 0
+    dist.destroy_process_group()
+    return {"moved": moved}
