@@ -114,8 +114,9 @@ def arg_parser():
     p.add_argument("-o", "--op", default="sum", choices=OPS)
     p.add_argument("-r", "--root", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600, help="seconds before the local ranks are stopped")
-    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
-                   help="nccl: torch's NCCL on GPU buffers (cuda:LOCAL_RANK mod the GPUs there are; several ranks "
+    p.add_argument("--backend", default="gloo", choices=["gloo", "nccl", "oxccl"],
+                   help="oxccl: oxccl's torch.distributed backend (pip install ./crates/oxccl-py); nccl: torch's "
+                        "NCCL on GPU buffers (cuda:LOCAL_RANK mod the GPUs there are; several ranks "
                         "on one GPU need NCCL >= 2.30 and NCCL_MULTI_RANK_GPU_ENABLE=1)")
     return p
 
@@ -150,13 +151,15 @@ def rank_main(a):
         torch.cuda.set_device(dev)
     else:
         dev = torch.device("cpu")
+    if a.backend == "oxccl":
+        import oxccl.torch  # noqa: F401  registers the backend
 
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
     dist.init_process_group(a.backend, rank=rank, world_size=n, timeout=datetime.timedelta(seconds=120))
-    backend_name = {"gloo": "Gloo", "nccl": "NCCL"}[a.backend]
+    backend_name = {"gloo": "Gloo", "nccl": "NCCL", "oxccl": "oxccl"}[a.backend]
     dtype = getattr(torch, DTYPES[a.datatype][0])
     tsize = DTYPES[a.datatype][1]
     op = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
