@@ -76,12 +76,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
         stream); a Work whose future's value is ``outputs``."""
         fut = torch.futures.Future()
         if any(t.is_cuda for t in tensors):
-            try:
-                fn()
-            except BaseException as e:
-                fut.set_exception(e)
-            else:
-                fut.set_result(outputs)
+            _complete(fn, fut, outputs)
         else:
             self._jobs.put((fn, fut, outputs))
         return _create_work_from_future(fut)
@@ -265,13 +260,18 @@ def _work(jobs):
         job = jobs.get()
         if job is None:
             return
-        fn, fut, value = job
-        try:
-            fn()
-        except BaseException as e:
-            fut.set_exception(e)
-        else:
-            fut.set_result(value)
+        _complete(*job)
+
+
+def _complete(fn, fut, value):
+    """Runs ``fn`` and completes ``fut``: with ``value``, or with the
+    exception, which ``wait()`` raises."""
+    try:
+        fn()
+    except BaseException as e:
+        fut.set_exception(e)
+    else:
+        fut.set_result(value)
 
 
 # Strong references: PyTorch 1.13 has no hook for destroy_process_group,
