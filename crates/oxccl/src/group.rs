@@ -221,8 +221,26 @@ impl Communicator {
         recv_counts: &[usize],
         recv_displs: &[usize],
     ) -> Result<()> {
+        let (send, recv) = (Region::of(bytemuck::cast_slice(send)), Region::of_mut(bytemuck::cast_slice_mut(recv)));
+        self.all_to_allv_regions(send, send_counts, send_displs, recv, recv_counts, recv_displs, T::DTYPE)
+    }
+
+    /// [`all_to_allv`](Communicator::all_to_allv) on regions of `dtype`
+    /// elements (the safe and the raw entry points).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn all_to_allv_regions(
+        &self,
+        src: Region,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        whole: Region,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DataType,
+    ) -> Result<()> {
         self.usable()?;
         let (n, me) = (self.size(), self.rank());
+        let es = dtype.size();
         for (name, v) in [
             ("send_counts", send_counts),
             ("send_displs", send_displs),
@@ -245,8 +263,8 @@ impl Communicator {
         let mut sends = Vec::with_capacity(n);
         let mut recvs = Vec::with_capacity(n);
         for j in 0..n {
-            sends.push(span("send", send.len(), send_counts[j], send_displs[j], j)?);
-            recvs.push(span("recv", recv.len(), recv_counts[j], recv_displs[j], j)?);
+            sends.push(span("send", src.len() / es, send_counts[j], send_displs[j], j)?);
+            recvs.push(span("recv", whole.len() / es, recv_counts[j], recv_displs[j], j)?);
         }
         if send_counts[me] != recv_counts[me] {
             return Err(Error::invalid(format!(
@@ -265,9 +283,6 @@ impl Communicator {
                 )));
             }
         }
-        let whole = Region::of_mut(bytemuck::cast_slice_mut(recv));
-        let es = T::DTYPE.size();
-        let src = Region::of(bytemuck::cast_slice(send));
         let seq = self.next_seq();
         let mut tasks = Vec::new();
         let mut extras = Extras::default();
@@ -275,9 +290,9 @@ impl Communicator {
             let to = (me + k) % n;
             let from = (me + n - k) % n;
             let s = src.sub(sends[to].start * es, send_counts[to] * es)?;
-            tasks.push(plan::p2p(true, to, s, T::DTYPE, Label::new("all_to_allv", seq)));
+            tasks.push(plan::p2p(true, to, s, dtype, Label::new("all_to_allv", seq)));
             let r = whole.sub(recvs[from].start * es, recv_counts[from] * es)?;
-            tasks.push(plan::p2p(false, from, r, T::DTYPE, Label::new("all_to_allv", seq)));
+            tasks.push(plan::p2p(false, from, r, dtype, Label::new("all_to_allv", seq)));
         }
         let own = whole.sub(recvs[me].start * es, recv_counts[me] * es)?;
         extras.pre.push(Action::Copy { dst: own, src: src.sub(sends[me].start * es, send_counts[me] * es)? });

@@ -64,4 +64,25 @@ impl Communicator {
             None => Ok(()),
         }
     }
+
+    /// [`all_to_allv`](Communicator::all_to_allv) on raw regions of
+    /// `dtype` elements (counts and displacements in elements), with its
+    /// checks.
+    ///
+    /// # Safety
+    /// As [`run_raw`](Communicator::run_raw): both regions stay allocated
+    /// and untouched by anyone else until this returns.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn all_to_allv_raw(
+        &self,
+        send: Region,
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: Region,
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+        dtype: DataType,
+    ) -> Result<()> {
+        self.all_to_allv_regions(send, send_counts, send_displs, recv, recv_counts, recv_displs, dtype)
+    }
 }
