@@ -135,6 +135,32 @@ impl Comm {
         py.detach(|| unsafe { c.run_raw(raw) }).py()
     }
 
+    /// oxccl's `all_to_allv` (counts and displacements in elements of
+    /// `dtype`, checked there), with the GIL released. The caller keeps
+    /// both buffers alive until it returns.
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_allv(
+        &self,
+        py: Python<'_>,
+        send: Span,
+        send_counts: Vec<usize>,
+        send_displs: Vec<usize>,
+        recv: Span,
+        recv_counts: Vec<usize>,
+        recv_displs: Vec<usize>,
+        dtype: &str,
+    ) -> PyResult<()> {
+        let c = self.get()?;
+        let dt = ops::dtype(dtype).py()?;
+        let (send, recv) = (ops::region(send, false), ops::region(recv, true));
+        // SAFETY: as in `run`: the call returns when it has ended, and the
+        // Python caller holds the buffers' owners until then.
+        py.detach(|| unsafe {
+            c.all_to_allv_raw(send, &send_counts, &send_displs, recv, &recv_counts, &recv_displs, dt)
+        })
+        .py()
+    }
+
     /// A collective on device buffers, enqueued on `stream` (a
     /// `cudaStream_t` as an integer; 0 is the legacy default stream).
     #[allow(clippy::too_many_arguments)]
@@ -151,8 +177,7 @@ impl Comm {
         root: usize,
         stream: u64,
     ) -> PyResult<()> {
-        let kind: oxccl::CollKind = kind.parse().py()?;
-        let (dt, op) = (ops::dtype(dtype).py()?, ops::reduce_op(op, scalar).py()?);
+        let (kind, dt, op) = ops::names(kind, dtype, op, scalar).py()?;
         let buf = |(a, n): Span| DeviceBuf::new(a as u64, n);
         let (send, recv) = (send.map(buf), buf(recv));
         let c = &*self.get()?;
@@ -191,8 +216,7 @@ impl Comm {
     /// for a death) and frees it; later calls raise. Waits for calls in
     /// flight. Closing twice does nothing.
     fn close(&self, py: Python<'_>) {
-        let c = py.detach(|| self.inner.write().take());
-        py.detach(move || drop(c));
+        py.detach(|| drop(self.inner.write().take()));
     }
 
     /// Whether `close` was called.

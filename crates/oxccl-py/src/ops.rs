@@ -44,9 +44,14 @@ pub fn region((addr, len): Span, writable: bool) -> Region {
     unsafe { Region::from_raw(addr as *mut u8, len, writable) }
 }
 
+/// A collective's kind, element type and reduction, from their names.
+pub fn names(kind: &str, dtype_name: &str, op: &str, scalar: f64) -> Result<(CollKind, DataType, ReduceOp)> {
+    Ok((kind.parse()?, dtype(dtype_name)?, reduce_op(op, scalar)?))
+}
+
 /// One collective's arguments, checked for `rank` of `nranks`.
 #[allow(clippy::too_many_arguments)]
-pub fn collective(
+fn collective(
     kind: &str,
     send: Option<Span>,
     recv: Span,
@@ -57,16 +62,14 @@ pub fn collective(
     root: usize,
     rank: usize,
     nranks: usize,
-) -> Result<(Call<Region>, CollKind)> {
-    let kind: CollKind = kind.parse()?;
-    let (dt, op) = (dtype(dtype_name)?, reduce_op(op, scalar)?);
+) -> Result<Call<Region>> {
+    let (kind, dt, op) = names(kind, dtype_name, op, scalar)?;
     let coll = Collective { kind, nranks, count, root, dtype: dt };
     let (send, recv) = match send {
         None => (None, recv),
         Some(s) => in_place(&coll, rank, s, recv)?,
     };
-    let call = Call::new(kind, count, dt, op, root, send.map(|s| region(s, false)), region(recv, true), rank, nranks)?;
-    Ok((call, kind))
+    Call::new(kind, count, dt, op, root, send.map(|s| region(s, false)), region(recv, true), rank, nranks)
 }
 
 /// `send` and `recv` as the call sees them: `(None, buffer)` when they are
@@ -77,21 +80,21 @@ fn in_place(coll: &Collective, rank: usize, send: Span, recv: Span) -> Result<(O
         return Ok((Some(send), recv));
     }
     let r = resolve_addrs(coll, rank, send.0, recv.0)?;
-    let Some(_) = r.send else {
-        let (base, len) = r.recv;
-        let (lo, hi) = (send.0.min(recv.0), (send.0 + send.1).max(recv.0 + recv.1));
-        if base < lo || base + len > hi {
-            return Err(Error::invalid(format!(
-                "rank {rank}: {}: in place, the buffer needs {len} bytes from address {base:#x}, \
-                 past the {} and {} bytes given",
-                coll.kind.name(),
-                send.1,
-                recv.1
-            )));
-        }
-        return Ok((None, (base, len)));
-    };
-    Ok((Some(send), recv))
+    if r.send.is_some() {
+        return Ok((Some(send), recv));
+    }
+    let (base, len) = r.recv;
+    let (lo, hi) = (send.0.min(recv.0), (send.0 + send.1).max(recv.0 + recv.1));
+    if base < lo || base + len > hi {
+        return Err(Error::invalid(format!(
+            "rank {rank}: {}: in place, the buffer needs {len} bytes from address {base:#x}, \
+             past the {} and {} bytes given",
+            coll.kind.name(),
+            send.1,
+            recv.1
+        )));
+    }
+    Ok((None, (base, len)))
 }
 
 /// The launch `ops` describe, for `rank` of `nranks`.
@@ -113,17 +116,11 @@ pub fn parse(ops: &[Bound<'_, PyTuple>], rank: usize, nranks: usize) -> PyResult
                     f64,
                     usize,
                 ) = t.extract()?;
-                let (call, _) = collective(&kind, send, recv, count, &dt, &op, scalar, root, rank, nranks).py()?;
-                RawOp::Collective(call)
+                RawOp::Collective(collective(&kind, send, recv, count, &dt, &op, scalar, root, rank, nranks).py()?)
             }
             "send" | "recv" => {
                 let (_, buf, peer, dt): (String, Span, usize, String) = t.extract()?;
                 let dtype = dtype(&dt).py()?;
-                if peer >= nranks {
-                    return Err(crate::errors::to_py(Error::invalid(format!(
-                        "rank {rank}: {tag}: peer {peer} is out of range for {nranks} ranks"
-                    ))));
-                }
                 if tag == "send" {
                     RawOp::Send { buf: region(buf, false), peer, dtype }
                 } else {

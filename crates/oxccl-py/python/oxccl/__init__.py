@@ -53,6 +53,24 @@ def _op(op):
     return names[name]
 
 
+def _release(views):
+    for v in views:
+        v.release()
+
+
+def _ints(xs):
+    return [int(x) for x in xs]
+
+
+def _packed(counts):
+    """Displacements of blocks of ``counts`` laid end to end."""
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += int(c)
+    return out
+
+
 def _opts(timeout=None, algo=None, transport=None, programs=None):
     d = {}
     if timeout is not None:
@@ -129,8 +147,7 @@ class Communicator:
             else:
                 self._c.run([op])
         finally:
-            for v in views:
-                v.release()
+            _release(views)
 
     def _device(self, op, views):
         if op[0] != "coll" or not all(v.device for v in views):
@@ -151,9 +168,7 @@ class Communicator:
             yield
         except BaseException:
             self._local.group = None
-            for _, vs in pending:
-                for v in vs:
-                    v.release()
+            _release(v for _, vs in pending for v in vs)
             raise
         self._local.group = None
         try:
@@ -162,9 +177,7 @@ class Communicator:
                     raise InvalidUsage(f"rank {self.rank}: groups of device operations are not supported yet")
                 self._c.run([op for op, _ in pending])
         finally:
-            for _, vs in pending:
-                for v in vs:
-                    v.release()
+            _release(v for _, vs in pending for v in vs)
 
     def _coll(self, kind, send, out, count_of, op="sum", root=0, dtype=None, scalar=None):
         sv = None if send is None else view(send, "the send buffer", dtype)
@@ -176,8 +189,7 @@ class Communicator:
             raise
         views = [v for v in (sv, ov) if v is not None]
         if sv is not None and sv.dtype != ov.dtype:
-            for v in views:
-                v.release()
+            _release(views)
             raise InvalidArgument(f"rank {self.rank}: {kind}: the send buffer holds {sv.dtype} but the output "
                                   f"buffer {ov.dtype}")
         count = count_of(sv, ov)
@@ -259,28 +271,23 @@ class Communicator:
         self._launch(("recv", v.span, int(peer), v.dtype), [v])
         return buf
 
-    def all_to_allv(self, send, send_counts, out, recv_counts, *, dtype=None):
-        """``send_counts[j]`` elements of ``send`` (in order) to rank ``j``;
-        ``recv_counts[j]`` elements of ``out`` (in order) from rank ``j``."""
-        sv = view(send, "the send buffer", dtype)
-        ov = view(out, "the output buffer", dtype, writable=True)
+    def all_to_allv(self, send, send_counts, out, recv_counts, *, send_displs=None, recv_displs=None, dtype=None):
+        """``send_counts[j]`` elements of ``send`` to rank ``j``;
+        ``recv_counts[j]`` elements of ``out`` from rank ``j`` (packed in
+        rank order unless displacements, in elements, say otherwise)."""
+        if getattr(self._local, "group", None) is not None:
+            raise InvalidUsage(f"rank {self.rank}: all_to_allv inside a group: call it outside")
+        views = [view(send, "the send buffer", dtype)]
         try:
-            for name, counts, v in (("send", send_counts, sv), ("receive", recv_counts, ov)):
-                if len(counts) != self.size or sum(counts) > v.count or min(counts, default=0) < 0:
-                    raise InvalidArgument(f"rank {self.rank}: all_to_allv: {len(counts)} {name} counts summing to "
-                                          f"{sum(counts)} for {self.size} ranks and a buffer of {v.count} elements")
-            es = SIZES[sv.dtype]
-            ops, so, ro = [], 0, 0
-            for peer in range(self.size):
-                ops.append(("send", (sv.addr + so * es, send_counts[peer] * es), peer, sv.dtype))
-                ops.append(("recv", (ov.addr + ro * es, recv_counts[peer] * es), peer, ov.dtype))
-                so, ro = so + send_counts[peer], ro + recv_counts[peer]
-            if getattr(self._local, "group", None) is not None:
-                raise InvalidUsage(f"rank {self.rank}: all_to_allv inside a group: call it outside")
-            self._c.run(ops)
+            views.append(view(out, "the output buffer", dtype, writable=True))
+            sv, ov = views
+            if sv.dtype != ov.dtype:
+                raise InvalidArgument(f"rank {self.rank}: all_to_allv: the send buffer holds {sv.dtype} but the "
+                                      f"output buffer {ov.dtype}")
+            self._c.all_to_allv(sv.span, _ints(send_counts), _ints(send_displs or _packed(send_counts)), ov.span,
+                                _ints(recv_counts), _ints(recv_displs or _packed(recv_counts)), sv.dtype)
         finally:
-            sv.release()
-            ov.release()
+            _release(views)
         return out
 
     # --- the communicator ----------------------------------------------

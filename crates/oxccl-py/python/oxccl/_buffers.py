@@ -10,6 +10,7 @@ A :class:`View` keeps what pins the memory until it is released.
 """
 
 import ctypes
+import struct
 
 from .errors import InvalidArgument
 
@@ -53,10 +54,8 @@ _FORMATS = {
     "d": "float64",
 }
 for _c in "hHiIlLqQnN":
-    _n = ctypes.sizeof({"h": ctypes.c_short, "i": ctypes.c_int, "l": ctypes.c_long, "q": ctypes.c_longlong,
-                        "n": ctypes.c_ssize_t}[_c.lower()])
-    if _n in (4, 8):
-        _FORMATS[_c] = ("uint" if _c.isupper() else "int") + str(8 * _n)
+    if struct.calcsize(_c) in (4, 8):
+        _FORMATS[_c] = ("uint" if _c.isupper() else "int") + str(8 * struct.calcsize(_c))
 
 # DLPack type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat).
 _DLPACK = {(0, 8): "int8", (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8", (1, 32): "uint32",
@@ -158,7 +157,7 @@ def _interface_view(obj, d, what, dtype, writable, device):
     for s in shape:
         n *= s
     name = _typed(_TYPESTR.get((typestr[1], itemsize)), what, itemsize, dtype)
-    stream = d.get("stream") or 0 if device else 0
+    stream = (d.get("stream") or 0) if device else 0
     if stream == 1:  # the legacy default stream, by the interface's convention
         stream = 0
     return View(addr or 0, n * itemsize, name, device=device, stream=stream, keep=obj)
