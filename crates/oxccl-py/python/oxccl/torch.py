@@ -92,38 +92,31 @@ class ProcessGroupOxccl(dist.ProcessGroup):
 
     # --- collectives ---------------------------------------------------
 
-    def allreduce(self, tensors, opts=None):
-        op, c = _op(opts), self.comm
+    def _each(self, tensors, call):
+        """``call(t)`` on every tensor, as one oxccl group; a Work."""
+        c = self.comm
 
         def run():
             with c.group():
                 for t in tensors:
-                    c.all_reduce(t, op=op)
+                    call(t)
 
         return self._submit(run, list(tensors), tensors)
+
+    def allreduce(self, tensors, opts=None):
+        op = _op(opts)
+        return self._each(tensors, lambda t: self.comm.all_reduce(t, op=op))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors, opts=None):
-        root, c = opts.rootRank if opts is not None else 0, self.comm
-
-        def run():
-            with c.group():
-                for t in tensors:
-                    c.broadcast(t, root)
-
-        return self._submit(run, list(tensors), tensors)
+        root = opts.rootRank if opts is not None else 0
+        return self._each(tensors, lambda t: self.comm.broadcast(t, root))
 
     def reduce(self, tensors, opts=None):
-        op, root, c = _op(opts), opts.rootRank if opts is not None else 0, self.comm
-
-        def run():
-            with c.group():
-                for t in tensors:
-                    c.reduce(t, op=op, root=root)
-
-        return self._submit(run, list(tensors), tensors)
+        op, root = _op(opts), opts.rootRank if opts is not None else 0
+        return self._each(tensors, lambda t: self.comm.reduce(t, op=op, root=root))
 
     def _allgather_base(self, output, input, opts=None):
         return self._submit(lambda: self.comm.all_gather(input, output), [output], [output])
