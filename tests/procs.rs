@@ -50,8 +50,14 @@ fn child() {
 }
 
 fn run_matrix(n: usize, transport: &str) {
+    run_matrix_env(n, transport, &[]);
+}
+
+fn run_matrix_env(n: usize, transport: &str, env: &[(&str, &str)]) {
     let id = fresh_id();
-    let kids: Vec<Child> = (0..n).map(|r| spawn(&[], &id, n, r, "matrix", &[("OXCCL_TRANSPORT", transport)])).collect();
+    let mut envs = vec![("OXCCL_TRANSPORT", transport)];
+    envs.extend_from_slice(env);
+    let kids: Vec<Child> = (0..n).map(|r| spawn(&[], &id, n, r, "matrix", &envs)).collect();
     for (r, k) in kids.into_iter().enumerate() {
         let (ok, out) = output(k);
         assert!(ok && out.contains("\nOK") || out.starts_with("OK"), "rank {r} of {n} over {transport}:\n{out}");
@@ -70,6 +76,15 @@ fn processes_over_shm() {
 fn processes_over_tcp() {
     for n in 2..=4 {
         run_matrix(n, "tcp");
+    }
+}
+
+/// Every collective × type over RDMA with the software HCA, ranks as
+/// processes.
+#[test]
+fn processes_over_rdma_soft() {
+    for n in [2, 3] {
+        run_matrix_env(n, "rdma", &[("OXCCL_IB_PROVIDER", "soft")]);
     }
 }
 
@@ -130,16 +145,33 @@ fn killed_rank_is_an_error_everywhere_over_tcp() {
 /// each; ranks talk TCP across and shared memory inside a namespace.
 #[test]
 fn two_hosts_over_veth() {
+    over_veth("two_hosts_over_veth", &[], |r| {
+        let other_host = if r < 2 { "2:tcp" } else { "0:tcp" };
+        let same_host = if r < 2 { format!("{}:shm", 1 - r) } else { format!("{}:shm", 5 - r) };
+        vec![other_host.to_string(), same_host]
+    });
+}
+
+/// The same two hosts with every pair forced onto RDMA (the software HCA
+/// over the veth link).
+#[test]
+fn two_hosts_over_veth_rdma() {
+    over_veth("two_hosts_over_veth_rdma", &[("OXCCL_TRANSPORT", "rdma"), ("OXCCL_IB_PROVIDER", "soft")], |r| {
+        (0..4).filter(|&p| p != r).map(|p| format!("{p}:rdma")).collect()
+    });
+}
+
+fn over_veth(name: &str, envs: &[(&str, &str)], expect: impl Fn(usize) -> Vec<String>) {
     // SAFETY-free root check: the effective uid from /proc.
     let root = std::fs::read_to_string("/proc/self/status")
         .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
         .unwrap_or(false);
     let has_ip = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
     if !root || !has_ip {
-        println!("SKIPPED two_hosts_over_veth: needs root and iproute2 (root: {root}, ip: {has_ip})");
+        println!("SKIPPED {name}: needs root and iproute2 (root: {root}, ip: {has_ip})");
         return;
     }
-    let tag = std::process::id() % 100_000;
+    let tag = (std::process::id() + envs.len() as u32 * 7) % 100_000;
     let (a, b) = (format!("oxa{tag}"), format!("oxb{tag}"));
     let sh = |args: &str| {
         let ok = Command::new("sh").arg("-c").arg(args).status().is_ok_and(|s| s.success());
@@ -168,15 +200,15 @@ fn two_hosts_over_veth() {
         .map(|r| {
             let ns = if r < 2 { &a } else { &b };
             let prefix: Vec<String> = ["ip", "netns", "exec", ns].iter().map(|s| s.to_string()).collect();
-            spawn(&prefix, &id, n, r, "matrix", &[])
+            spawn(&prefix, &id, n, r, "matrix", envs)
         })
         .collect();
     for (r, k) in kids.into_iter().enumerate() {
         let (ok, out) = output(k);
         assert!(ok, "rank {r}:\n{out}");
-        let other_host = if r < 2 { "2:tcp" } else { "0:tcp" };
-        let same_host = if r < 2 { format!("{}:shm", 1 - r) } else { format!("{}:shm", 5 - r) };
-        assert!(out.contains(other_host) && out.contains(&same_host), "rank {r} transports:\n{out}");
+        for e in expect(r) {
+            assert!(out.contains(&e), "rank {r}: no {e} among its transports:\n{out}");
+        }
     }
 }
 

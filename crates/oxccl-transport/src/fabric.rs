@@ -36,7 +36,12 @@ const SLOTS: usize = CHANNELS + 1;
 
 /// The providers, in order of preference.
 pub fn registry() -> Vec<Box<dyn Factory>> {
-    vec![Box::new(crate::mem::MemFactory), Box::new(crate::shm::ShmFactory), Box::new(crate::tcp::TcpFactory)]
+    vec![
+        Box::new(crate::mem::MemFactory),
+        Box::new(crate::shm::ShmFactory),
+        Box::new(crate::rdma::RdmaFactory),
+        Box::new(crate::tcp::TcpFactory),
+    ]
 }
 
 /// One rank's connections.
@@ -194,12 +199,18 @@ impl Fabric {
         let peers = boot.peers().to_vec();
         let me = &peers[rank];
         let factories = registry();
+        // Which providers each rank can use at all: a pair uses one only
+        // where both can.
+        let why_not: Vec<Option<String>> = factories.iter().map(|f| f.available().err()).collect();
+        let mask: Vec<u8> = why_not.iter().map(|w| u8::from(w.is_none())).collect();
+        let usable = boot.all_gather(&mask)?;
         let mut carrier = Vec::with_capacity(n);
         for (p, info) in peers.iter().enumerate() {
+            let both = |i: usize| mask[i] == 1 && usable[p].get(i) == Some(&1);
             let first = |skip_forced: bool| {
-                factories
-                    .iter()
-                    .position(|f| (skip_forced || opts.transport.is_none_or(|k| f.kind() == k)) && f.reaches(me, info))
+                factories.iter().enumerate().position(|(i, f)| {
+                    (skip_forced || opts.transport.is_none_or(|k| f.kind() == k)) && both(i) && f.reaches(me, info)
+                })
             };
             let c = if p == rank {
                 first(true)
@@ -209,9 +220,15 @@ impl Fabric {
                         return Err(Error::invalid(format!("OXCCL_TRANSPORT={k}: no such provider in this build")));
                     }
                     Some(k) => Some(first(false).ok_or_else(|| {
+                        let i = factories.iter().position(|f| f.kind() == k).expect("checked above");
+                        let why = match (&why_not[i], usable[p].get(i)) {
+                            (Some(w), _) => format!(": {k} is unavailable on rank {rank}: {w}"),
+                            (None, Some(0)) => format!(": {k} is unavailable on rank {p}"),
+                            _ => String::new(),
+                        };
                         Error::InvalidUsage(format!(
                             "OXCCL_TRANSPORT={k}, but rank {p} on host {} cannot be reached with {k} from rank \
-                             {rank} on host {}",
+                             {rank} on host {}{why}",
                             info.host, me.host
                         ))
                     })?),

@@ -105,11 +105,17 @@ pub enum Kind {
     Shm,
     /// Sockets.
     Tcp,
+    /// RDMA verbs (InfiniBand, RoCE, or the software HCA).
+    Rdma,
 }
 
 /// Every kind: (kind, name, other names accepted, wire code).
-const KINDS: &[(Kind, &str, &[&str], u8)] =
-    &[(Kind::Mem, "mem", &[], 1), (Kind::Shm, "shm", &[], 2), (Kind::Tcp, "tcp", &["socket", "net"], 3)];
+const KINDS: &[(Kind, &str, &[&str], u8)] = &[
+    (Kind::Mem, "mem", &[], 1),
+    (Kind::Shm, "shm", &[], 2),
+    (Kind::Tcp, "tcp", &["socket", "net"], 3),
+    (Kind::Rdma, "rdma", &["ib", "verbs"], 4),
+];
 
 impl Kind {
     fn info(self) -> &'static (Kind, &'static str, &'static [&'static str], u8) {

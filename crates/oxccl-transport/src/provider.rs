@@ -123,6 +123,12 @@ impl Setup<'_> {
 pub trait Factory: Send + Sync {
     /// The kind of provider it makes.
     fn kind(&self) -> Kind;
+    /// Whether this rank can use the provider at all; `Err` says why not
+    /// (no library, no device). A provider carries traffic only between
+    /// ranks where both say yes (the fabric all-gathers the answers).
+    fn available(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
     /// Whether its provider can carry traffic between `me` and `peer`.
     fn reaches(&self, me: &PeerInfo, peer: &PeerInfo) -> bool;
     /// Opens this rank's side (collective: every rank opens every factory).

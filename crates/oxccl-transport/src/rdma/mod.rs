@@ -1,8 +1,39 @@
-//! RDMA verbs transport (being written).
+//! The RDMA provider: RC queue pairs over verbs, between hosts.
+//!
+//! ## Layers
+//! - [`verbs`]: the verbs-shaped seam (devices, completion queues, RC QPs)
+//!   the protocol engine is written against. Two backends:
+//!   [`ibv`] (libibverbs, opened at run time with `dlopen`/`dlvsym`, so
+//!   one binary runs with or without rdma-core) and [`soft`] (a software
+//!   RC HCA over TCP that keeps the RC rules, so every line of the engine
+//!   runs in CI; `OXCCL_IB_PROVIDER=soft`).
+//! - `setup`: connection setup over an authenticated TCP side channel
+//!   (QP numbers, PSNs, the ring's address and rkey; INIT→RTR→RTS with
+//!   NCCL's attributes); the side socket stays open so a dead peer is seen
+//!   at once.
+//! - `conn`: two-sided connections: RDMA WRITE_WITH_IMM into a ring the
+//!   receiver registered, credits written back, chunks striped over QPs,
+//!   selective signalling.
+//! - `direct`: one-sided gets and puts by RDMA READ/WRITE into registered
+//!   user buffers, with a registration cache.
+//! - [`provider`]: the fabric's view ([`RdmaFactory`], [`RdmaProvider`]).
+//! - [`env`]: the `OXCCL_IB_*` variables.
+//!
+//! ## Availability
+//! No library, no device or no kernel support (`ENOSYS`) makes RDMA
+//! unavailable as a value, logged once at INFO with the reason; the fabric
+//! then uses TCP between hosts. `OXCCL_TRANSPORT=rdma` forces it between
+//! every pair (an error naming the rank and the reason where a pair cannot
+//! use it).
 
-#[cfg(any())]
+mod buf;
+mod conn;
+mod direct;
 pub mod env;
-#[cfg(any())]
 pub mod ibv;
+pub mod provider;
+mod setup;
 pub mod soft;
 pub mod verbs;
+
+pub use provider::{RdmaFactory, RdmaProvider};

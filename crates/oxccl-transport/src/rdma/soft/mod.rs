@@ -121,19 +121,27 @@ pub(crate) struct DevInner {
 }
 
 /// Devices of this process by (address, port), for QPs joined in memory.
-fn local_devices() -> &'static Mutex<HashMap<(Ipv4Addr, u16), Weak<DevInner>>> {
-    static LOCAL: OnceLock<Mutex<HashMap<(Ipv4Addr, u16), Weak<DevInner>>>> = OnceLock::new();
+type Registry = Mutex<HashMap<(Ipv4Addr, u16), Weak<DevInner>>>;
+
+fn local_devices() -> &'static Registry {
+    static LOCAL: OnceLock<Registry> = OnceLock::new();
     LOCAL.get_or_init(Default::default)
 }
 
 impl DevInner {
-    /// Checks an access of `len` bytes at `addr` under `key` needing
-    /// `need`; the registration if allowed.
-    fn check(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<MrEntry> {
+    /// Runs `f` if `key` allows an access of `len` bytes at `addr` needing
+    /// `need`, holding the registration table meanwhile (so a registration
+    /// cannot end, and its memory be freed, during the access); whether it
+    /// ran.
+    fn access(&self, key: u32, addr: u64, len: u64, need: Access, f: impl FnOnce()) -> bool {
         let mrs = self.mrs.lock();
-        let m = *mrs.get(&key)?;
-        let end = addr.checked_add(len)?;
-        (addr >= m.addr && end <= m.addr + m.len && m.access.covers(need)).then_some(m)
+        let Some(m) = mrs.get(&key).copied() else { return false };
+        let Some(end) = addr.checked_add(len) else { return false };
+        if !(addr >= m.addr && end <= m.addr + m.len && m.access.covers(need)) {
+            return false;
+        }
+        f();
+        true
     }
 
     fn event(&self, e: AsyncEvent) {

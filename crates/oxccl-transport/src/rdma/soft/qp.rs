@@ -431,7 +431,7 @@ impl Engine {
                 self.broken = true;
                 self.backlog.clear();
             }
-            Ev::Fail => self.to_error(None),
+            Ev::Fail => self.fail_qp(None),
             Ev::Stop => {}
         }
     }
@@ -476,23 +476,23 @@ impl Engine {
             let (wr, psn) = (o.wr, o.psn);
             let p = match wr.op {
                 Opcode::Write | Opcode::WriteImm(_) => {
-                    if wr.len > 0 && self.sh.dev.check(wr.lkey, wr.local, wr.len as u64, Access::default()).is_none() {
-                        let bad = self.pending.remove(i).expect("index in range");
-                        return self.to_error(Some((bad, Status::LocProt)));
-                    }
                     let mut data = vec![0u8; wr.len as usize];
-                    if wr.len > 0 {
-                        // SAFETY: the source lies in a live registration
-                        // (checked above); data is a fresh buffer.
-                        unsafe { DevInner::copy(wr.local, data.as_mut_ptr() as u64, data.len()) };
+                    let dst = data.as_mut_ptr() as u64;
+                    // SAFETY: the source lies in a live registration (access
+                    // checks it and holds it meanwhile); data is a fresh
+                    // buffer of that length.
+                    let read = || unsafe { DevInner::copy(wr.local, dst, wr.len as usize) };
+                    if wr.len > 0 && !self.sh.dev.access(wr.lkey, wr.local, wr.len as u64, Access::default(), read) {
+                        let bad = self.pending.remove(i).expect("index in range");
+                        return self.fail_qp(Some((bad, Status::LocProt)));
                     }
                     let imm = if let Opcode::WriteImm(v) = wr.op { Some(v) } else { None };
                     Packet::Write { psn, addr: wr.remote, rkey: wr.rkey, imm, data }
                 }
                 Opcode::Read => {
-                    if self.sh.dev.check(wr.lkey, wr.local, wr.len as u64, Access::LOCAL).is_none() {
+                    if !self.sh.dev.access(wr.lkey, wr.local, wr.len as u64, Access::LOCAL, || ()) {
                         let bad = self.pending.remove(i).expect("index in range");
-                        return self.to_error(Some((bad, Status::LocProt)));
+                        return self.fail_qp(Some((bad, Status::LocProt)));
                     }
                     Packet::ReadReq { psn, addr: wr.remote, rkey: wr.rkey, len: wr.len }
                 }
@@ -514,7 +514,7 @@ impl Engine {
         self.ack_clock = Instant::now();
         if self.retries > self.retry_cnt {
             let first = self.pending.pop_front().expect("a sent request is pending");
-            self.to_error(Some((first, Status::RetryExc)));
+            self.fail_qp(Some((first, Status::RetryExc)));
         }
     }
 
@@ -533,7 +533,7 @@ impl Engine {
             vendor_err: 0,
         };
         if !self.sh.cq.push(Entry { wc, retire: Some((self.sh.retired.clone(), o.seq)) }) {
-            self.to_error(None);
+            self.fail_qp(None);
         }
     }
 
@@ -564,21 +564,25 @@ impl Engine {
                 if self.pending.front().is_some_and(|o| o.psn == psn) {
                     let o = self.pending.pop_front().expect("front exists");
                     let n = data.len().min(o.wr.len as usize);
-                    // SAFETY: the destination was checked against a live
-                    // registration with local write rights at transmit.
-                    unsafe { DevInner::copy(data.as_ptr() as u64, o.wr.local, n) };
+                    let src = data.as_ptr() as u64;
+                    // SAFETY: access checks the destination against a live
+                    // registration with local write rights and holds it.
+                    let place = || unsafe { DevInner::copy(src, o.wr.local, n) };
+                    if !self.sh.dev.access(o.wr.lkey, o.wr.local, n as u64, Access::LOCAL, place) {
+                        return self.fail_qp(Some((o, Status::LocProt)));
+                    }
                     self.complete(o, n as u32);
                 }
             }
             Packet::Nak { psn, why } => {
                 self.ack_before(psn);
-                if !self.pending.front().is_some_and(|o| o.psn == psn) {
+                if self.pending.front().is_none_or(|o| o.psn != psn) {
                     return;
                 }
                 match why {
                     Nak::Rnr if self.rnr_retry < 7 && self.rnr_left == 0 => {
                         let o = self.pending.pop_front().expect("front exists");
-                        self.to_error(Some((o, Status::RnrRetryExc)));
+                        self.fail_qp(Some((o, Status::RnrRetryExc)));
                     }
                     Nak::Rnr => {
                         if self.rnr_retry < 7 {
@@ -592,7 +596,7 @@ impl Engine {
                     Nak::RemAccess | Nak::RemInvReq => {
                         let o = self.pending.pop_front().expect("front exists");
                         let st = if why == Nak::RemAccess { Status::RemAccess } else { Status::RemInvReq };
-                        self.to_error(Some((o, st)));
+                        self.fail_qp(Some((o, st)));
                     }
                 }
             }
@@ -604,9 +608,8 @@ impl Engine {
                     return;
                 }
                 let need = Access { local_write: false, remote_write: true, remote_read: false };
-                if (!data.is_empty() || imm.is_none())
-                    && self.sh.dev.check(rkey, addr, data.len() as u64, need).is_none()
-                {
+                let zero_imm = data.is_empty() && imm.is_some();
+                if !zero_imm && !self.sh.dev.access(rkey, addr, data.len() as u64, need, || ()) {
                     return self.access_error(psn);
                 }
                 let recv = match imm {
@@ -619,7 +622,18 @@ impl Engine {
                     }
                     None => None,
                 };
-                self.place(addr, &data);
+                if !zero_imm {
+                    let mut placed = false;
+                    let dev = self.sh.dev.clone();
+                    dev.access(rkey, addr, data.len() as u64, need, || {
+                        self.place(addr, &data);
+                        placed = true;
+                    });
+                    if !placed {
+                        // Deregistered since the check above.
+                        return self.access_error(psn);
+                    }
+                }
                 if let (Some(r), Some(v)) = (recv, imm) {
                     let wc = Completion {
                         wr_id: r.wr_id,
@@ -631,7 +645,7 @@ impl Engine {
                         vendor_err: 0,
                     };
                     if !self.sh.cq.push(Entry { wc, retire: None }) {
-                        return self.to_error(None);
+                        return self.fail_qp(None);
                     }
                 }
                 self.expect = (psn + 1) & PSN_MASK;
@@ -642,13 +656,14 @@ impl Engine {
                     return;
                 }
                 let need = Access { local_write: false, remote_write: false, remote_read: true };
-                if self.sh.dev.check(rkey, addr, len as u64, need).is_none() {
+                let mut data = vec![0u8; len as usize];
+                let dst = data.as_mut_ptr() as u64;
+                // SAFETY: access checks the range against a live
+                // registration that grants remote reads, and holds it.
+                let read = || unsafe { DevInner::copy(addr, dst, len as usize) };
+                if !self.sh.dev.access(rkey, addr, len as u64, need, read) {
                     return self.access_error(psn);
                 }
-                let mut data = vec![0u8; len as usize];
-                // SAFETY: the range lies in a live registration that grants
-                // remote reads (checked above).
-                unsafe { DevInner::copy(addr, data.as_mut_ptr() as u64, data.len()) };
                 self.expect = (psn + 1) & PSN_MASK;
                 self.transmit(Packet::ReadResp { psn, data });
             }
@@ -672,7 +687,7 @@ impl Engine {
     fn access_error(&mut self, psn: u32) {
         self.transmit(Packet::Nak { psn, why: Nak::RemAccess });
         self.sh.dev.event(AsyncEvent::QpError(self.sh.qpn));
-        self.to_error(None);
+        self.fail_qp(None);
     }
 
     /// Places a WRITE's data (poisoned and shuffled if asked).
@@ -681,8 +696,8 @@ impl Engine {
             return;
         }
         if !self.sh.dev.opts.shuffle {
-            // SAFETY: the destination was checked against a live
-            // registration with remote write rights.
+            // SAFETY: the caller holds the registration (DevInner::access)
+            // that covers the destination with remote write rights.
             unsafe { DevInner::copy(data.as_ptr() as u64, addr, data.len()) };
             return;
         }
@@ -709,7 +724,7 @@ impl Engine {
 
     /// Moves the QP to the error state: `first` completes with its status,
     /// everything else outstanding (receives too) with WR_FLUSH_ERR.
-    fn to_error(&mut self, first: Option<(Out, Status)>) {
+    fn fail_qp(&mut self, first: Option<(Out, Status)>) {
         *self.sh.state.lock() = QpState::Error;
         if let Some((o, st)) = first {
             let wc = Completion {

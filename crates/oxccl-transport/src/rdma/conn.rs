@@ -1,0 +1,706 @@
+//! Two-sided connections over RC queue pairs: a FIFO in the receiver's
+//! registered memory, written by RDMA WRITE_WITH_IMM from the sender's
+//! registered staging FIFO, with credits written back.
+//!
+//! Both FIFOs have the same capacity and layout, so a byte at stream
+//! position `p` lives at `p mod capacity` on both sides: the sender writes
+//! bytes where they will land. Messages are framed as in the shared-memory
+//! ring: a 64-byte header record (magic, length), then the payload padded
+//! to 64, so payloads start 64-aligned.
+//!
+//! - Stream positions are cut into chunks of `OXCCL_IB_CHUNK` (a power of
+//!   two dividing the capacity, so no write crosses the wrap); chunk `k`
+//!   travels on QP `k mod qps`. Every data write carries an immediate (its
+//!   end position's low 32 bits), so the receiver learns of each arrival
+//!   from a completion: per QP it advances a cursor over that QP's chunks,
+//!   and the bytes below the smallest cursor have all landed (RC orders
+//!   placement per QP only).
+//! - The receiver keeps `RECV_DEPTH` receives posted per QP and reposts one
+//!   per arrival; the sender keeps fewer than that many writes per QP
+//!   whose bytes are not yet credited, so a write never finds no receive.
+//! - Credits: after consuming, the receiver posts a 0-byte WRITE_WITH_IMM
+//!   on QP 0 whose immediate is its consumed position (low 32 bits); the
+//!   sender's completion for it says how far it may reuse its FIFO (the
+//!   data left long before: the receiver read it).
+//! - Sends are signaled selectively (every `SQ_DEPTH / 4`, a chunk's last
+//!   write and the write that empties the FIFO) and never outrun the send
+//!   queue.
+//! - Errors stick and name the rank, the peer, the channel, the device and
+//!   port, the completion status in words; WR_FLUSH after a first error is
+//!   reported as that error's consequence.
+#![allow(unsafe_code)]
+
+use super::buf::Buf;
+use super::verbs::{Completion, Cq, Opcode, Qp, RecvWr, SendWr, Status, WcOpcode};
+use crate::{Channel, Error, Piece, Receiver, Result, Sender};
+use std::io::Read;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Receives the receiver keeps posted per QP (data arrivals).
+pub(crate) const RECV_DEPTH: u32 = 128;
+/// Receives the sender keeps posted on QP 0 (credits).
+pub(crate) const CREDIT_RECVS: u32 = 2 * RECV_DEPTH + 16;
+/// Send queue depth per QP.
+pub(crate) const SQ_DEPTH: u32 = 256;
+/// Bytes of a message header record.
+const HDR: usize = 64;
+const MAGIC: u32 = u32::from_le_bytes(*b"OXRM");
+
+const KIND_DATA: u64 = 1;
+const KIND_CREDIT: u64 = 2;
+const KIND_RECV: u64 = 3;
+
+fn wr_id(kind: u64, qp: usize, seq: u64) -> u64 {
+    (kind << 56) | ((qp as u64) << 48) | (seq & 0xffff_ffff_ffff)
+}
+
+fn wr_kind(id: u64) -> (u64, usize, u64) {
+    (id >> 56, ((id >> 48) & 0xff) as usize, id & 0xffff_ffff_ffff)
+}
+
+/// Who a connection joins, for messages.
+#[derive(Clone, Debug)]
+pub(crate) struct Who {
+    pub rank: usize,
+    pub peer: usize,
+    pub ch: Channel,
+    pub dev: String,
+    pub port: u8,
+    /// The ACK timeout and retries in force (for RETRY_EXC's message).
+    pub timeout: String,
+}
+
+impl Who {
+    fn chan(&self) -> String {
+        match self.ch {
+            crate::P2P_CHANNEL => "point-to-point channel".into(),
+            crate::CONTROL_CHANNEL => "control channel".into(),
+            c => format!("channel {c}"),
+        }
+    }
+
+    /// The error for a failed completion of `what`.
+    pub(crate) fn completion(&self, what: &str, wc: &Completion, first: bool) -> Error {
+        let base = format!(
+            "rank {}: RDMA {what} with rank {} on {} failed on {} port {} (QP {}): {}",
+            self.rank,
+            self.peer,
+            self.chan(),
+            self.dev,
+            self.port,
+            wc.qpn,
+            wc.status
+        );
+        let extra = match wc.status {
+            Status::RetryExc => format!("; {} elapsed without an acknowledgement", self.timeout),
+            Status::WrFlush if first => {
+                "; this queue pair failed earlier without a completion of its own: the peer's side broke an RDMA \
+                 rule or its port failed (see that rank's error)"
+                    .to_string()
+            }
+            _ => String::new(),
+        };
+        Error::Remote(format!("{base}{extra}"))
+    }
+
+    pub(crate) fn closed(&self) -> Error {
+        Error::Remote(format!(
+            "rank {}: rank {} closed the RDMA connection on {} (its side channel ended: it exited, aborted or crashed)",
+            self.rank,
+            self.peer,
+            self.chan()
+        ))
+    }
+}
+
+/// The QPs, completion queue and side socket of one connection.
+pub(crate) struct Link {
+    pub qps: Vec<Box<dyn Qp>>,
+    pub cq: Arc<dyn Cq>,
+    pub side: TcpStream,
+    pub who: Who,
+    last_side_check: Instant,
+    wc: Vec<Completion>,
+    /// The peer's side socket closed: what to say once that matters (what
+    /// landed before stays readable; a sender with nothing left to send is
+    /// not failed by a peer that finished).
+    pub gone: Option<Error>,
+}
+
+impl Link {
+    pub(crate) fn new(qps: Vec<Box<dyn Qp>>, cq: Arc<dyn Cq>, side: TcpStream, who: Who) -> Result<Link> {
+        side.set_nonblocking(true).map_err(|e| Error::System(format!("RDMA side channel: {e}")))?;
+        Ok(Link { qps, cq, side, who, last_side_check: Instant::now(), wc: Vec::with_capacity(64), gone: None })
+    }
+
+    /// Notes in `gone` when the peer's side socket has closed.
+    pub(crate) fn check_side(&mut self) {
+        if self.gone.is_some() || self.last_side_check.elapsed() < Duration::from_millis(10) {
+            return;
+        }
+        self.last_side_check = Instant::now();
+        let mut b = [0u8; 16];
+        match (&self.side).read(&mut b) {
+            Ok(0) => self.gone = Some(self.who.closed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => self.gone = Some(self.who.closed()),
+        }
+    }
+
+    /// Polls the CQ (arming it when it is empty); the completions.
+    fn poll(&mut self) -> Result<Vec<Completion>> {
+        self.wc.clear();
+        let mut wc = std::mem::take(&mut self.wc);
+        let n = self.cq.poll(&mut wc, 64).map_err(|e| self.cq_error(e))?;
+        if n == 0 {
+            self.cq.arm()?;
+            self.cq.poll(&mut wc, 64).map_err(|e| self.cq_error(e))?;
+        }
+        Ok(wc)
+    }
+
+    fn cq_error(&self, e: Error) -> Error {
+        Error::Remote(format!(
+            "rank {}: RDMA connection with rank {} on {}: {} on {} port {}",
+            self.who.rank,
+            self.who.peer,
+            self.who.chan(),
+            e,
+            self.who.dev,
+            self.who.port
+        ))
+    }
+}
+
+/// Remembers the first error and explains later ones by it.
+struct Sticky(Option<Error>);
+
+impl Sticky {
+    fn check(&self) -> Result<()> {
+        match &self.0 {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+    fn fail(&mut self, e: Error) -> Error {
+        if self.0.is_none() {
+            self.0 = Some(e);
+        }
+        self.0.clone().expect("set above")
+    }
+}
+
+/// The sending end.
+pub struct RdmaSender {
+    link: Link,
+    buf: Buf,
+    cap: u64,
+    chunk: u64,
+    remote_addr: u64,
+    remote_rkey: u32,
+    /// Committed (published) bytes.
+    tail: u64,
+    /// Bytes written to the peer.
+    posted: u64,
+    /// Bytes the peer consumed.
+    head: u64,
+    /// Bytes of the current message not yet committed; `None`: no message.
+    left: Option<u64>,
+    /// Bytes the last room gave.
+    roomed: u64,
+    /// Lengths of messages whose header records wait for room.
+    hdr_pending: std::collections::VecDeque<u64>,
+    bytes: u64,
+    /// Per QP: work requests posted, retired, unsignaled in a row.
+    wr_posted: Vec<u64>,
+    wr_retired: Vec<u64>,
+    unsignaled: Vec<u32>,
+    /// Per QP: end positions of writes not yet credited.
+    inflight: Vec<std::collections::VecDeque<u64>>,
+    err: Sticky,
+    /// Test fault: write to a wrong rkey after this many bytes.
+    bad_rkey_after: Option<u64>,
+}
+
+impl RdmaSender {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        mut link: Link,
+        buf: Buf,
+        cap: usize,
+        chunk: usize,
+        remote_addr: u64,
+        remote_rkey: u32,
+        bad_rkey_after: Option<u64>,
+    ) -> Result<RdmaSender> {
+        let q = link.qps.len();
+        let recvs: Vec<RecvWr> = (0..CREDIT_RECVS as u64).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, 0, i) }).collect();
+        link.qps[0].post_recv(&recvs)?;
+        link.cq.arm()?;
+        Ok(RdmaSender {
+            link,
+            buf,
+            cap: cap as u64,
+            chunk: chunk as u64,
+            remote_addr,
+            remote_rkey,
+            tail: 0,
+            posted: 0,
+            head: 0,
+            left: None,
+            roomed: 0,
+            hdr_pending: Default::default(),
+            bytes: 0,
+            wr_posted: vec![0; q],
+            wr_retired: vec![0; q],
+            unsignaled: vec![0; q],
+            inflight: vec![Default::default(); q],
+            err: Sticky(None),
+            bad_rkey_after,
+        })
+    }
+
+    /// Free bytes, up to the consumer's head rounded down to 64: a
+    /// message's padding then never runs past it.
+    fn free(&self) -> u64 {
+        self.cap - (self.tail - (self.head & !(HDR as u64 - 1)))
+    }
+
+    /// Writes held-back header records while there is room.
+    fn write_header(&mut self) {
+        while let Some(&len) = self.hdr_pending.front() {
+            if self.free() < HDR as u64 {
+                return;
+            }
+            self.put_header(len);
+            self.hdr_pending.pop_front();
+        }
+    }
+
+    fn put_header(&mut self, len: u64) {
+        let off = (self.tail % self.cap) as usize;
+        // SAFETY: [tail, tail + 64) is free: credited by the receiver (or
+        // never used), so no work request reads it and no peer writes it.
+        let h = unsafe { self.buf.slice_mut(off, HDR) };
+        h.fill(0);
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[8..16].copy_from_slice(&len.to_le_bytes());
+        self.tail += HDR as u64;
+    }
+
+    /// Takes completions: credits and retired sends.
+    fn reap(&mut self) -> Result<bool> {
+        let wcs = self.link.poll()?;
+        let mut moved = false;
+        let mut reposts = 0;
+        for wc in &wcs {
+            let (kind, qp, seq) = wr_kind(wc.wr_id);
+            if wc.status != Status::Success {
+                let first = self.err.0.is_none();
+                let what = if kind == KIND_RECV { "credit receive" } else { "write" };
+                return Err(self.err.fail(self.link.who.completion(what, wc, first)));
+            }
+            match (kind, wc.opcode) {
+                (KIND_RECV, WcOpcode::RecvImm) => {
+                    let imm = wc.imm.unwrap_or(0);
+                    let back = (self.tail as u32).wrapping_sub(imm) as u64;
+                    let head = self.tail - back.min(self.tail);
+                    if head > self.head {
+                        self.head = head;
+                        for f in &mut self.inflight {
+                            while f.front().is_some_and(|&e| e <= head) {
+                                f.pop_front();
+                            }
+                        }
+                        moved = true;
+                    }
+                    reposts += 1;
+                }
+                (KIND_DATA, _) => self.wr_retired[qp] = self.wr_retired[qp].max(seq),
+                _ => {}
+            }
+        }
+        if reposts > 0 {
+            let base = self.wr_posted[0] << 20;
+            let r: Vec<RecvWr> = (0..reposts).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, 0, base + i) }).collect();
+            self.link.qps[0].post_recv(&r).map_err(|e| self.err.fail(e))?;
+        }
+        self.link.wc = wcs;
+        Ok(moved)
+    }
+
+    /// Posts writes for committed bytes, as far as queues allow.
+    fn pump(&mut self) -> Result<bool> {
+        let mut moved = false;
+        let q = self.link.qps.len();
+        while self.posted < self.tail {
+            let chunk_no = self.posted / self.chunk;
+            let j = (chunk_no % q as u64) as usize;
+            let end = ((chunk_no + 1) * self.chunk).min(self.tail);
+            if self.inflight[j].len() as u32 >= RECV_DEPTH - 1
+                || self.wr_posted[j] - self.wr_retired[j] >= SQ_DEPTH as u64 - 1
+            {
+                break;
+            }
+            let off = self.posted % self.cap;
+            let len = end - self.posted;
+            self.unsignaled[j] += 1;
+            // A QP's last write is always signaled (it ends a chunk or the
+            // committed bytes), so `flushed` can see every QP drain.
+            let signaled = self.unsignaled[j] >= SQ_DEPTH / 4 || end == self.tail || end.is_multiple_of(self.chunk);
+            if signaled {
+                self.unsignaled[j] = 0;
+            }
+            let seq = self.wr_posted[j] + 1;
+            let rkey = match self.bad_rkey_after {
+                Some(after) if self.posted >= after => self.remote_rkey ^ 0x5a5a_0000,
+                _ => self.remote_rkey,
+            };
+            let wr = SendWr {
+                wr_id: wr_id(KIND_DATA, j, seq),
+                op: Opcode::WriteImm(end as u32),
+                local: self.buf.addr() + off,
+                len: len as u32,
+                lkey: self.buf.mr.lkey,
+                remote: self.remote_addr + off,
+                rkey,
+                signaled,
+            };
+            self.link.qps[j].post_send(&[wr]).map_err(|e| self.err.fail(e))?;
+            self.wr_posted[j] = seq;
+            self.inflight[j].push_back(end);
+            self.posted = end;
+            moved = true;
+        }
+        Ok(moved)
+    }
+}
+
+impl Drop for RdmaSender {
+    /// Lets committed bytes land before the QPs go (destroying a QP drops
+    /// its outstanding writes; a closing socket would still deliver them),
+    /// for at most two seconds.
+    fn drop(&mut self) {
+        let end = Instant::now() + Duration::from_secs(2);
+        while !self.flushed() && self.err.0.is_none() && Instant::now() < end {
+            if self.progress().is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+impl RdmaSender {
+    pub(crate) fn link_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.link.fds()
+    }
+}
+
+impl Sender for RdmaSender {
+    fn begin(&mut self, len: usize) -> Result<()> {
+        self.err.check()?;
+        if let Some(e) = self.link.gone.clone() {
+            return Err(self.err.fail(e));
+        }
+        if self.left.is_some() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: a message to rank {} was started before the previous one was complete",
+                self.link.who.rank, self.link.who.peer
+            )));
+        }
+        self.left = (len > 0).then_some(len as u64);
+        self.hdr_pending.push_back(len as u64);
+        self.write_header();
+        self.pump()?;
+        Ok(())
+    }
+
+    fn room(&mut self, want: usize) -> Result<&mut [u8]> {
+        self.err.check()?;
+        self.write_header();
+        let Some(left) = self.left else {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: room for a message to rank {} before begin",
+                self.link.who.rank, self.link.who.peer
+            )));
+        };
+        if !self.hdr_pending.is_empty() {
+            self.roomed = 0;
+            return Ok(&mut []);
+        }
+        let off = self.tail % self.cap;
+        let n = (want as u64).min(left).min(self.free()).min(self.cap - off) as usize;
+        self.roomed = n as u64;
+        // SAFETY: [tail, tail + n) is free (credited), inside the buffer,
+        // and neither a work request nor a peer touches it until commit.
+        Ok(unsafe { self.buf.slice_mut(off as usize, n) })
+    }
+
+    fn commit(&mut self, n: usize) -> Result<()> {
+        self.err.check()?;
+        let Some(left) = self.left else {
+            return Err(Error::InvalidUsage("commit without a message".into()));
+        };
+        if n as u64 > self.roomed.min(left) {
+            return Err(Error::InvalidUsage(format!(
+                "commit of {n} bytes beyond the {} of the last room",
+                self.roomed
+            )));
+        }
+        self.roomed = 0;
+        self.tail += n as u64;
+        self.bytes += n as u64;
+        if left == n as u64 {
+            self.tail = self.tail.next_multiple_of(HDR as u64);
+            self.left = None;
+        } else {
+            self.left = Some(left - n as u64);
+        }
+        self.pump()?;
+        Ok(())
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        self.err.check()?;
+        self.link.check_side();
+        let mut moved = self.reap()?;
+        if let Some(e) = self.link.gone.clone().filter(|_| !self.flushed()) {
+            return Err(self.err.fail(e));
+        }
+        self.write_header();
+        moved |= self.pump()?;
+        Ok(moved)
+    }
+
+    fn flushed(&self) -> bool {
+        self.hdr_pending.is_empty()
+            && self.posted == self.tail
+            && self.wr_posted.iter().zip(&self.wr_retired).all(|(p, r)| p == r)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// The receiving end.
+pub struct RdmaReceiver {
+    link: Link,
+    ring: Buf,
+    cap: u64,
+    chunk: u64,
+    /// Per QP: the next position it will fill.
+    next: Vec<u64>,
+    /// Landed bytes (the smallest cursor).
+    tail: u64,
+    /// Consumed bytes.
+    head: u64,
+    /// Consumed bytes the sender has been told of.
+    credited: u64,
+    credits_out: u32,
+    credit_seq: u64,
+    /// The current message: (length, payload bytes consumed).
+    msg: Option<(u64, u64)>,
+    /// Bytes the last peek showed and consume may release.
+    peeked: u64,
+    bytes: u64,
+    err: Sticky,
+    /// Test fault: stop reposting receives.
+    starve: bool,
+}
+
+impl RdmaReceiver {
+    pub(crate) fn new(mut link: Link, ring: Buf, cap: usize, chunk: usize, starve: bool) -> Result<RdmaReceiver> {
+        for (j, qp) in link.qps.iter_mut().enumerate() {
+            let r: Vec<RecvWr> = (0..RECV_DEPTH as u64).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, j, i) }).collect();
+            qp.post_recv(&r)?;
+        }
+        link.cq.arm()?;
+        let q = link.qps.len() as u64;
+        Ok(RdmaReceiver {
+            next: (0..q).map(|j| j * chunk as u64).collect(),
+            link,
+            ring,
+            cap: cap as u64,
+            chunk: chunk as u64,
+            tail: 0,
+            head: 0,
+            credited: 0,
+            credits_out: 0,
+            credit_seq: 0,
+            msg: None,
+            peeked: 0,
+            bytes: 0,
+            err: Sticky(None),
+            starve,
+        })
+    }
+
+    /// Nothing to read: fine, unless the sender is gone.
+    fn nothing<'a>(&mut self) -> Result<Option<Piece<'a>>> {
+        match self.link.gone.clone() {
+            Some(e) => Err(self.err.fail(e)),
+            None => Ok(None),
+        }
+    }
+
+    fn reap(&mut self) -> Result<bool> {
+        let wcs = self.link.poll()?;
+        let q = self.link.qps.len() as u64;
+        let mut moved = false;
+        let mut repost = vec![0u64; q as usize];
+        for wc in &wcs {
+            let (kind, j, _) = wr_kind(wc.wr_id);
+            if wc.status != Status::Success {
+                let first = self.err.0.is_none();
+                let what = if kind == KIND_CREDIT { "credit write" } else { "receive" };
+                return Err(self.err.fail(self.link.who.completion(what, wc, first)));
+            }
+            match kind {
+                KIND_RECV => {
+                    let n = wc.byte_len as u64;
+                    let next = &mut self.next[j];
+                    *next += n;
+                    if wc.imm != Some(*next as u32) {
+                        let e = Error::Remote(format!(
+                            "rank {}: the RDMA stream from rank {} is out of step (write ending at {:?}, expected {})",
+                            self.link.who.rank, self.link.who.peer, wc.imm, *next as u32
+                        ));
+                        return Err(self.err.fail(e));
+                    }
+                    if next.is_multiple_of(self.chunk) {
+                        *next += (q - 1) * self.chunk;
+                    }
+                    repost[j] += 1;
+                    moved = true;
+                }
+                KIND_CREDIT => self.credits_out -= 1,
+                _ => {}
+            }
+        }
+        if !self.starve {
+            for (j, &n) in repost.iter().enumerate() {
+                if n > 0 {
+                    let r: Vec<RecvWr> = (0..n).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, j, i) }).collect();
+                    self.link.qps[j].post_recv(&r).map_err(|e| self.err.fail(e))?;
+                }
+            }
+        }
+        self.tail = self.next.iter().copied().min().unwrap_or(0);
+        self.link.wc = wcs;
+        Ok(moved)
+    }
+
+    /// Tells the sender how far this end consumed, when it matters.
+    fn credit(&mut self) -> Result<()> {
+        if self.head == self.credited || self.credits_out >= 8 {
+            return Ok(());
+        }
+        if self.head - self.credited < self.cap / 4 && self.head != self.tail {
+            return Ok(());
+        }
+        self.credit_seq += 1;
+        let wr = SendWr {
+            wr_id: wr_id(KIND_CREDIT, 0, self.credit_seq),
+            op: Opcode::WriteImm(self.head as u32),
+            local: 0,
+            len: 0,
+            lkey: 0,
+            remote: 0,
+            rkey: 0,
+            signaled: true,
+        };
+        self.link.qps[0].post_send(&[wr]).map_err(|e| self.err.fail(e))?;
+        self.credits_out += 1;
+        self.credited = self.head;
+        Ok(())
+    }
+}
+
+impl RdmaReceiver {
+    pub(crate) fn link_fds(&self) -> Vec<std::os::fd::RawFd> {
+        self.link.fds()
+    }
+}
+
+impl Receiver for RdmaReceiver {
+    fn peek(&mut self) -> Result<Option<Piece<'_>>> {
+        self.err.check()?;
+        if self.msg.is_none() {
+            if self.tail - self.head < HDR as u64 {
+                return self.nothing();
+            }
+            let off = (self.head % self.cap) as usize;
+            // SAFETY: the header landed (below tail) and the sender does not
+            // overwrite it before this end credits it.
+            let h = unsafe { self.ring.slice(off, HDR) };
+            let magic = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
+            let len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+            if magic != MAGIC || len > crate::ring::MAX_MSG {
+                let e = Error::Remote(format!(
+                    "rank {}: malformed message header from rank {} over RDMA (magic {magic:#x}, length {len})",
+                    self.link.who.rank, self.link.who.peer
+                ));
+                return Err(self.err.fail(e));
+            }
+            self.head += HDR as u64;
+            self.msg = Some((len, 0));
+        }
+        let (len, done) = self.msg.expect("set above");
+        if len == 0 {
+            self.peeked = 0;
+            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[] }));
+        }
+        let off = self.head % self.cap;
+        let avail = (self.tail - self.head).min(len - done).min(self.cap - off);
+        if avail == 0 {
+            return self.nothing();
+        }
+        // SAFETY: these bytes landed (below tail, after their completions)
+        // and stay until this end credits them.
+        let data = unsafe { self.ring.slice(off as usize, avail as usize) };
+        self.peeked = avail;
+        Ok(Some(Piece { msg_len: len as usize, offset: done as usize, data }))
+    }
+
+    fn consume(&mut self, n: usize) -> Result<()> {
+        self.err.check()?;
+        let Some((len, done)) = self.msg else {
+            return Err(Error::InvalidUsage("consume without a message".into()));
+        };
+        let n = n as u64;
+        if n > self.peeked || done + n > len {
+            return Err(Error::InvalidUsage(format!(
+                "consume of {n} bytes beyond the {} the last peek showed",
+                self.peeked
+            )));
+        }
+        self.peeked -= n;
+        self.head += n;
+        self.bytes += n;
+        if done + n == len {
+            self.head = self.head.next_multiple_of(HDR as u64);
+            self.msg = None;
+        } else {
+            self.msg = Some((len, done + n));
+        }
+        self.credit()
+    }
+
+    fn progress(&mut self) -> Result<bool> {
+        self.err.check()?;
+        self.link.check_side();
+        let moved = self.reap()?;
+        self.credit()?;
+        Ok(moved)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}

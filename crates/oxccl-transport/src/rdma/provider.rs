@@ -1,0 +1,542 @@
+//! The RDMA provider as the fabric sees it: one HCA port per rank, a side
+//! channel listener whose address travels through the bootstrap with the
+//! port's LID and GID, data connections set up lazily (at the sender's
+//! first use), and native one-sided access by RDMA READ and WRITE into
+//! registered user buffers.
+
+use super::conn::Link;
+use super::direct::DirectState;
+use super::env::{IbOptions, IbProvider, choose_gid};
+use super::setup::{self, Accepted, Card, Conn, Faults, Local};
+use super::soft::{SoftDevice, SoftOptions};
+use super::verbs::{AsyncEvent, Device, GidEntry, LinkLayer, PortInfo, PortState};
+use crate::bootstrap::PeerInfo;
+use crate::futex::Doorbell;
+use crate::provider::{Direct, Factory, LinkCost, LinkParams, Provider, Setup, Wake};
+use crate::{Channel, Error, Kind, Piece, Receiver, Result, Sender};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+/// Whether RDMA can be used here: `Err` says why not (once, at INFO).
+fn availability(opts: &IbOptions) -> std::result::Result<(), String> {
+    if opts.disable {
+        return Err("OXCCL_IB_DISABLE is set".into());
+    }
+    if opts.provider == IbProvider::Soft {
+        return Ok(());
+    }
+    static IBV: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    IBV.get_or_init(|| {
+        let r = super::ibv::open(opts).map(|_| ()).map_err(|u| u.to_string());
+        match &r {
+            Ok(()) => tracing::info!("RDMA available (libibverbs)"),
+            Err(why) => tracing::info!("RDMA unavailable, using TCP between hosts: {why}"),
+        }
+        r
+    })
+    .clone()
+}
+
+/// The first active port the filter admits, and its GID.
+fn pick_port(dev: &Arc<dyn Device>, opts: &IbOptions) -> Result<(PortInfo, GidEntry)> {
+    let ports = dev.ports()?;
+    let port =
+        ports.into_iter().find(|p| p.state == PortState::Active && opts.hca.matches(dev.name(), p.num)).ok_or_else(
+            || Error::Unavailable(format!("RDMA device {} has no active port OXCCL_IB_HCA admits", dev.name())),
+        )?;
+    let gid = choose_gid(dev.name(), &port, opts.gid_index)?;
+    Ok((port, gid))
+}
+
+/// Makes [`RdmaProvider`]s.
+pub struct RdmaFactory;
+
+impl RdmaFactory {
+    fn opts() -> std::result::Result<IbOptions, String> {
+        IbOptions::from_env().map_err(|e| e.to_string())
+    }
+}
+
+impl Factory for RdmaFactory {
+    fn kind(&self) -> Kind {
+        Kind::Rdma
+    }
+    fn available(&self) -> std::result::Result<(), String> {
+        availability(&RdmaFactory::opts()?)
+    }
+    fn reaches(&self, _me: &PeerInfo, _peer: &PeerInfo) -> bool {
+        // Whether both ends have RDMA is the fabric's check (available);
+        // shared memory and threads come first in the table.
+        true
+    }
+    fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>> {
+        if !setup.serves_any() {
+            return Ok(Box::new(RdmaProvider { rank: setup.rank, inner: None, direct: None, sticky: None }));
+        }
+        let opts = IbOptions::from_env()?;
+        let ip = match setup.boot.local_ip() {
+            IpAddr::V4(v) => v,
+            IpAddr::V6(_) => Ipv4Addr::LOCALHOST,
+        };
+        let dev: Arc<dyn Device> = match opts.provider {
+            IbProvider::Soft => {
+                let so = SoftOptions::from_lookup(|n| std::env::var(n).ok())?;
+                SoftDevice::open(ip, so)?
+            }
+            IbProvider::Ibv => super::ibv::open(&opts)
+                .map_err(|u| Error::Unavailable(format!("rank {}: RDMA: {u}", setup.rank)))?
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Unavailable(format!("rank {}: no RDMA device", setup.rank)))?,
+        };
+        let (port, gid) = pick_port(&dev, &opts)?;
+        let faults = Faults::parse(std::env::var("OXCCL_IB_INJECT").ok().as_deref())?;
+        let cap = setup.opts.buffsize.next_power_of_two().max(64 << 10);
+        let chunk = opts.chunk.next_power_of_two().min(cap / 2);
+        let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), 0)).map_err(|e| {
+            Error::System(format!("rank {}: RDMA side channel: cannot listen on {ip}: {e}", setup.rank))
+        })?;
+        listener.set_nonblocking(true).map_err(|e| Error::System(format!("RDMA side channel: {e}")))?;
+        tracing::info!(
+            rank = setup.rank,
+            "RDMA on {} port {} ({}), GID index {}",
+            dev.name(),
+            port.num,
+            port.link_layer,
+            gid.index
+        );
+        let local = Local {
+            rank: setup.rank,
+            dev,
+            port,
+            gid,
+            opts,
+            secret: setup.boot.secret(),
+            cap,
+            chunk,
+            timeout: setup.opts.timeout,
+            faults,
+        };
+        let inner = Arc::new(Inner {
+            local,
+            side: listener.local_addr().map_err(|e| Error::System(e.to_string()))?,
+            listener: Mutex::new(Some(listener)),
+            cards: OnceLock::new(),
+            accepted: Mutex::new(HashMap::new()),
+            one_sided_in: Mutex::new(Vec::new()),
+            fds: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+        });
+        Ok(Box::new(RdmaProvider {
+            rank: setup.rank,
+            direct: Some(DirectState::new(inner.clone())),
+            inner: Some(inner),
+            sticky: None,
+        }))
+    }
+}
+
+/// What the provider shares with its accept thread and connection ends.
+pub(crate) struct Inner {
+    pub(crate) local: Local,
+    side: SocketAddr,
+    listener: Mutex<Option<TcpListener>>,
+    pub(crate) cards: OnceLock<Vec<Option<Card>>>,
+    accepted: Mutex<HashMap<(usize, Channel), Box<super::conn::RdmaReceiver>>>,
+    one_sided_in: Mutex<Vec<Link>>,
+    /// Descriptors to sleep on, per connection end.
+    fds: Mutex<HashMap<usize, Vec<RawFd>>>,
+    closed: AtomicBool,
+}
+
+impl Inner {
+    pub(crate) fn card(&self, peer: usize) -> Result<&Card> {
+        self.cards.get().and_then(|c| c.get(peer)).and_then(Option::as_ref).ok_or_else(|| {
+            Error::Internal(format!("rank {}: RDMA to rank {peer}, which it does not serve", self.local.rank))
+        })
+    }
+
+    /// Tracks `fds` until the returned guard drops.
+    pub(crate) fn track(self: &Arc<Self>, fds: Vec<RawFd>) -> FdGuard {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.fds.lock().insert(id, fds);
+        FdGuard { inner: Arc::downgrade(self), id }
+    }
+}
+
+/// Removes a connection's descriptors from the wait set when it drops.
+pub(crate) struct FdGuard {
+    inner: Weak<Inner>,
+    id: usize,
+}
+
+impl Drop for FdGuard {
+    fn drop(&mut self) {
+        if let Some(i) = self.inner.upgrade() {
+            i.fds.lock().remove(&self.id);
+        }
+    }
+}
+
+fn accept_loop(inner: Weak<Inner>, l: TcpListener) {
+    loop {
+        let Some(i) = inner.upgrade() else { return };
+        if i.closed.load(Ordering::Acquire) {
+            return;
+        }
+        match l.accept() {
+            Ok((s, from)) => {
+                let Some(cards) = i.cards.get() else { continue };
+                let cards: Vec<Card> = cards.iter().map(|c| c.clone().unwrap_or_else(blank_card)).collect();
+                match setup::accept(&i.local, &cards, s) {
+                    Ok(Accepted::Data(peer, ch, r)) => {
+                        i.accepted.lock().insert((peer, ch), r);
+                    }
+                    Ok(Accepted::OneSided(link)) => i.one_sided_in.lock().push(link),
+                    Err(e) => tracing::warn!(rank = i.local.rank, "RDMA: refused a connection from {from}: {e}"),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                drop(i);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => {
+                tracing::warn!(rank = i.local.rank, "RDMA side channel: accept: {e}");
+                drop(i);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn blank_card() -> Card {
+    Card {
+        side: SocketAddr::from(([0, 0, 0, 0], 0)),
+        lid: 0,
+        gid: [0; 16],
+        gid_index: 0,
+        ethernet: true,
+        mtu: 5,
+        dev: String::new(),
+        port: 0,
+    }
+}
+
+/// One rank's side of the RDMA provider (`None` inside when it serves no
+/// peer).
+pub struct RdmaProvider {
+    rank: usize,
+    inner: Option<Arc<Inner>>,
+    direct: Option<DirectState>,
+    sticky: Option<Error>,
+}
+
+impl RdmaProvider {
+    fn inner(&self) -> Result<&Arc<Inner>> {
+        self.inner.as_ref().ok_or_else(|| Error::Internal("RDMA traffic with a peer RDMA does not serve".into()))
+    }
+}
+
+impl Provider for RdmaProvider {
+    fn kind(&self) -> Kind {
+        Kind::Rdma
+    }
+
+    fn link(&self) -> LinkParams {
+        let bw = self.inner.as_ref().map_or(12.5e9, |i| i.local.port.bw);
+        LinkParams { fifo: LinkCost { bw, lat: 5e-6 }, one_sided: LinkCost { bw, lat: 4e-6 }, native: true }
+    }
+
+    fn publish(&self) -> Vec<u8> {
+        let Some(i) = &self.inner else { return Vec::new() };
+        let l = &i.local;
+        Card {
+            side: i.side,
+            lid: l.port.lid,
+            gid: l.gid.gid,
+            gid_index: l.gid.index,
+            ethernet: l.port.link_layer == LinkLayer::Ethernet,
+            mtu: l.port.active_mtu,
+            dev: l.dev.name().to_string(),
+            port: l.port.num,
+        }
+        .encode()
+    }
+
+    fn connect(&mut self, setup: &Setup<'_>, published: &[Vec<u8>], _bell: &Doorbell) -> Result<()> {
+        let Some(i) = &self.inner else { return Ok(()) };
+        let mine = i.local.port.link_layer == LinkLayer::Ethernet;
+        let mut cards = Vec::with_capacity(published.len());
+        for (p, b) in published.iter().enumerate() {
+            if !setup.serves[p] || p == self.rank {
+                cards.push(None);
+                continue;
+            }
+            let c = Card::decode(b, p)?;
+            if c.ethernet != mine {
+                let ll = |e: bool| if e { LinkLayer::Ethernet } else { LinkLayer::InfiniBand };
+                return Err(Error::InvalidUsage(format!(
+                    "rank {}'s RDMA port ({} port {}, {}) and rank {p}'s ({} port {}, {}) have different link layers: \
+                     they cannot connect (choose matching ports with OXCCL_IB_HCA, or OXCCL_IB_DISABLE=1 for TCP)",
+                    self.rank,
+                    i.local.dev.name(),
+                    i.local.port.num,
+                    ll(mine),
+                    c.dev,
+                    c.port,
+                    ll(c.ethernet)
+                )));
+            }
+            cards.push(Some(c));
+        }
+        let _ = i.cards.set(cards);
+        let l = i.listener.lock().take().expect("connect runs once");
+        let weak = Arc::downgrade(i);
+        std::thread::Builder::new()
+            .name(format!("oxccl-rdma-accept-{}", self.rank))
+            .spawn(move || accept_loop(weak, l))
+            .map_err(|e| Error::System(format!("RDMA: thread: {e}")))?;
+        Ok(())
+    }
+
+    fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>> {
+        let i = self.inner()?.clone();
+        match setup::connect(&i.local, peer, i.card(peer)?, Some(ch))? {
+            Conn::Data(s) => {
+                let guard = i.track(s.fds());
+                Ok(Box::new(Tracked { end: s, _guard: guard }))
+            }
+            Conn::OneSided(_) => Err(Error::Internal("a one-sided link where a connection was asked".into())),
+        }
+    }
+
+    fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>> {
+        let i = self.inner()?.clone();
+        i.card(peer)?;
+        Ok(Box::new(Pending { inner: i, key: (peer, ch), end: None }))
+    }
+
+    fn needs_progress(&self) -> bool {
+        true
+    }
+
+    fn wake(&self) -> Wake {
+        let fds = self.inner.as_ref().map_or_else(Vec::new, |i| i.fds.lock().values().flatten().copied().collect());
+        Wake { rings_bell: false, fds }
+    }
+
+    fn check(&mut self) -> Result<()> {
+        if let Some(e) = &self.sticky {
+            return Err(e.clone());
+        }
+        let Some(i) = &self.inner else { return Ok(()) };
+        let (dev, port) = (i.local.dev.name().to_string(), i.local.port.num);
+        while let Some(ev) = i.local.dev.async_event() {
+            let rank = self.rank;
+            let e = match ev {
+                AsyncEvent::PortErr(p) => format!(
+                    "rank {rank}: RDMA port {p} of {dev} went down (PORT_ERR): its connections fail (link down, \
+                     cable, switch)"
+                ),
+                AsyncEvent::DeviceFatal => format!("rank {rank}: RDMA device {dev} failed (DEVICE_FATAL)"),
+                AsyncEvent::CqErr => format!(
+                    "rank {rank}: a completion queue on {dev} port {port} overflowed (CQ_ERR): its connections failed"
+                ),
+                AsyncEvent::QpFatal(q) => format!("rank {rank}: queue pair {q} on {dev} port {port} failed (QP_FATAL)"),
+                AsyncEvent::QpError(q) => {
+                    // The peer that sent the request sees REM_ACCESS and
+                    // says so; a data connection on this QP fails with its
+                    // flushed receives.
+                    tracing::warn!(
+                        rank,
+                        "a peer's request broke an RDMA rule on queue pair {q} on {dev} port {port} (a bad rkey or \
+                         bounds), which failed"
+                    );
+                    continue;
+                }
+                other => {
+                    tracing::info!(rank, "RDMA event on {dev}: {other}");
+                    continue;
+                }
+            };
+            tracing::warn!("{e}");
+            self.sticky = Some(Error::Remote(e));
+        }
+        self.sticky.clone().map_or(Ok(()), Err)
+    }
+
+    fn direct(&mut self) -> Option<&mut dyn Direct> {
+        self.direct.as_mut().map(|d| d as &mut dyn Direct)
+    }
+
+    fn close(&mut self) {
+        self.direct = None;
+        if let Some(i) = &self.inner {
+            i.closed.store(true, Ordering::Release);
+            i.accepted.lock().clear();
+            i.one_sided_in.lock().clear();
+        }
+    }
+}
+
+impl Drop for RdmaProvider {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// A connection end with its descriptors in the wait set.
+struct Tracked<T> {
+    end: Box<T>,
+    _guard: FdGuard,
+}
+
+impl Sender for Tracked<super::conn::RdmaSender> {
+    fn begin(&mut self, len: usize) -> Result<()> {
+        self.end.begin(len)
+    }
+    fn room(&mut self, want: usize) -> Result<&mut [u8]> {
+        self.end.room(want)
+    }
+    fn commit(&mut self, n: usize) -> Result<()> {
+        self.end.commit(n)
+    }
+    fn progress(&mut self) -> Result<bool> {
+        self.end.progress()
+    }
+    fn flushed(&self) -> bool {
+        self.end.flushed()
+    }
+    fn bytes(&self) -> u64 {
+        self.end.bytes()
+    }
+}
+
+/// A receiving end whose connection the peer may not have opened yet.
+struct Pending {
+    inner: Arc<Inner>,
+    key: (usize, Channel),
+    end: Option<Tracked<super::conn::RdmaReceiver>>,
+}
+
+impl Pending {
+    fn ready(&mut self) -> Option<&mut super::conn::RdmaReceiver> {
+        if self.end.is_none() {
+            let r = self.inner.accepted.lock().remove(&self.key)?;
+            let guard = self.inner.track(r.fds());
+            self.end = Some(Tracked { end: r, _guard: guard });
+        }
+        self.end.as_mut().map(|t| &mut *t.end)
+    }
+}
+
+impl Receiver for Pending {
+    fn peek(&mut self) -> Result<Option<Piece<'_>>> {
+        match self.ready() {
+            Some(r) => r.peek(),
+            None => Ok(None),
+        }
+    }
+    fn consume(&mut self, n: usize) -> Result<()> {
+        match self.ready() {
+            Some(r) => r.consume(n),
+            None => Err(Error::InvalidUsage("consume before anything arrived".into())),
+        }
+    }
+    fn progress(&mut self) -> Result<bool> {
+        match self.ready() {
+            Some(r) => r.progress(),
+            None => Ok(false),
+        }
+    }
+    fn bytes(&self) -> u64 {
+        self.end.as_ref().map_or(0, |t| t.end.bytes())
+    }
+}
+
+impl super::conn::RdmaSender {
+    fn fds(&self) -> Vec<RawFd> {
+        self.link_fds()
+    }
+}
+
+impl super::conn::RdmaReceiver {
+    fn fds(&self) -> Vec<RawFd> {
+        self.link_fds()
+    }
+}
+
+impl Link {
+    /// The completion channel and the side socket.
+    pub(crate) fn fds(&self) -> Vec<RawFd> {
+        self.cq.fd().into_iter().chain([self.side.as_raw_fd()]).collect()
+    }
+}
+
+/// A connected sender and receiver of channel `ch` over two software HCAs
+/// of this process (the conformance suite's pair): a FIFO of `capacity`
+/// bytes (a power of two), `qps` QPs per connection, chunks of `chunk`.
+pub fn soft_pair(
+    ch: Channel,
+    capacity: usize,
+    qps: u32,
+    chunk: usize,
+    soft: SoftOptions,
+) -> Result<(Box<dyn Sender>, Box<dyn Receiver>)> {
+    if !capacity.is_power_of_two() || !chunk.is_power_of_two() || chunk > capacity {
+        return Err(Error::invalid(format!("soft_pair: capacity {capacity} and chunk {chunk} must be powers of two")));
+    }
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| Error::System(e.to_string()))?;
+    let local = |rank: usize| -> Result<(Local, Card)> {
+        let dev: Arc<dyn Device> = SoftDevice::open(Ipv4Addr::LOCALHOST, soft)?;
+        let opts = IbOptions { provider: IbProvider::Soft, qps_per_connection: qps, chunk, ..IbOptions::default() };
+        let (port, gid) = pick_port(&dev, &opts)?;
+        let card = Card {
+            side: SocketAddr::from(([127, 0, 0, 1], 0)),
+            lid: port.lid,
+            gid: gid.gid,
+            gid_index: gid.index,
+            ethernet: true,
+            mtu: port.active_mtu,
+            dev: dev.name().to_string(),
+            port: port.num,
+        };
+        let l = Local {
+            rank,
+            dev,
+            port,
+            gid,
+            opts,
+            secret,
+            cap: capacity,
+            chunk,
+            timeout: Duration::from_secs(30),
+            faults: Faults::default(),
+        };
+        Ok((l, card))
+    };
+    let (a, card_a) = local(0)?;
+    let (b, mut card_b) = local(1)?;
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::System(e.to_string()))?;
+    card_b.side = l.local_addr().map_err(|e| Error::System(e.to_string()))?;
+    let acceptor = std::thread::spawn(move || -> Result<Box<super::conn::RdmaReceiver>> {
+        let (s, _) = l.accept().map_err(|e| Error::System(e.to_string()))?;
+        match setup::accept(&b, &[card_a, blank_card()], s)? {
+            Accepted::Data(_, _, r) => Ok(r),
+            Accepted::OneSided(_) => Err(Error::Internal("a one-sided link".into())),
+        }
+    });
+    let s = match setup::connect(&a, 1, &card_b, Some(ch))? {
+        Conn::Data(s) => s,
+        Conn::OneSided(_) => return Err(Error::Internal("a one-sided link".into())),
+    };
+    let r = acceptor.join().map_err(|_| Error::Internal("the acceptor panicked".into()))??;
+    Ok((s, r))
+}
