@@ -98,10 +98,15 @@ fn leftover_segments(id: &UniqueId) -> Vec<String> {
 }
 
 fn kill_mid_collective(transport: &str) {
+    kill_mid_collective_env(transport, &[]);
+}
+
+fn kill_mid_collective_env(transport: &str, env: &[(&str, &str)]) {
     let n = 3;
     let id = fresh_id();
-    let mut kids: Vec<Child> =
-        (0..n).map(|r| spawn(&[], &id, n, r, "loop", &[("OXCCL_TRANSPORT", transport)])).collect();
+    let mut envs = vec![("OXCCL_TRANSPORT", transport)];
+    envs.extend_from_slice(env);
+    let mut kids: Vec<Child> = (0..n).map(|r| spawn(&[], &id, n, r, "loop", &envs)).collect();
     // Wait until every rank is inside the loop.
     let mut readers = Vec::new();
     for k in &mut kids {
@@ -139,6 +144,11 @@ fn killed_rank_is_an_error_everywhere_over_shm() {
 #[test]
 fn killed_rank_is_an_error_everywhere_over_tcp() {
     kill_mid_collective("tcp");
+}
+
+#[test]
+fn killed_rank_is_an_error_everywhere_over_rdma() {
+    kill_mid_collective_env("rdma", &[("OXCCL_IB_PROVIDER", "soft")]);
 }
 
 /// Two "hosts": network namespaces joined by a veth pair, two ranks in
