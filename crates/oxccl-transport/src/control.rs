@@ -709,7 +709,9 @@ fn flush(link: &mut Link) -> Result<bool> {
         }
         link.out.pop_front();
     }
-    if !link.tx.flushed() {
+    // Records still queued wait for room, which only progress may free
+    // (a provider that learns of room from completions: RDMA credits).
+    if !link.tx.flushed() || !link.out.is_empty() {
         moved |= link.tx.progress()?;
     }
     Ok(moved)

@@ -82,6 +82,5 @@ fn one_sided_child() {
     get_and_put(k, true);
     bounds_and_read_only(k, true);
     peer_leaves_during_get(k, true);
-    // signals_never_block stalls over RDMA (3000 signals on the control
-    // plane): a known bug under investigation, not run until fixed.
+    signals_never_block(k, true);
 }
