@@ -33,9 +33,13 @@
 use super::buf::Buf;
 use super::verbs::{Completion, Cq, Opcode, Qp, RecvWr, SendWr, Status, WcOpcode};
 use crate::{Channel, Error, Piece, Receiver, Result, Sender};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::io::Read;
 use std::net::TcpStream;
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Receives the receiver keeps posted per QP (data arrivals).
@@ -60,6 +64,41 @@ fn wr_kind(id: u64) -> (u64, usize, u64) {
     (id >> 56, ((id >> 48) & 0xff) as usize, id & 0xffff_ffff_ffff)
 }
 
+/// Posts `n` receives (for WRITE_WITH_IMM: no buffers) on QP `j`.
+fn post_recvs(qp: &mut dyn Qp, j: usize, n: u64) -> Result<()> {
+    let r: Vec<RecvWr> = (0..n).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, j, i) }).collect();
+    qp.post_recv(&r)
+}
+
+/// The descriptors the engine sleeps on: those of every connection end in
+/// use (a completion channel and a side socket each).
+#[derive(Default)]
+pub(crate) struct WakeSet {
+    next: AtomicUsize,
+    fds: Mutex<HashMap<usize, Vec<RawFd>>>,
+}
+
+impl WakeSet {
+    /// Every descriptor registered.
+    pub(crate) fn all(&self) -> Vec<RawFd> {
+        self.fds.lock().values().flatten().copied().collect()
+    }
+}
+
+/// A link's descriptors in a [`WakeSet`], removed when it drops.
+struct Watched {
+    set: Weak<WakeSet>,
+    id: usize,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(s) = self.set.upgrade() {
+            s.fds.lock().remove(&self.id);
+        }
+    }
+}
+
 /// Who a connection joins, for messages.
 #[derive(Clone, Debug)]
 pub(crate) struct Who {
@@ -81,8 +120,9 @@ impl Who {
         }
     }
 
-    /// The error for a failed completion of `what`.
-    pub(crate) fn completion(&self, what: &str, wc: &Completion, first: bool) -> Error {
+    /// The error for the first failed completion of a connection, of
+    /// `what` (errors stick, so there is no second).
+    pub(crate) fn completion(&self, what: &str, wc: &Completion) -> Error {
         let base = format!(
             "rank {}: RDMA {what} with rank {} on {} failed on {} port {} (QP {}): {}",
             self.rank,
@@ -95,7 +135,7 @@ impl Who {
         );
         let extra = match wc.status {
             Status::RetryExc => format!("; {} elapsed without an acknowledgement", self.timeout),
-            Status::WrFlush if first => {
+            Status::WrFlush => {
                 "; this queue pair failed earlier without a completion of its own: the peer's side broke an RDMA \
                  rule or its port failed (see that rank's error)"
                     .to_string()
@@ -127,12 +167,31 @@ pub(crate) struct Link {
     /// landed before stays readable; a sender with nothing left to send is
     /// not failed by a peer that finished).
     pub gone: Option<Error>,
+    _watched: Option<Watched>,
 }
 
 impl Link {
     pub(crate) fn new(qps: Vec<Box<dyn Qp>>, cq: Arc<dyn Cq>, side: TcpStream, who: Who) -> Result<Link> {
         side.set_nonblocking(true).map_err(|e| Error::System(format!("RDMA side channel: {e}")))?;
-        Ok(Link { qps, cq, side, who, last_side_check: Instant::now(), wc: Vec::with_capacity(64), gone: None })
+        Ok(Link {
+            qps,
+            cq,
+            side,
+            who,
+            last_side_check: Instant::now(),
+            wc: Vec::with_capacity(64),
+            gone: None,
+            _watched: None,
+        })
+    }
+
+    /// Puts the completion channel and the side socket into `set` for as
+    /// long as the link lives.
+    fn watch(&mut self, set: &Arc<WakeSet>) {
+        let id = set.next.fetch_add(1, Ordering::Relaxed);
+        let fds = self.cq.fd().into_iter().chain([self.side.as_raw_fd()]).collect();
+        set.fds.lock().insert(id, fds);
+        self._watched = Some(Watched { set: Arc::downgrade(set), id });
     }
 
     /// Notes in `gone` when the peer's side socket has closed.
@@ -187,10 +246,7 @@ impl Sticky {
         }
     }
     fn fail(&mut self, e: Error) -> Error {
-        if self.0.is_none() {
-            self.0 = Some(e);
-        }
-        self.0.clone().expect("set above")
+        self.0.get_or_insert(e).clone()
     }
 }
 
@@ -238,8 +294,7 @@ impl RdmaSender {
         bad_rkey_after: Option<u64>,
     ) -> Result<RdmaSender> {
         let q = link.qps.len();
-        let recvs: Vec<RecvWr> = (0..CREDIT_RECVS as u64).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, 0, i) }).collect();
-        link.qps[0].post_recv(&recvs)?;
+        post_recvs(&mut *link.qps[0], 0, CREDIT_RECVS as u64)?;
         link.cq.arm()?;
         Ok(RdmaSender {
             link,
@@ -300,9 +355,8 @@ impl RdmaSender {
         for wc in &wcs {
             let (kind, qp, seq) = wr_kind(wc.wr_id);
             if wc.status != Status::Success {
-                let first = self.err.0.is_none();
                 let what = if kind == KIND_RECV { "credit receive" } else { "write" };
-                return Err(self.err.fail(self.link.who.completion(what, wc, first)));
+                return Err(self.err.fail(self.link.who.completion(what, wc)));
             }
             match (kind, wc.opcode) {
                 (KIND_RECV, WcOpcode::RecvImm) => {
@@ -325,9 +379,7 @@ impl RdmaSender {
             }
         }
         if reposts > 0 {
-            let base = self.wr_posted[0] << 20;
-            let r: Vec<RecvWr> = (0..reposts).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, 0, base + i) }).collect();
-            self.link.qps[0].post_recv(&r).map_err(|e| self.err.fail(e))?;
+            post_recvs(&mut *self.link.qps[0], 0, reposts).map_err(|e| self.err.fail(e))?;
         }
         self.link.wc = wcs;
         Ok(moved)
@@ -396,8 +448,9 @@ impl Drop for RdmaSender {
 }
 
 impl RdmaSender {
-    pub(crate) fn link_fds(&self) -> Vec<std::os::fd::RawFd> {
-        self.link.fds()
+    /// Lets the engine sleep on this end's descriptors (see [`WakeSet`]).
+    pub(crate) fn watch(&mut self, set: &Arc<WakeSet>) {
+        self.link.watch(set);
     }
 }
 
@@ -517,8 +570,7 @@ pub struct RdmaReceiver {
 impl RdmaReceiver {
     pub(crate) fn new(mut link: Link, ring: Buf, cap: usize, chunk: usize, starve: bool) -> Result<RdmaReceiver> {
         for (j, qp) in link.qps.iter_mut().enumerate() {
-            let r: Vec<RecvWr> = (0..RECV_DEPTH as u64).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, j, i) }).collect();
-            qp.post_recv(&r)?;
+            post_recvs(&mut **qp, j, RECV_DEPTH as u64)?;
         }
         link.cq.arm()?;
         let q = link.qps.len() as u64;
@@ -557,9 +609,8 @@ impl RdmaReceiver {
         for wc in &wcs {
             let (kind, j, _) = wr_kind(wc.wr_id);
             if wc.status != Status::Success {
-                let first = self.err.0.is_none();
                 let what = if kind == KIND_CREDIT { "credit write" } else { "receive" };
-                return Err(self.err.fail(self.link.who.completion(what, wc, first)));
+                return Err(self.err.fail(self.link.who.completion(what, wc)));
             }
             match kind {
                 KIND_RECV => {
@@ -586,8 +637,7 @@ impl RdmaReceiver {
         if !self.starve {
             for (j, &n) in repost.iter().enumerate() {
                 if n > 0 {
-                    let r: Vec<RecvWr> = (0..n).map(|i| RecvWr { wr_id: wr_id(KIND_RECV, j, i) }).collect();
-                    self.link.qps[j].post_recv(&r).map_err(|e| self.err.fail(e))?;
+                    post_recvs(&mut *self.link.qps[j], j, n).map_err(|e| self.err.fail(e))?;
                 }
             }
         }
@@ -623,8 +673,9 @@ impl RdmaReceiver {
 }
 
 impl RdmaReceiver {
-    pub(crate) fn link_fds(&self) -> Vec<std::os::fd::RawFd> {
-        self.link.fds()
+    /// Lets the engine sleep on this end's descriptors (see [`WakeSet`]).
+    pub(crate) fn watch(&mut self, set: &Arc<WakeSet>) {
+        self.link.watch(set);
     }
 }
 

@@ -13,9 +13,8 @@
 //! see docs/RDMA.md).
 #![allow(unsafe_code)]
 
-use super::conn::{Link, Who};
-use super::provider::Inner;
-use super::setup::{self, Conn};
+use super::conn::Link;
+use super::setup::{self, Conn, Endpoint};
 use super::verbs::{Access, Completion, Mr, Opcode, SendWr, Status};
 use crate::provider::{Direct, MemDesc, Pending};
 use crate::region::Region;
@@ -43,7 +42,7 @@ struct Ticket {
 
 /// One-sided state of a rank.
 pub(crate) struct DirectState {
-    inner: Arc<Inner>,
+    ep: Arc<Endpoint>,
     links: HashMap<usize, Link>,
     cache: Vec<Cached>,
     clock: u64,
@@ -55,9 +54,9 @@ pub(crate) struct DirectState {
 }
 
 impl DirectState {
-    pub(crate) fn new(inner: Arc<Inner>) -> DirectState {
+    pub(crate) fn new(ep: Arc<Endpoint>) -> DirectState {
         DirectState {
-            inner,
+            ep,
             links: HashMap::new(),
             cache: Vec::new(),
             clock: 0,
@@ -79,13 +78,13 @@ impl DirectState {
         let start = addr & !(PAGE - 1);
         let stop = end.next_multiple_of(PAGE);
         let access = if need.remote_write || need.remote_read || need.local_write { need } else { Access::LOCAL };
-        let dev = self.inner.local.dev.clone();
+        let dev = self.ep.local.dev.clone();
         // SAFETY: the pages hold a caller's region, which the communicator
         // keeps alive while a call uses it; a cached registration outlives
         // the call, but the fabric hands its key out only for live calls
         // and the HCA touches memory only for work requests of those.
         let mr = unsafe { dev.reg_mr(start, (stop - start) as usize, access) }.map_err(|e| {
-            Error::System(format!("rank {}: registering {len} bytes for one-sided RDMA: {e}", self.inner.local.rank))
+            Error::System(format!("rank {}: registering {len} bytes for one-sided RDMA: {e}", self.ep.local.rank))
         })?;
         self.registrations += 1;
         if self.cache.len() >= CACHE {
@@ -99,8 +98,7 @@ impl DirectState {
 
     fn link(&mut self, peer: usize) -> Result<&mut Link> {
         if !self.links.contains_key(&peer) {
-            let card = self.inner.card(peer)?.clone();
-            match setup::connect(&self.inner.local, peer, &card, None)? {
+            match setup::connect(&self.ep, peer, None)? {
                 Conn::OneSided(l) => {
                     self.links.insert(peer, l);
                 }
@@ -112,20 +110,18 @@ impl DirectState {
         Ok(self.links.get_mut(&peer).expect("inserted"))
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Posts `op` between the local `region` (registered under `lkey`)
+    /// and `peer`'s memory `desc` at `off`, in pieces of at most [`PIECE`].
     fn start(
         &mut self,
         peer: usize,
         op: Opcode,
-        local: Mr,
-        laddr: u64,
+        region: &Region,
+        lkey: u32,
         desc: &MemDesc,
         off: usize,
-        len: u64,
     ) -> Result<Pending> {
-        if len == 0 {
-            return Ok(Pending::Done);
-        }
+        let (laddr, len) = (region.addr() as u64, region.len() as u64);
         let rkey = u32::from_le_bytes(desc.key[..4].try_into().expect("4 bytes"));
         let t = self.next;
         self.next += 1;
@@ -138,7 +134,7 @@ impl DirectState {
                     op,
                     local: laddr + o,
                     len: (len - o).min(PIECE) as u32,
-                    lkey: local.lkey,
+                    lkey,
                     remote: desc.addr + off as u64 + o,
                     rkey,
                     signaled: true,
@@ -151,19 +147,17 @@ impl DirectState {
         Ok(Pending::Ticket(t))
     }
 
-    /// A failed completion: the link's QP is in the error state (RC), so
-    /// it is dropped with every ticket on it; the next access to that peer
-    /// connects again.
-    fn fail(&mut self, peer: usize, who: &Who, wc: &Completion) -> Error {
+    /// Drops the link to `peer` with every ticket on it (its QP failed,
+    /// or the peer left); the next access to that peer connects again.
+    fn drop_link(&mut self, peer: usize) {
         self.links.remove(&peer);
         self.tickets.retain(|_, t| t.peer != peer);
-        who.completion("one-sided access", wc, true)
     }
 }
 
 impl Direct for DirectState {
     fn reaches(&self, peer: usize) -> bool {
-        self.inner.card(peer).is_ok()
+        self.ep.card(peer).is_ok()
     }
 
     fn register(&mut self, region: &Region, desc: &mut MemDesc) -> Result<()> {
@@ -190,21 +184,19 @@ impl Direct for DirectState {
         if !dst.writable() {
             return Err(Error::Internal("a one-sided read into a read-only region".into()));
         }
-        let mr = if dst.is_empty() {
-            Mr { addr: 0, len: 0, lkey: 0, rkey: 0, handle: 0, access: Access::LOCAL }
-        } else {
-            self.mr(dst.addr() as u64, dst.len() as u64, Access::LOCAL)?
-        };
-        self.start(peer, Opcode::Read, mr, dst.addr() as u64, desc, off, dst.len() as u64)
+        if dst.is_empty() {
+            return Ok(Pending::Done);
+        }
+        let mr = self.mr(dst.addr() as u64, dst.len() as u64, Access::LOCAL)?;
+        self.start(peer, Opcode::Read, dst, mr.lkey, desc, off)
     }
 
     fn write(&mut self, peer: usize, src: &Region, desc: &MemDesc, off: usize) -> Result<Pending> {
-        let mr = if src.is_empty() {
-            Mr { addr: 0, len: 0, lkey: 0, rkey: 0, handle: 0, access: Access::LOCAL }
-        } else {
-            self.mr(src.addr() as u64, src.len() as u64, Access::default())?
-        };
-        self.start(peer, Opcode::Write, mr, src.addr() as u64, desc, off, src.len() as u64)
+        if src.is_empty() {
+            return Ok(Pending::Done);
+        }
+        let mr = self.mr(src.addr() as u64, src.len() as u64, Access::default())?;
+        self.start(peer, Opcode::Write, src, mr.lkey, desc, off)
     }
 
     fn test(&mut self, ticket: u64) -> Result<bool> {
@@ -219,7 +211,9 @@ impl Direct for DirectState {
         polled?;
         for c in &wc {
             if c.status != Status::Success {
-                let e = self.fail(peer, &who, c);
+                // The QP is in the error state (RC).
+                self.drop_link(peer);
+                let e = who.completion("one-sided access", c);
                 self.wc = wc;
                 return Err(e);
             }
@@ -233,8 +227,7 @@ impl Direct for DirectState {
             return Ok(true);
         }
         if let Some(e) = gone {
-            self.links.remove(&peer);
-            self.tickets.retain(|_, t| t.peer != peer);
+            self.drop_link(peer);
             return Err(e);
         }
         Ok(false)
@@ -246,7 +239,7 @@ impl Drop for DirectState {
         // QPs first (they may still touch registered memory), then the cache.
         self.links.clear();
         for c in self.cache.drain(..) {
-            let _ = self.inner.local.dev.dereg_mr(&c.mr);
+            let _ = self.ep.local.dev.dereg_mr(&c.mr);
         }
     }
 }

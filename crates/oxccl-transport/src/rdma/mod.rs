@@ -17,7 +17,7 @@
 //! - `direct`: one-sided gets and puts by RDMA READ/WRITE into registered
 //!   user buffers, with a registration cache.
 //! - [`provider`]: the fabric's view ([`RdmaFactory`], [`RdmaProvider`]).
-//! - [`env`]: the `OXCCL_IB_*` variables.
+//! - [`env`](mod@env): the `OXCCL_IB_*` variables.
 //!
 //! ## Availability
 //! No library, no device or no kernel support (`ENOSYS`) makes RDMA
@@ -37,3 +37,39 @@ pub mod soft;
 pub mod verbs;
 
 pub use provider::{RdmaFactory, RdmaProvider};
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Weak;
+use std::time::Duration;
+
+/// Accepts connections on the non-blocking listener `l` and hands each to
+/// `serve`, for as long as `owner` lives and is not `closed`, looking again
+/// every `pause` when none waits; `what` names the listener in warnings.
+/// The body of the soft HCA's and the side channel's accept threads.
+fn accept_while<T>(
+    l: TcpListener,
+    owner: Weak<T>,
+    pause: Duration,
+    what: &str,
+    closed: impl Fn(&T) -> bool,
+    mut serve: impl FnMut(&T, TcpStream, SocketAddr),
+) {
+    loop {
+        let Some(o) = owner.upgrade() else { return };
+        if closed(&o) {
+            return;
+        }
+        match l.accept() {
+            Ok((s, from)) => serve(&o, s, from),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                drop(o);
+                std::thread::sleep(pause);
+            }
+            Err(e) => {
+                tracing::warn!("{what}: accept: {e}");
+                drop(o);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}

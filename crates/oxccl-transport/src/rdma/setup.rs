@@ -13,7 +13,7 @@ use crate::wire::{u32_at, u64_at};
 use crate::{Channel, Error, Result};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 const MAGIC: &[u8; 8] = b"OXRDMA01";
@@ -87,6 +87,23 @@ pub(crate) struct Local {
     pub faults: Faults,
 }
 
+/// This rank's RDMA endpoint: its HCA and settings, and the cards of the
+/// peers it serves (set once the bootstrap has exchanged them); what
+/// connecting and accepting need.
+pub(crate) struct Endpoint {
+    pub local: Local,
+    pub cards: OnceLock<Vec<Option<Card>>>,
+}
+
+impl Endpoint {
+    /// `peer`'s card; an error if this rank does not serve it.
+    pub(crate) fn card(&self, peer: usize) -> Result<&Card> {
+        self.cards.get().and_then(|c| c.get(peer)).and_then(Option::as_ref).ok_or_else(|| {
+            Error::Internal(format!("rank {}: RDMA with rank {peer}, which it does not serve", self.local.rank))
+        })
+    }
+}
+
 /// Faults tests inject (`OXCCL_IB_INJECT`; never set it otherwise).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Faults {
@@ -114,8 +131,22 @@ impl Faults {
 }
 
 impl Local {
+    /// What this rank publishes, with its side channel at `side`.
+    pub(crate) fn card(&self, side: SocketAddr) -> Card {
+        Card {
+            side,
+            lid: self.port.lid,
+            gid: self.gid.gid,
+            gid_index: self.gid.index,
+            ethernet: self.port.link_layer == LinkLayer::Ethernet,
+            mtu: self.port.active_mtu,
+            dev: self.dev.name().to_string(),
+            port: self.port.num,
+        }
+    }
+
     fn who(&self, peer: usize, ch: Channel) -> Who {
-        let secs = self.opts_timeout_secs();
+        let secs = super::verbs::ack_timeout_secs(self.opts.timeout);
         Who {
             rank: self.rank,
             peer,
@@ -130,10 +161,6 @@ impl Local {
                 self.opts.retry_cnt
             ),
         }
-    }
-
-    fn opts_timeout_secs(&self) -> f64 {
-        4.096e-6 * (1u64 << self.opts.timeout) as f64
     }
 
     /// A CQ and `n` QPs (receive queues of `recvs`).
@@ -249,7 +276,8 @@ pub(crate) enum Accepted {
 
 /// The connecting side: opens a data connection (`Some(ch)`) or a
 /// one-sided link (`None`) to `peer`.
-pub(crate) fn connect(l: &Local, peer: usize, card: &Card, ch: Option<Channel>) -> Result<Conn> {
+pub(crate) fn connect(ep: &Endpoint, peer: usize, ch: Option<Channel>) -> Result<Conn> {
+    let (l, card) = (&ep.local, ep.card(peer)?);
     let q = if ch.is_some() { l.opts.qps_per_connection as usize } else { 1 };
     let ctx = |e: Error| {
         Error::Remote(format!(
@@ -315,7 +343,8 @@ pub(crate) enum Conn {
 }
 
 /// The accepting side of one side-channel socket.
-pub(crate) fn accept(l: &Local, cards: &[Card], mut s: TcpStream) -> Result<Accepted> {
+pub(crate) fn accept(ep: &Endpoint, mut s: TcpStream) -> Result<Accepted> {
+    let l = &ep.local;
     s.set_nonblocking(false).map_err(|e| Error::System(e.to_string()))?;
     let _ = s.set_nodelay(true);
     s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| Error::System(e.to_string()))?;
@@ -337,7 +366,7 @@ pub(crate) fn accept(l: &Local, cards: &[Card], mut s: TcpStream) -> Result<Acce
         let _ = send_frame(s, &r);
         Error::Remote(why)
     };
-    if req.to as usize != l.rank || from >= cards.len() || from == l.rank {
+    if req.to as usize != l.rank || ep.card(from).is_err() {
         return Err(refuse(
             &mut s,
             format!("rank {} got a request meant for rank {} from rank {from}", l.rank, req.to),
@@ -355,7 +384,7 @@ pub(crate) fn accept(l: &Local, cards: &[Card], mut s: TcpStream) -> Result<Acce
     if !req.one_sided && !crate::valid_channel(req.ch) {
         return Err(refuse(&mut s, format!("rank {from} asked for channel {}", req.ch)));
     }
-    let card = &cards[from];
+    let card = ep.card(from)?;
     let q = req.qpns.len();
     let built = (|| -> Result<_> {
         let (cq, mut qps) = l.queues(q, if req.one_sided { 1 } else { RECV_DEPTH })?;

@@ -2,8 +2,8 @@
 //!
 //! Two backends implement it: [`super::ibv`] (libibverbs, opened at run
 //! time) and [`super::soft`] (a software RC HCA over TCP, for tests and
-//! machines without a NIC). The protocol engine ([`super::conn`],
-//! [`super::direct`]) sees only these traits, so everything it does runs
+//! machines without a NIC). The protocol engine (connections and
+//! one-sided access) sees only these traits, so everything it does runs
 //! here against the software HCA.
 //!
 //! The shapes follow verbs closely (a reader who knows `ibv_post_send`
@@ -222,10 +222,15 @@ pub struct Connect {
 }
 
 impl Connect {
-    /// The ACK timeout in seconds: 4.096 µs × 2^`timeout`.
+    /// The ACK timeout in seconds ([`ack_timeout_secs`] of `timeout`).
     pub fn ack_timeout_secs(&self) -> f64 {
-        4.096e-6 * (1u64 << self.timeout.min(31)) as f64
+        ack_timeout_secs(self.timeout)
     }
+}
+
+/// The local ACK timeout an exponent stands for: 4.096 µs × 2^`exp`.
+pub fn ack_timeout_secs(exp: u8) -> f64 {
+    4.096e-6 * (1u64 << exp.min(31)) as f64
 }
 
 /// The operation of a send work request.

@@ -70,10 +70,29 @@ impl Shared {
         self.send(Ev::LinkDown("the port went down".into()));
     }
 
-    fn flush_cqe(&self, wr_id: u64, opcode: WcOpcode, retire: Option<u64>) {
-        let wc =
-            Completion { wr_id, status: Status::WrFlush, opcode, byte_len: 0, imm: None, qpn: self.qpn, vendor_err: 0 };
-        self.cq.push(Entry { wc, retire: retire.map(|s| (self.retired.clone(), s)) });
+    /// Adds a completion (`retire`: the send-queue position it retires);
+    /// false if the CQ overflowed.
+    fn push(
+        &self,
+        wr_id: u64,
+        status: Status,
+        opcode: WcOpcode,
+        len: u32,
+        imm: Option<u32>,
+        retire: Option<u64>,
+    ) -> bool {
+        let wc = Completion { wr_id, status, opcode, byte_len: len, imm, qpn: self.qpn, vendor_err: 0 };
+        self.cq.push(Entry { wc, retire: retire.map(|s| (self.retired.clone(), s)) })
+    }
+
+    /// Completes send work request `wr`, the `seq`-th posted.
+    fn send_done(&self, wr: &SendWr, seq: u64, status: Status, len: u32) -> bool {
+        self.push(wr.wr_id, status, wc_of(wr.op), len, None, Some(seq))
+    }
+
+    /// Completes receive `wr_id`.
+    fn recv_done(&self, wr_id: u64, status: Status, len: u32, imm: Option<u32>) -> bool {
+        self.push(wr_id, status, WcOpcode::RecvImm, len, imm, None)
     }
 
     /// Takes a stream the device accepted for this QP.
@@ -264,7 +283,7 @@ impl Qp for SoftQp {
         }
         for wr in wrs {
             if *self.sh.state.lock() == QpState::Error {
-                self.sh.flush_cqe(wr.wr_id, WcOpcode::RecvImm, None);
+                self.sh.recv_done(wr.wr_id, Status::WrFlush, 0, None);
                 continue;
             }
             let mut rq = self.sh.rq.lock();
@@ -405,7 +424,7 @@ impl Engine {
             }
             Ev::Post(wr, seq, at) => {
                 if self.state() == QpState::Error {
-                    self.sh.flush_cqe(wr.wr_id, wc_of(wr.op), Some(seq));
+                    self.sh.send_done(&wr, seq, Status::WrFlush, 0);
                     return;
                 }
                 let psn = self.next_psn;
@@ -523,16 +542,7 @@ impl Engine {
         if !o.wr.signaled {
             return;
         }
-        let wc = Completion {
-            wr_id: o.wr.wr_id,
-            status: Status::Success,
-            opcode: wc_of(o.wr.op),
-            byte_len,
-            imm: None,
-            qpn: self.sh.qpn,
-            vendor_err: 0,
-        };
-        if !self.sh.cq.push(Entry { wc, retire: Some((self.sh.retired.clone(), o.seq)) }) {
+        if !self.sh.send_done(&o.wr, o.seq, Status::Success, byte_len) {
             self.fail_qp(None);
         }
     }
@@ -634,19 +644,10 @@ impl Engine {
                         return self.access_error(psn);
                     }
                 }
-                if let (Some(r), Some(v)) = (recv, imm) {
-                    let wc = Completion {
-                        wr_id: r.wr_id,
-                        status: Status::Success,
-                        opcode: WcOpcode::RecvImm,
-                        byte_len: data.len() as u32,
-                        imm: Some(v),
-                        qpn: self.sh.qpn,
-                        vendor_err: 0,
-                    };
-                    if !self.sh.cq.push(Entry { wc, retire: None }) {
-                        return self.fail_qp(None);
-                    }
+                if let (Some(r), Some(v)) = (recv, imm)
+                    && !self.sh.recv_done(r.wr_id, Status::Success, data.len() as u32, Some(v))
+                {
+                    return self.fail_qp(None);
                 }
                 self.expect = (psn + 1) & PSN_MASK;
                 self.transmit(Packet::Ack { psn });
@@ -727,23 +728,14 @@ impl Engine {
     fn fail_qp(&mut self, first: Option<(Out, Status)>) {
         *self.sh.state.lock() = QpState::Error;
         if let Some((o, st)) = first {
-            let wc = Completion {
-                wr_id: o.wr.wr_id,
-                status: st,
-                opcode: wc_of(o.wr.op),
-                byte_len: 0,
-                imm: None,
-                qpn: self.sh.qpn,
-                vendor_err: 0,
-            };
-            self.sh.cq.push(Entry { wc, retire: Some((self.sh.retired.clone(), o.seq)) });
+            self.sh.send_done(&o.wr, o.seq, st, 0);
         }
         for o in std::mem::take(&mut self.pending) {
-            self.sh.flush_cqe(o.wr.wr_id, wc_of(o.wr.op), Some(o.seq));
+            self.sh.send_done(&o.wr, o.seq, Status::WrFlush, 0);
         }
         let rq: Vec<RecvWr> = self.sh.rq.lock().drain(..).collect();
         for r in rq {
-            self.sh.flush_cqe(r.wr_id, WcOpcode::RecvImm, None);
+            self.sh.recv_done(r.wr_id, Status::WrFlush, 0, None);
         }
     }
 }
@@ -757,41 +749,26 @@ fn wc_of(op: Opcode) -> WcOpcode {
 
 /// Accepts streams for the device's QPs until the device is dropped.
 pub(crate) fn accept_loop(l: TcpListener, dev: Weak<DevInner>) {
-    loop {
-        let Some(d) = dev.upgrade() else { return };
-        if d.closed.load(Ordering::Acquire) {
+    let Some(what) = dev.upgrade().map(|d| format!("soft HCA {}", d.name)) else { return };
+    let closed = |d: &DevInner| d.closed.load(Ordering::Acquire);
+    crate::rdma::accept_while(l, dev, Duration::from_millis(5), &what, closed, |d, mut s, _| {
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut h = [0u8; HELLO_LEN];
+        if s.read_exact(&mut h).is_err() || &h[..8] != HELLO_MAGIC {
+            tracing::warn!(device = %d.name, "soft HCA: dropped a connection without a valid hello");
             return;
         }
-        match l.accept() {
-            Ok((mut s, _)) => {
-                let _ = s.set_nonblocking(false);
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut h = [0u8; HELLO_LEN];
-                if s.read_exact(&mut h).is_err() || &h[..8] != HELLO_MAGIC {
-                    tracing::warn!(device = %d.name, "soft HCA: dropped a connection without a valid hello");
-                    continue;
-                }
-                let _ = s.set_read_timeout(None);
-                let dst = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-                let from = Remote {
-                    qpn: u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")),
-                    ip: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
-                    port: u16::from_le_bytes([h[20], h[21]]),
-                };
-                match d.qps.lock().get(&dst).and_then(Weak::upgrade) {
-                    Some(q) => q.offer(s, from),
-                    None => tracing::warn!(device = %d.name, "soft HCA: a stream for unknown QP {dst} was dropped"),
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                drop(d);
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => {
-                tracing::warn!(device = %d.name, "soft HCA: accept: {e}");
-                drop(d);
-                std::thread::sleep(Duration::from_millis(50));
-            }
+        let _ = s.set_read_timeout(None);
+        let dst = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        let from = Remote {
+            qpn: u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")),
+            ip: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
+            port: u16::from_le_bytes([h[20], h[21]]),
+        };
+        match d.qps.lock().get(&dst).and_then(Weak::upgrade) {
+            Some(q) => q.offer(s, from),
+            None => tracing::warn!(device = %d.name, "soft HCA: a stream for unknown QP {dst} was dropped"),
         }
-    }
+    });
 }
