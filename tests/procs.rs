@@ -49,11 +49,8 @@ fn child() {
     child::report(result);
 }
 
-fn run_matrix(n: usize, transport: &str) {
-    run_matrix_env(n, transport, &[]);
-}
-
-fn run_matrix_env(n: usize, transport: &str, env: &[(&str, &str)]) {
+/// The matrix on `n` ranks over `transport`, with `env` besides.
+fn run_matrix(n: usize, transport: &str, env: &[(&str, &str)]) {
     let id = fresh_id();
     let mut envs = vec![("OXCCL_TRANSPORT", transport)];
     envs.extend_from_slice(env);
@@ -68,14 +65,14 @@ fn run_matrix_env(n: usize, transport: &str, env: &[(&str, &str)]) {
 #[test]
 fn processes_over_shm() {
     for n in 2..=4 {
-        run_matrix(n, "shm");
+        run_matrix(n, "shm", &[]);
     }
 }
 
 #[test]
 fn processes_over_tcp() {
     for n in 2..=4 {
-        run_matrix(n, "tcp");
+        run_matrix(n, "tcp", &[]);
     }
 }
 
@@ -84,7 +81,7 @@ fn processes_over_tcp() {
 #[test]
 fn processes_over_rdma_soft() {
     for n in [2, 3] {
-        run_matrix_env(n, "rdma", &[("OXCCL_IB_PROVIDER", "soft")]);
+        run_matrix(n, "rdma", &[("OXCCL_IB_PROVIDER", "soft")]);
     }
 }
 
@@ -97,11 +94,7 @@ fn leftover_segments(id: &UniqueId) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn kill_mid_collective(transport: &str) {
-    kill_mid_collective_env(transport, &[]);
-}
-
-fn kill_mid_collective_env(transport: &str, env: &[(&str, &str)]) {
+fn kill_mid_collective(transport: &str, env: &[(&str, &str)]) {
     let n = 3;
     let id = fresh_id();
     let mut envs = vec![("OXCCL_TRANSPORT", transport)];
@@ -138,17 +131,17 @@ fn kill_mid_collective_env(transport: &str, env: &[(&str, &str)]) {
 
 #[test]
 fn killed_rank_is_an_error_everywhere_over_shm() {
-    kill_mid_collective("shm");
+    kill_mid_collective("shm", &[]);
 }
 
 #[test]
 fn killed_rank_is_an_error_everywhere_over_tcp() {
-    kill_mid_collective("tcp");
+    kill_mid_collective("tcp", &[]);
 }
 
 #[test]
 fn killed_rank_is_an_error_everywhere_over_rdma() {
-    kill_mid_collective_env("rdma", &[("OXCCL_IB_PROVIDER", "soft")]);
+    kill_mid_collective("rdma", &[("OXCCL_IB_PROVIDER", "soft")]);
 }
 
 /// Two "hosts": network namespaces joined by a veth pair, two ranks in
@@ -181,7 +174,9 @@ fn over_veth(name: &str, envs: &[(&str, &str)], expect: impl Fn(usize) -> Vec<St
         println!("SKIPPED {name}: needs root and iproute2 (root: {root}, ip: {has_ip})");
         return;
     }
-    let tag = (std::process::id() + envs.len() as u32 * 7) % 100_000;
+    // Unique per test of this process: the two veth tests may run at once.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let tag = (std::process::id() % 10_000) * 10 + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
     let (a, b) = (format!("oxa{tag}"), format!("oxb{tag}"));
     let sh = |args: &str| {
         let ok = Command::new("sh").arg("-c").arg(args).status().is_ok_and(|s| s.success());
