@@ -190,7 +190,7 @@ impl Qp for SoftQp {
     fn connect(&mut self, c: &Connect) -> Result<()> {
         let dev = &self.sh.dev;
         let g = c.remote_gid;
-        if g[..10] != [0; 10] || g[10..12] != [0xff, 0xff] {
+        if !crate::rdma::env::gid_is_ipv4_mapped(&g) {
             return Err(Error::invalid(format!(
                 "soft HCA {}: QP {} can only reach IPv4-mapped GIDs (a soft device's index 1)",
                 dev.name, self.sh.qpn
