@@ -1,52 +1,16 @@
 //! Ranks as processes (see `oxccl_e2e::child`): over shared memory, over TCP,
 //! across two network namespaces, and a rank killed mid-collective.
 
-use oxccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
+use oxccl::{Communicator, Config, UniqueId};
 use oxccl_e2e::child::{self, fresh_id, output, spawn};
-use oxccl_e2e::{DTYPES, matrix, run_case};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command};
+use oxccl_e2e::netns::Hosts;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "a rank's body, started by the other tests of this file"]
 fn child() {
-    let Some((mode, id, rank, size)) = child::rank_env() else { return };
-    let comm = match Communicator::init(&id, size, rank, Config::default()) {
-        Ok(c) => c,
-        Err(e) => {
-            println!("ERROR init: {e}");
-            std::process::exit(3);
-        }
-    };
-    let kinds: Vec<String> =
-        (0..size).filter(|&p| p != rank).map(|p| format!("{p}:{}", comm.transport_to(p).unwrap())).collect();
-    println!("KINDS {}", kinds.join(" "));
-    let result = match mode.as_str() {
-        "matrix" => matrix(&comm, &[0, 1, 7, 1000], &DTYPES).and_then(|cases| {
-            for kind in oxccl_e2e::kinds() {
-                run_case(&comm, kind, DataType::Float32, 1_000_003, ReduceOp::Sum, size - 1, false)?;
-                run_case(&comm, kind, DataType::Int32, 1_000_003, ReduceOp::Max, 0, true)?;
-            }
-            println!("CASES {cases}");
-            Ok(())
-        }),
-        "loop" => {
-            let mut buf = vec![1.0f32; 4 << 20];
-            let mut i = 0u64;
-            loop {
-                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
-                    break Err(e.to_string());
-                }
-                i += 1;
-                if i == 2 {
-                    println!("READY");
-                }
-            }
-        }
-        other => Err(format!("unknown mode {other}")),
-    };
-    child::report(result);
+    child::body();
 }
 
 /// The matrix on `n` ranks over `transport`, with `env` besides.
@@ -100,34 +64,18 @@ fn kill_mid_collective(transport: &str, env: &[(&str, &str)]) {
     let mut envs = vec![("OXCCL_TRANSPORT", transport)];
     envs.extend_from_slice(env);
     let mut kids: Vec<Child> = (0..n).map(|r| spawn(&[], &id, n, r, "loop", &envs)).collect();
-    // Wait until every rank is inside the loop.
-    let mut readers = Vec::new();
-    for k in &mut kids {
-        let mut r = BufReader::new(k.stdout.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            assert!(r.read_line(&mut line).unwrap() > 0, "a rank ended before it was ready");
-            if line.starts_with("READY") {
-                break;
-            }
-        }
-        readers.push(r);
-    }
+    let mut readers = child::wait_ready(&mut kids);
     kids[1].kill().unwrap();
     let killed = Instant::now();
     kids[1].wait().unwrap();
-    for r in [0, 2] {
-        let mut rest = String::new();
-        std::io::Read::read_to_string(&mut readers[r], &mut rest).unwrap();
-        let status = kids[r].wait().unwrap();
-        let took = killed.elapsed();
-        assert!(!status.success(), "rank {r} did not fail:\n{rest}");
-        assert!(rest.contains("ERROR") && rest.contains("rank 1"), "rank {r} over {transport} said:\n{rest}");
-        assert!(took < Duration::from_secs(10), "rank {r} took {took:?} to notice");
+    for (r, said) in [0, 2].into_iter().zip(child::failures(&mut kids, &mut readers, &[0, 2], killed, LIMIT)) {
+        assert!(said.contains("rank 1"), "rank {r} over {transport} said:\n{said}");
     }
     assert!(leftover_segments(&id).is_empty(), "segments left in /dev/shm: {:?}", leftover_segments(&id));
 }
+
+/// How long the other ranks may take to fail when one dies.
+const LIMIT: Duration = Duration::from_secs(10);
 
 #[test]
 fn killed_rank_is_an_error_everywhere_over_shm() {
@@ -165,49 +113,10 @@ fn two_hosts_over_veth_rdma() {
 }
 
 fn over_veth(name: &str, envs: &[(&str, &str)], expect: impl Fn(usize) -> Vec<String>) {
-    // SAFETY-free root check: the effective uid from /proc.
-    let root = std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
-        .unwrap_or(false);
-    let has_ip = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
-    if !root || !has_ip {
-        println!("SKIPPED {name}: needs root and iproute2 (root: {root}, ip: {has_ip})");
-        return;
-    }
-    // Unique per test of this process: the two veth tests may run at once.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let tag = (std::process::id() % 10_000) * 10 + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
-    let (a, b) = (format!("oxa{tag}"), format!("oxb{tag}"));
-    let sh = |args: &str| {
-        let ok = Command::new("sh").arg("-c").arg(args).status().is_ok_and(|s| s.success());
-        assert!(ok, "`{args}` failed");
-    };
-    struct Cleanup(String, String);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-            let _ = Command::new("ip").args(["netns", "del", &self.1]).status();
-        }
-    }
-    let _guard = Cleanup(a.clone(), b.clone());
-    sh(&format!("ip netns add {a} && ip netns add {b}"));
-    sh(&format!("ip link add va{tag} netns {a} type veth peer name vb{tag} netns {b}"));
-    sh(&format!(
-        "ip -n {a} addr add 10.211.0.1/24 dev va{tag} && ip -n {a} link set va{tag} up && ip -n {a} link set lo up"
-    ));
-    sh(&format!(
-        "ip -n {b} addr add 10.211.0.2/24 dev vb{tag} && ip -n {b} link set vb{tag} up && ip -n {b} link set lo up"
-    ));
-    let port = 20000 + (tag % 20000) as u16;
-    let id = UniqueId::from_addr(format!("10.211.0.1:{port}").parse().unwrap(), rand_nonce());
+    let Some(hosts) = Hosts::new(name) else { return };
+    let id = hosts.id();
     let n = 4;
-    let kids: Vec<Child> = (0..n)
-        .map(|r| {
-            let ns = if r < 2 { &a } else { &b };
-            let prefix: Vec<String> = ["ip", "netns", "exec", ns].iter().map(|s| s.to_string()).collect();
-            spawn(&prefix, &id, n, r, "matrix", envs)
-        })
-        .collect();
+    let kids: Vec<Child> = (0..n).map(|r| spawn(&hosts.prefix(r / 2), &id, n, r, "matrix", envs)).collect();
     for (r, k) in kids.into_iter().enumerate() {
         let (ok, out) = output(k);
         assert!(ok, "rank {r}:\n{out}");
@@ -215,13 +124,6 @@ fn over_veth(name: &str, envs: &[(&str, &str)], expect: impl Fn(usize) -> Vec<St
             assert!(out.contains(&e), "rank {r}: no {e} among its transports:\n{out}");
         }
     }
-}
-
-fn rand_nonce() -> [u8; 16] {
-    let mut n = [0u8; 16];
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    n.copy_from_slice(&(t ^ (std::process::id() as u128) << 64).to_le_bytes());
-    n
 }
 
 #[test]

@@ -2,8 +2,108 @@
 //! (ignored by default) is the rank's body, started with `--ignored --exact
 //! child` and told what to do through `OXCCL_TEST_*` variables.
 
-use oxccl::UniqueId;
-use std::process::{Child, Command, Stdio};
+use crate::{DTYPES, matrix, run_case};
+use oxccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A rank's body, for the ignored `child` test of a test binary: joins the
+/// communicator, prints `KINDS p:transport …`, then runs its mode:
+/// `matrix` (every collective × type, checked), `loop` (all_reduce until
+/// an error; `READY` after the second) or `stall` (`loop`, with the last
+/// rank asleep for 3 s after `READY`: the others wait on it with nothing
+/// of their own outstanding).
+pub fn body() {
+    let Some((mode, id, rank, size)) = rank_env() else { return };
+    let comm = match Communicator::init(&id, size, rank, Config::default()) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("ERROR init: {e}");
+            std::process::exit(3);
+        }
+    };
+    let kinds: Vec<String> =
+        (0..size).filter(|&p| p != rank).map(|p| format!("{p}:{}", comm.transport_to(p).unwrap())).collect();
+    println!("KINDS {}", kinds.join(" "));
+    let result = match mode.as_str() {
+        "matrix" => matrix(&comm, &[0, 1, 7, 1000], &DTYPES).and_then(|cases| {
+            for kind in crate::kinds() {
+                run_case(&comm, kind, DataType::Float32, 1_000_003, ReduceOp::Sum, size - 1, false)?;
+                run_case(&comm, kind, DataType::Int32, 1_000_003, ReduceOp::Max, 0, true)?;
+            }
+            println!("CASES {cases}");
+            Ok(())
+        }),
+        "loop" | "stall" => {
+            let mut buf = vec![1.0f32; 4 << 20];
+            let mut i = 0u64;
+            loop {
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Max) {
+                    break Err(e.to_string());
+                }
+                i += 1;
+                if i == 2 {
+                    println!("READY");
+                    if mode == "stall" && rank == size - 1 {
+                        std::thread::sleep(Duration::from_secs(3));
+                    }
+                }
+            }
+        }
+        other => Err(format!("unknown mode {other}")),
+    };
+    report(result);
+}
+
+/// Waits until every child in `loop` mode has printed `READY`; their
+/// stdouts, to read the rest from.
+pub fn wait_ready(kids: &mut [Child]) -> Vec<BufReader<ChildStdout>> {
+    let mut readers = Vec::new();
+    for (r, k) in kids.iter_mut().enumerate() {
+        let mut out = BufReader::new(k.stdout.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(out.read_line(&mut line).unwrap() > 0, "rank {r} ended before it was ready");
+            if line.starts_with("READY") {
+                break;
+            }
+        }
+        readers.push(out);
+    }
+    readers
+}
+
+/// Every child's stdout, to read from (for children that may fail before
+/// they are ready).
+pub fn stdouts(kids: &mut [Child]) -> Vec<BufReader<ChildStdout>> {
+    kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap())).collect()
+}
+
+/// Each of `ranks` fails within `limit` of `since`; what each said (its
+/// stdout from `READY` on).
+pub fn failures(
+    kids: &mut [Child],
+    readers: &mut [BufReader<ChildStdout>],
+    ranks: &[usize],
+    since: Instant,
+    limit: Duration,
+) -> Vec<String> {
+    ranks
+        .iter()
+        .map(|&r| {
+            let mut rest = String::new();
+            readers[r].read_to_string(&mut rest).unwrap();
+            let status = kids[r].wait().unwrap();
+            let took = since.elapsed();
+            assert!(!status.success(), "rank {r} did not fail:\n{rest}");
+            assert!(rest.contains("ERROR"), "rank {r} said no error:\n{rest}");
+            assert!(took < limit, "rank {r} took {took:?} to fail (limit {limit:?}):\n{rest}");
+            rest
+        })
+        .collect()
+}
 
 /// What a child was started to do: (mode, id, rank, size), or `None`
 /// when the `child` test runs on its own (not started by a test).

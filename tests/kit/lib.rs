@@ -10,9 +10,11 @@
 //!   checked and input left alone;
 //! - [`matrix`]: every collective × type × operator × count × placement;
 //! - [`on_threads`]: ranks as threads over a chosen transport;
-//! - [`child`]: ranks as processes (the test binary is its own child).
+//! - [`child`]: ranks as processes (the test binary is its own child);
+//! - [`netns`]: two "hosts", network namespaces joined by veth.
 
 pub mod child;
+pub mod netns;
 
 use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp};
 use oxccl_algo::collective::Collective;

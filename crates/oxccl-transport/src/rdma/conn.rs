@@ -91,6 +91,18 @@ struct Watched {
     id: usize,
 }
 
+impl Watched {
+    /// Stops watching `fd` (a side socket at its end: always readable, it
+    /// would wake the engine for nothing).
+    fn forget(&self, fd: RawFd) {
+        if let Some(s) = self.set.upgrade()
+            && let Some(fds) = s.fds.lock().get_mut(&self.id)
+        {
+            fds.retain(|&f| f != fd);
+        }
+    }
+}
+
 impl Drop for Watched {
     fn drop(&mut self) {
         if let Some(s) = self.set.upgrade() {
@@ -145,6 +157,18 @@ impl Who {
         Error::Remote(format!("{base}{extra}"))
     }
 
+    /// The side socket failed (not closed): its host stopped answering.
+    pub(crate) fn unreachable(&self, e: &std::io::Error) -> Error {
+        Error::Remote(format!(
+            "rank {}: rank {} stopped answering on {} (its side channel failed: {e}; no TCP keepalive answered \
+             for {} s: its host is down or the link between is broken)",
+            self.rank,
+            self.peer,
+            self.chan(),
+            SIDE_KEEPALIVE.0 + SIDE_KEEPALIVE.1 * SIDE_KEEPALIVE.2
+        ))
+    }
+
     pub(crate) fn closed(&self) -> Error {
         Error::Remote(format!(
             "rank {}: rank {} closed the RDMA connection on {} (its side channel ended: it exited, aborted or crashed)",
@@ -154,6 +178,12 @@ impl Who {
         ))
     }
 }
+
+/// TCP keepalive on side sockets (idle seconds, seconds between probes,
+/// probes): a peer whose host stops answering (link down, host dead) is
+/// found within their sum even when no work request is outstanding to
+/// time out (a rank waiting only to receive).
+const SIDE_KEEPALIVE: (u64, u64, u64) = (1, 1, 3);
 
 /// The QPs, completion queue and side socket of one connection.
 pub(crate) struct Link {
@@ -167,12 +197,20 @@ pub(crate) struct Link {
     /// landed before stays readable; a sender with nothing left to send is
     /// not failed by a peer that finished).
     pub gone: Option<Error>,
-    _watched: Option<Watched>,
+    watched: Option<Watched>,
 }
 
 impl Link {
     pub(crate) fn new(qps: Vec<Box<dyn Qp>>, cq: Arc<dyn Cq>, side: TcpStream, who: Who) -> Result<Link> {
         side.set_nonblocking(true).map_err(|e| Error::System(format!("RDMA side channel: {e}")))?;
+        let (idle, every, probes) = SIDE_KEEPALIVE;
+        let ka = socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(idle))
+            .with_interval(Duration::from_secs(every))
+            .with_retries(probes as u32);
+        // Best effort: without it a silent peer is still found by the
+        // bootstrap's own keepalive, later.
+        let _ = socket2::SockRef::from(&side).set_tcp_keepalive(&ka);
         Ok(Link {
             qps,
             cq,
@@ -181,7 +219,7 @@ impl Link {
             last_side_check: Instant::now(),
             wc: Vec::with_capacity(64),
             gone: None,
-            _watched: None,
+            watched: None,
         })
     }
 
@@ -191,22 +229,28 @@ impl Link {
         let id = set.next.fetch_add(1, Ordering::Relaxed);
         let fds = self.cq.fd().into_iter().chain([self.side.as_raw_fd()]).collect();
         set.fds.lock().insert(id, fds);
-        self._watched = Some(Watched { set: Arc::downgrade(set), id });
+        self.watched = Some(Watched { set: Arc::downgrade(set), id });
     }
 
-    /// Notes in `gone` when the peer's side socket has closed.
+    /// Notes in `gone` when the peer's side socket has closed or failed
+    /// (no keepalive answered), and stops watching it.
     pub(crate) fn check_side(&mut self) {
         if self.gone.is_some() || self.last_side_check.elapsed() < Duration::from_millis(10) {
             return;
         }
         self.last_side_check = Instant::now();
         let mut b = [0u8; 16];
-        match (&self.side).read(&mut b) {
-            Ok(0) => self.gone = Some(self.who.closed()),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => self.gone = Some(self.who.closed()),
+        self.gone = match (&self.side).read(&mut b) {
+            Ok(0) => Some(self.who.closed()),
+            Ok(_) => None,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => None,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Some(self.who.closed()),
+            Err(e) => Some(self.who.unreachable(&e)),
+        };
+        if self.gone.is_some()
+            && let Some(w) = &self.watched
+        {
+            w.forget(self.side.as_raw_fd());
         }
     }
 
@@ -522,7 +566,9 @@ impl Sender for RdmaSender {
         self.err.check()?;
         self.link.check_side();
         let mut moved = self.reap()?;
-        if let Some(e) = self.link.gone.clone().filter(|_| !self.flushed()) {
+        // A peer that is gone fails a sender with bytes still to land or a
+        // message still to write (waiting for room), not one that is done.
+        if let Some(e) = self.link.gone.clone().filter(|_| !self.flushed() || self.left.is_some()) {
             return Err(self.err.fail(e));
         }
         self.write_header();
