@@ -93,12 +93,13 @@ pub fn failures(
     ranks
         .iter()
         .map(|&r| {
-            let mut rest = String::new();
-            readers[r].read_to_string(&mut rest).unwrap();
+            let mut bytes = Vec::new();
+            readers[r].read_to_end(&mut bytes).unwrap();
+            let rest = String::from_utf8_lossy(&bytes).to_string();
             let status = kids[r].wait().unwrap();
             let took = since.elapsed();
             assert!(!status.success(), "rank {r} did not fail:\n{rest}");
-            assert!(rest.contains("ERROR"), "rank {r} said no error:\n{rest}");
+            assert!(rest.contains("ERROR"), "rank {r} said no error ({status}, {} bytes):\n{rest}", bytes.len());
             assert!(took < limit, "rank {r} took {took:?} to fail (limit {limit:?}):\n{rest}");
             rest
         })

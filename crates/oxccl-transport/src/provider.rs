@@ -222,6 +222,10 @@ pub trait Direct: Send {
     fn test(&mut self, _ticket: u64) -> Result<bool> {
         Ok(true)
     }
+    /// Abandons the operation of `ticket` (its call failed): once this
+    /// returns, its source and destination are not touched (a provider
+    /// whose operations run asynchronously stops them, at whatever cost).
+    fn forget(&mut self, _ticket: u64) {}
     /// Runs `f` on a view of `len` bytes at `off` of `peer`'s memory, if
     /// this provider can give one (ranks of one process): a reduction
     /// then reads the peer's bytes once, with no copy. `Ok(false)`: no

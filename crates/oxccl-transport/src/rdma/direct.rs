@@ -4,13 +4,20 @@
 //! pins memory and costs far more than a copy of a small buffer, and a
 //! call's buffers are usually the previous call's.
 //!
-//! The cache keeps up to [`CACHE`] page-aligned registrations (least
-//! recently used out first). A cached registration stays valid after the
-//! call that made it ended, as NCCL's registered user buffers do; the
-//! fabric never hands its descriptor out again. On a real HCA a cached
-//! registration pins the pages it was made on: memory freed and mapped
-//! again at the same address would need the cache flushed (not done here;
-//! see docs/RDMA.md).
+//! Two kinds of registration:
+//! - **local** (the source or destination of this rank's own READ and
+//!   WRITE work requests; no peer can use them): cached, up to [`CACHE`]
+//!   page-aligned registrations, least recently used out first;
+//! - **exposed** (a call's buffers that peers read or write): made per
+//!   call and deregistered when the call ends ([`Direct::unregister`]),
+//!   so no peer reaches them afterwards, whatever it still has in flight
+//!   (a failed call's peers may), and whatever the application does with
+//!   the memory next. Keeping them too would need memory windows bound per
+//!   call (see docs/RDMA.md).
+//!
+//! On a real HCA a cached registration pins the pages it was made on:
+//! memory freed and mapped again at the same address would need the cache
+//! flushed (not done here; see docs/RDMA.md).
 #![allow(unsafe_code)]
 
 use super::conn::Link;
@@ -45,6 +52,8 @@ pub(crate) struct DirectState {
     ep: Arc<Endpoint>,
     links: HashMap<usize, Link>,
     cache: Vec<Cached>,
+    /// Exposed registrations by rkey, until their call ends.
+    exposed: HashMap<u32, Mr>,
     clock: u64,
     tickets: HashMap<u64, Ticket>,
     next: u64,
@@ -59,6 +68,7 @@ impl DirectState {
             ep,
             links: HashMap::new(),
             cache: Vec::new(),
+            exposed: HashMap::new(),
             clock: 0,
             tickets: HashMap::new(),
             next: 1,
@@ -67,7 +77,8 @@ impl DirectState {
         }
     }
 
-    /// A registration covering `len` bytes at `addr` with `need`.
+    /// A local registration covering `len` bytes at `addr` with `need`
+    /// (no remote rights), from the cache where one covers it.
     fn mr(&mut self, addr: u64, len: u64, need: Access) -> Result<Mr> {
         self.clock += 1;
         let end = addr + len;
@@ -75,24 +86,34 @@ impl DirectState {
             c.used = self.clock;
             return Ok(c.mr);
         }
-        let start = addr & !(PAGE - 1);
-        let stop = end.next_multiple_of(PAGE);
-        let access = if need.remote_write || need.remote_read || need.local_write { need } else { Access::LOCAL };
-        let dev = self.ep.local.dev.clone();
         // SAFETY: the pages hold a caller's region, which the communicator
         // keeps alive while a call uses it; a cached registration outlives
-        // the call, but the fabric hands its key out only for live calls
-        // and the HCA touches memory only for work requests of those.
-        let mr = unsafe { dev.reg_mr(start, (stop - start) as usize, access) }.map_err(|e| {
-            Error::System(format!("rank {}: registering {len} bytes for one-sided RDMA: {e}", self.ep.local.rank))
-        })?;
-        self.registrations += 1;
+        // the call, but grants no peer anything, and this HCA touches the
+        // memory only for work requests of live calls.
+        let mr = unsafe { self.reg(addr, len, Access::LOCAL) }?;
+        let dev = self.ep.local.dev.clone();
         if self.cache.len() >= CACHE {
             let old = self.cache.iter().enumerate().min_by_key(|(_, c)| c.used).map(|(i, _)| i).expect("full");
             let gone = self.cache.swap_remove(old);
             let _ = dev.dereg_mr(&gone.mr);
         }
-        self.cache.push(Cached { start, end: stop, mr, used: self.clock });
+        self.cache.push(Cached { start: mr.addr, end: mr.addr + mr.len, mr, used: self.clock });
+        Ok(mr)
+    }
+
+    /// Registers the pages around `len` bytes at `addr` with `access`.
+    ///
+    /// # Safety
+    /// The pages stay allocated until the registration ends (`reg_mr`'s
+    /// contract).
+    unsafe fn reg(&mut self, addr: u64, len: u64, access: Access) -> Result<Mr> {
+        let start = addr & !(PAGE - 1);
+        let stop = (addr + len).next_multiple_of(PAGE);
+        // SAFETY: the caller's promise.
+        let mr = unsafe { self.ep.local.dev.reg_mr(start, (stop - start) as usize, access) }.map_err(|e| {
+            Error::System(format!("rank {}: registering {len} bytes for one-sided RDMA: {e}", self.ep.local.rank))
+        })?;
+        self.registrations += 1;
         Ok(mr)
     }
 
@@ -166,8 +187,15 @@ impl Direct for DirectState {
         } else {
             Access { local_write: false, remote_write: false, remote_read: true }
         };
-        let mr =
-            if region.is_empty() { None } else { Some(self.mr(region.addr() as u64, region.len() as u64, need)?) };
+        let mr = if region.is_empty() {
+            None
+        } else {
+            // SAFETY: the communicator keeps a call's buffers alive until
+            // the call ends, and unregister ends this registration then.
+            let mr = unsafe { self.reg(region.addr() as u64, region.len() as u64, need) }?;
+            self.exposed.insert(mr.rkey, mr);
+            Some(mr)
+        };
         desc.kind = Some(Kind::Rdma);
         desc.addr = region.addr() as u64;
         desc.len = region.len() as u64;
@@ -176,8 +204,13 @@ impl Direct for DirectState {
         Ok(())
     }
 
-    fn unregister(&mut self, _desc: &MemDesc) {
-        // Kept in the cache (see the module docs).
+    fn unregister(&mut self, desc: &MemDesc) {
+        let rkey = u32::from_le_bytes(desc.key[..4].try_into().expect("4 bytes"));
+        if let Some(mr) = self.exposed.remove(&rkey) {
+            // The soft HCA waits here for an access in progress; a real
+            // one refuses the rkey from now on.
+            let _ = self.ep.local.dev.dereg_mr(&mr);
+        }
     }
 
     fn read(&mut self, peer: usize, desc: &MemDesc, off: usize, dst: &Region) -> Result<Pending> {
@@ -197,6 +230,17 @@ impl Direct for DirectState {
         }
         let mr = self.mr(src.addr() as u64, src.len() as u64, Access::default())?;
         self.start(peer, Opcode::Write, src, mr.lkey, desc, off)
+    }
+
+    /// An operation still in flight is stopped the only way RC allows:
+    /// the peer's one-sided link (its QP) goes, and a later access sets up
+    /// a new one.
+    fn forget(&mut self, ticket: u64) {
+        if let Some(t) = self.tickets.remove(&ticket)
+            && t.left > 0
+        {
+            self.drop_link(t.peer);
+        }
     }
 
     fn test(&mut self, ticket: u64) -> Result<bool> {
@@ -240,6 +284,9 @@ impl Drop for DirectState {
         self.links.clear();
         for c in self.cache.drain(..) {
             let _ = self.ep.local.dev.dereg_mr(&c.mr);
+        }
+        for (_, mr) in self.exposed.drain() {
+            let _ = self.ep.local.dev.dereg_mr(&mr);
         }
     }
 }

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -58,9 +58,26 @@ pub(crate) struct Shared {
     tx: Mutex<mpsc::Sender<Ev>>,
     /// The peer once connected, and a stream accepted before that.
     remote: Mutex<(Option<Remote>, Option<TcpStream>)>,
+    /// Set by [`SoftQp`]'s drop: from then on the engine touches no
+    /// memory (ibv_destroy_qp's promise).
+    destroyed: AtomicBool,
 }
 
 impl Shared {
+    /// The device's checked access (see `DevInner::access`), unless this
+    /// QP was destroyed: checked under the registration table's lock,
+    /// which destroying takes once, so no access runs after it.
+    fn access(&self, key: u32, addr: u64, len: u64, need: Access, f: impl FnOnce()) -> bool {
+        let mut ran = false;
+        let allowed = self.dev.access(key, addr, len, need, || {
+            if !self.destroyed.load(Ordering::Acquire) {
+                f();
+                ran = true;
+            }
+        });
+        allowed && ran
+    }
+
     fn send(&self, ev: Ev) {
         let _ = self.tx.lock().send(ev);
     }
@@ -160,6 +177,7 @@ impl SoftQp {
             retired: Arc::new(AtomicU64::new(0)),
             tx: Mutex::new(tx),
             remote: Mutex::new((None, None)),
+            destroyed: AtomicBool::new(false),
         });
         dev.qps.lock().insert(qpn, Arc::downgrade(&sh));
         let eng = Engine::new(sh.clone(), rx);
@@ -172,7 +190,12 @@ impl SoftQp {
 }
 
 impl Drop for SoftQp {
+    /// Like `ibv_destroy_qp`: once this returns, the QP touches no memory
+    /// (an access in progress holds the registration table; taking it once
+    /// waits for that one, and later ones see `destroyed`).
     fn drop(&mut self) {
+        self.sh.destroyed.store(true, Ordering::Release);
+        drop(self.sh.dev.mrs.lock());
         self.sh.dev.qps.lock().remove(&self.sh.qpn);
         self.sh.send(Ev::Stop);
     }
@@ -501,7 +524,7 @@ impl Engine {
                     // checks it and holds it meanwhile); data is a fresh
                     // buffer of that length.
                     let read = || unsafe { DevInner::copy(wr.local, dst, wr.len as usize) };
-                    if wr.len > 0 && !self.sh.dev.access(wr.lkey, wr.local, wr.len as u64, Access::default(), read) {
+                    if wr.len > 0 && !self.sh.access(wr.lkey, wr.local, wr.len as u64, Access::default(), read) {
                         let bad = self.pending.remove(i).expect("index in range");
                         return self.fail_qp(Some((bad, Status::LocProt)));
                     }
@@ -509,7 +532,7 @@ impl Engine {
                     Packet::Write { psn, addr: wr.remote, rkey: wr.rkey, imm, data }
                 }
                 Opcode::Read => {
-                    if !self.sh.dev.access(wr.lkey, wr.local, wr.len as u64, Access::LOCAL, || ()) {
+                    if !self.sh.access(wr.lkey, wr.local, wr.len as u64, Access::LOCAL, || ()) {
                         let bad = self.pending.remove(i).expect("index in range");
                         return self.fail_qp(Some((bad, Status::LocProt)));
                     }
@@ -578,7 +601,7 @@ impl Engine {
                     // SAFETY: access checks the destination against a live
                     // registration with local write rights and holds it.
                     let place = || unsafe { DevInner::copy(src, o.wr.local, n) };
-                    if !self.sh.dev.access(o.wr.lkey, o.wr.local, n as u64, Access::LOCAL, place) {
+                    if !self.sh.access(o.wr.lkey, o.wr.local, n as u64, Access::LOCAL, place) {
                         return self.fail_qp(Some((o, Status::LocProt)));
                     }
                     self.complete(o, n as u32);
@@ -619,7 +642,7 @@ impl Engine {
                 }
                 let need = Access { local_write: false, remote_write: true, remote_read: false };
                 let zero_imm = data.is_empty() && imm.is_some();
-                if !zero_imm && !self.sh.dev.access(rkey, addr, data.len() as u64, need, || ()) {
+                if !zero_imm && !self.sh.access(rkey, addr, data.len() as u64, need, || ()) {
                     return self.access_error(psn);
                 }
                 let recv = match imm {
@@ -634,8 +657,8 @@ impl Engine {
                 };
                 if !zero_imm {
                     let mut placed = false;
-                    let dev = self.sh.dev.clone();
-                    dev.access(rkey, addr, data.len() as u64, need, || {
+                    let sh = self.sh.clone();
+                    sh.access(rkey, addr, data.len() as u64, need, || {
                         self.place(addr, &data);
                         placed = true;
                     });
@@ -662,7 +685,7 @@ impl Engine {
                 // SAFETY: access checks the range against a live
                 // registration that grants remote reads, and holds it.
                 let read = || unsafe { DevInner::copy(addr, dst, len as usize) };
-                if !self.sh.dev.access(rkey, addr, len as u64, need, read) {
+                if !self.sh.access(rkey, addr, len as u64, need, read) {
                     return self.access_error(psn);
                 }
                 self.expect = (psn + 1) & PSN_MASK;
