@@ -57,6 +57,11 @@ impl Rng {
     }
 }
 
+/// Message `i`'s tag in [`send_from_and_recv_into`] (one untagged).
+fn tag(i: usize) -> u64 {
+    if i == 3 { 0 } else { (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) }
+}
+
 fn byte(msg: usize, off: usize) -> u8 {
     (msg.wrapping_mul(31) ^ off.wrapping_mul(7) ^ (off >> 8)) as u8
 }
@@ -490,7 +495,9 @@ pub fn peer_drop(p: &dyn Provider) {
 /// provider takes them) and through the FIFO interleave in order, and are
 /// received into their destination (`recv_into`) or by peek whatever way
 /// they were sent; a source is released only after it was sent, and a
-/// length that differs from the destination's is an error.
+/// length that differs from the destination's is an error. Every message's
+/// tag arrives with it, whichever way ([`Receiver::next_tag`] before a
+/// `recv_into`, [`crate::Piece::tag`] by peek).
 pub fn send_from_and_recv_into(p: &dyn Provider) {
     let name = p.name().to_string();
     let cap = 64 << 10;
@@ -505,12 +512,12 @@ pub fn send_from_and_recv_into(p: &dyn Provider) {
         for (i, m) in m2.iter().enumerate() {
             // Every other large message straight from its buffer.
             if i % 2 == 0 && s.takes_from(m.len()) {
-                let t = s.send_from(crate::region::Region::of(m)).unwrap().expect("takes_from said it would");
+                let t = s.send_from(crate::region::Region::of(m), tag(i)).unwrap().expect("takes_from said it would");
                 tokens.push(t);
                 from += 1;
                 continue;
             }
-            s.begin(m.len()).unwrap();
+            s.begin_tagged(m.len(), tag(i)).unwrap();
             let mut off = 0;
             while off < m.len() {
                 let room = s.room(m.len() - off).unwrap();
@@ -541,6 +548,16 @@ pub fn send_from_and_recv_into(p: &dyn Provider) {
             let dst = crate::region::Region::of_mut(&mut got);
             loop {
                 r.progress().unwrap();
+                match r.next_tag().unwrap_or_else(|e| panic!("provider {name}: next_tag: {e}")) {
+                    Some(t) => {
+                        assert_eq!(t, tag(i), "provider {name}: message {i}'s tag");
+                        break;
+                    }
+                    None => clock.idle("next_tag"),
+                }
+            }
+            loop {
+                r.progress().unwrap();
                 let (moved, done) = r.recv_into(&dst).unwrap_or_else(|e| panic!("provider {name}: recv_into: {e}"));
                 if done {
                     break;
@@ -556,7 +573,8 @@ pub fn send_from_and_recv_into(p: &dyn Provider) {
                 r.progress().unwrap();
                 match r.peek().unwrap() {
                     Some(piece) => {
-                        assert_eq!((piece.msg_len, piece.offset), (m.len(), off), "provider {name}: message {i}");
+                        let seen = (piece.msg_len, piece.offset, piece.tag);
+                        assert_eq!(seen, (m.len(), off, tag(i)), "provider {name}: message {i}");
                         let n = piece.data.len();
                         got[off..off + n].copy_from_slice(piece.data);
                         r.consume(n).unwrap();
@@ -583,7 +601,7 @@ pub fn send_from_and_recv_into(p: &dyn Provider) {
     let big = vec![7u8; 100_000];
     let by_ref = s.takes_from(big.len());
     if by_ref {
-        s.send_from(crate::region::Region::of(&big)).unwrap();
+        s.send_from(crate::region::Region::of(&big), 0).unwrap();
     } else {
         s.begin(big.len()).unwrap();
     }

@@ -51,7 +51,7 @@ struct Hdr {
     ch: u32,
     count: u32,
     id: u64,
-    /// Registration id (get, put).
+    /// Registration id (get, put); the caller's tag (signal, expose).
     reg: u64,
     /// Offset: in the registration (get, put) or in the operation (data).
     off: u64,
@@ -175,8 +175,10 @@ struct Link {
     hdr: [u8; HDR],
     hdr_got: usize,
     cur: Option<In>,
-    signals: HashMap<Channel, u64>,
-    exposed: VecDeque<Vec<MemDesc>>,
+    /// Per channel: arrived signals, runs of (tag, count) in order.
+    signals: HashMap<Channel, VecDeque<(u64, u64)>>,
+    /// Arrived exposures and their tags.
+    exposed: VecDeque<(Vec<MemDesc>, u64)>,
     exposes_sent: u64,
     exposes_seen: u64,
     /// Sending failed (the peer is gone or stopped receiving): reported to
@@ -274,26 +276,32 @@ impl Plane {
         }
     }
 
-    /// Counts a signal to `peer` on channel `ch` (never blocks).
-    pub fn signal(&mut self, peer: usize, ch: Channel) -> Result<()> {
-        self.push(peer, Hdr { kind: SIGNAL, ch, count: 1, ..Hdr::default() }, Payload::None)
+    /// Counts a signal tagged `tag` to `peer` on channel `ch` (never
+    /// blocks).
+    pub fn signal(&mut self, peer: usize, ch: Channel, tag: u64) -> Result<()> {
+        self.push(peer, Hdr { kind: SIGNAL, ch, count: 1, reg: tag, ..Hdr::default() }, Payload::None)
     }
 
-    /// Takes one signal from `peer` on `ch` if one has arrived.
-    pub fn take_signal(&mut self, peer: usize, ch: Channel) -> Result<bool> {
+    /// Takes one signal from `peer` on `ch` if one has arrived: its tag.
+    pub fn take_signal(&mut self, peer: usize, ch: Channel) -> Result<Option<u64>> {
         self.drain_link(peer)?;
         let link = self.link(peer)?;
-        match link.signals.get_mut(&ch) {
-            Some(n) if *n > 0 => {
-                *n -= 1;
-                Ok(true)
+        if let Some(runs) = link.signals.get_mut(&ch)
+            && let Some((tag, n)) = runs.front_mut()
+        {
+            let tag = *tag;
+            *n -= 1;
+            if *n == 0 {
+                runs.pop_front();
             }
-            _ => link.failed.clone().map_or(Ok(false), Err),
+            return Ok(Some(tag));
         }
+        link.failed.clone().map_or(Ok(None), Err)
     }
 
-    /// Sends `descs` (this rank's registered buffers for one call) to `peer`.
-    pub fn expose(&mut self, peer: usize, descs: &[MemDesc]) -> Result<()> {
+    /// Sends `descs` (this rank's registered buffers for one call, tagged
+    /// `tag`) to `peer`.
+    pub fn expose(&mut self, peer: usize, descs: &[MemDesc], tag: u64) -> Result<()> {
         if descs.len() > MAX_DESCS as usize {
             return Err(Error::Internal(format!("{} descriptors in one exposure", descs.len())));
         }
@@ -301,12 +309,13 @@ impl Plane {
         let link = self.link(peer)?;
         let id = link.exposes_sent;
         link.exposes_sent += 1;
-        let hdr = Hdr { kind: EXPOSE, count: descs.len() as u32, id, len: bytes.len() as u64, ..Hdr::default() };
+        let hdr =
+            Hdr { kind: EXPOSE, count: descs.len() as u32, id, reg: tag, len: bytes.len() as u64, ..Hdr::default() };
         self.push(peer, hdr, Payload::Bytes(bytes))
     }
 
-    /// The next exposure `peer` sent, if it has arrived.
-    pub fn exposed(&mut self, peer: usize) -> Result<Option<Vec<MemDesc>>> {
+    /// The next exposure `peer` sent and its tag, if it has arrived.
+    pub fn exposed(&mut self, peer: usize) -> Result<Option<(Vec<MemDesc>, u64)>> {
         self.drain_link(peer)?;
         let link = self.link(peer)?;
         match link.exposed.pop_front() {
@@ -581,7 +590,13 @@ impl Plane {
         let link = self.links[peer].as_mut().expect("checked");
         let In { hdr, sink, .. } = link.cur.take().expect("a record");
         match hdr.kind {
-            SIGNAL => *link.signals.entry(hdr.ch).or_default() += u64::from(hdr.count),
+            SIGNAL => {
+                let runs = link.signals.entry(hdr.ch).or_default();
+                match runs.back_mut() {
+                    Some((tag, n)) if *tag == hdr.reg => *n += u64::from(hdr.count),
+                    _ => runs.push_back((hdr.reg, u64::from(hdr.count))),
+                }
+            }
             EXPOSE => {
                 if hdr.id != link.exposes_seen {
                     return Err(Error::Remote(format!(
@@ -597,7 +612,7 @@ impl Plane {
                 if descs.iter().any(|d| d.owner as usize != peer) {
                     return Err(Error::Remote(format!("rank {peer} exposed a buffer it does not own")));
                 }
-                link.exposed.push_back(descs);
+                link.exposed.push_back((descs, hdr.reg));
             }
             GET => match self.check_reg(&hdr, false) {
                 Ok(()) => {

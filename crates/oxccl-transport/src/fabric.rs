@@ -420,6 +420,13 @@ impl Fabric {
         Ok(())
     }
 
+    /// Tells every rank that this rank's call failed for `reason`, a
+    /// failure only it can see (its call disagrees with a peer's): each
+    /// records it and fails its own calls at once, naming this rank.
+    pub fn fail_everywhere(&self, reason: &str) {
+        self.boot.abort(reason);
+    }
+
     /// The root cause behind a transport error: when a peer dies, its
     /// neighbours see broken connections (and may fail and close theirs,
     /// too) before the bootstrap reports who died; wait a moment for that
@@ -531,21 +538,21 @@ impl Fabric {
     }
 
     /// Registers `regions` (this rank's buffers of one call) and sends
-    /// their descriptors to every rank of `to` (those whose steps access
-    /// them), in call order. Pass the result to [`unexpose`] when the call
-    /// ends, whether it succeeded or not.
+    /// their descriptors, tagged `tag`, to every rank of `to` (those whose
+    /// steps access them), in call order. Pass the result to [`unexpose`]
+    /// when the call ends, whether it succeeded or not.
     ///
     /// [`unexpose`]: Fabric::unexpose
-    pub fn expose(&mut self, regions: &[Region], to: &[usize]) -> Result<Exposure> {
+    pub fn expose(&mut self, regions: &[Region], to: &[usize], tag: u64) -> Result<Exposure> {
         let mut e = Exposure::default();
-        let r = self.expose_into(regions, to, &mut e);
+        let r = self.expose_into(regions, to, tag, &mut e);
         if r.is_err() {
             self.unexpose(std::mem::take(&mut e));
         }
         r.map(|()| e)
     }
 
-    fn expose_into(&mut self, regions: &[Region], to: &[usize], e: &mut Exposure) -> Result<()> {
+    fn expose_into(&mut self, regions: &[Region], to: &[usize], tag: u64, e: &mut Exposure) -> Result<()> {
         let emulated: Vec<MemDesc> = regions
             .iter()
             .map(|r| {
@@ -572,7 +579,7 @@ impl Fabric {
         for &q in to {
             self.link(q)?;
             let descs = native.get(&self.carrier[q]).unwrap_or(&emulated);
-            self.plane.expose(q, descs)?;
+            self.plane.expose(q, descs, tag)?;
         }
         Ok(())
     }
@@ -592,20 +599,21 @@ impl Fabric {
     }
 
     /// The next exposure `peer` sent this rank (its buffers' descriptors
-    /// for the next call in which this rank accesses them), if it arrived.
-    pub fn exposed(&mut self, peer: usize) -> Result<Option<Vec<MemDesc>>> {
+    /// for the next call in which this rank accesses them) and its tag, if
+    /// it arrived.
+    pub fn exposed(&mut self, peer: usize) -> Result<Option<(Vec<MemDesc>, u64)>> {
         self.link(peer)?;
         self.plane.exposed(peer)
     }
 
-    /// Signals `peer` on channel `ch` (never blocks).
-    pub fn signal(&mut self, peer: usize, ch: Channel) -> Result<()> {
+    /// Signals `peer` on channel `ch` with tag `tag` (never blocks).
+    pub fn signal(&mut self, peer: usize, ch: Channel, tag: u64) -> Result<()> {
         self.link(peer)?;
-        self.plane.signal(peer, ch)
+        self.plane.signal(peer, ch, tag)
     }
 
-    /// Takes the next signal from `peer` on `ch`, if it arrived.
-    pub fn take_signal(&mut self, peer: usize, ch: Channel) -> Result<bool> {
+    /// Takes the next signal from `peer` on `ch`, if it arrived: its tag.
+    pub fn take_signal(&mut self, peer: usize, ch: Channel) -> Result<Option<u64>> {
         self.link(peer)?;
         self.plane.take_signal(peer, ch)
     }
@@ -687,8 +695,15 @@ impl Fabric {
     /// Abandons `op` (its call failed): its destination or source is not
     /// touched afterwards.
     pub fn forget(&mut self, op: OpId) {
-        if let Some(OneSided { via: Via::Plane(id), .. }) = self.ops.remove(&op.0) {
-            self.plane.forget(id);
+        match self.ops.remove(&op.0) {
+            Some(OneSided { via: Via::Plane(id), .. }) => self.plane.forget(id),
+            Some(OneSided { via: Via::Native(t), peer, .. }) => {
+                let c = self.carrier[peer];
+                if let Some(d) = self.providers[c].direct() {
+                    d.forget(t);
+                }
+            }
+            _ => {}
         }
     }
 

@@ -171,10 +171,18 @@ impl std::fmt::Display for Kind {
 /// (empty when the FIFO is full: call [`progress`](Sender::progress) and
 /// retry later), [`commit`](Sender::commit) publishes the first `n` bytes
 /// written there. A message of length 0 is complete at `begin`.
+///
+/// Every message carries a 64-bit tag in its header, which its receiver
+/// sees ([`Piece::tag`], [`Receiver::next_tag`]); the transport gives it no
+/// meaning (the engine puts the call's signature there; 0: none).
 pub trait Sender: Send {
-    /// Starts a message of `len` bytes. An error if the previous message is
-    /// not complete.
-    fn begin(&mut self, len: usize) -> Result<()>;
+    /// Starts a message of `len` bytes tagged `tag`. An error if the
+    /// previous message is not complete.
+    fn begin_tagged(&mut self, len: usize, tag: u64) -> Result<()>;
+    /// Starts an untagged message (tag 0) of `len` bytes.
+    fn begin(&mut self, len: usize) -> Result<()> {
+        self.begin_tagged(len, 0)
+    }
     /// Writable space for the next bytes of the current message: at most
     /// `want` bytes and at most what the message still lacks; empty when
     /// there is no room yet (or the connection is still being set up).
@@ -198,8 +206,9 @@ pub trait Sender: Send {
     /// the FIFO: TCP writes it from there, shared memory lets the receiver
     /// read it from there. No message may be in progress. `src` must stay
     /// unchanged and alive until [`released`](Sender::released) says so for
-    /// the returned token. `Ok(None)`: not here (use begin/room/commit).
-    fn send_from(&mut self, _src: Region) -> Result<Option<u64>> {
+    /// the returned token. The message is tagged `tag`. `Ok(None)`: not
+    /// here (use begin/room/commit).
+    fn send_from(&mut self, _src: Region, _tag: u64) -> Result<Option<u64>> {
         Ok(None)
     }
     /// Whether the message of `token` no longer needs its source.
@@ -222,6 +231,8 @@ pub struct Piece<'a> {
     pub offset: usize,
     /// The bytes; empty only for a message of length 0.
     pub data: &'a [u8],
+    /// The message's tag (see [`Sender`]).
+    pub tag: u64,
 }
 
 /// The receiving end of one connection.
@@ -236,6 +247,13 @@ pub trait Receiver: Send {
     fn progress(&mut self) -> Result<bool>;
     /// Payload bytes consumed so far.
     fn bytes(&self) -> u64;
+    /// The tag of the current message (the next one not yet consumed) once
+    /// its header has arrived, `None` before. Providers that can land a
+    /// message straight in its destination ([`recv_into`](Self::recv_into))
+    /// read only the header here, so that still happens after.
+    fn next_tag(&mut self) -> Result<Option<u64>> {
+        Ok(self.peek()?.map(|p| p.tag))
+    }
     /// Receives the current message (the next one not yet consumed)
     /// straight into `dst`, which must be exactly its length: call it until
     /// it says the message is complete (it is then consumed); (anything

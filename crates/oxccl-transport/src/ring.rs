@@ -13,7 +13,7 @@
 //!
 //! ## Framing and alignment
 //! Each message is a 64-byte header record (`magic`, `flags`, `msg_len`,
-//! and for a by-reference message `pid`, `addr`, `token`) followed by the
+//! `tag`, and for a by-reference message `pid`, `addr`, `token`) followed by the
 //! payload, padded to 64. So every payload starts 64-aligned in the data
 //! area and a wrap point is always a multiple of 64 into a payload. The
 //! producer sees free space only up to the consumer's head rounded down to
@@ -291,6 +291,7 @@ struct Header {
     pid: u32,
     addr: u64,
     token: u64,
+    tag: u64,
 }
 
 impl Header {
@@ -302,6 +303,7 @@ impl Header {
         b[16..20].copy_from_slice(&self.pid.to_le_bytes());
         b[24..32].copy_from_slice(&self.addr.to_le_bytes());
         b[32..40].copy_from_slice(&self.token.to_le_bytes());
+        b[40..48].copy_from_slice(&self.tag.to_le_bytes());
         b
     }
 
@@ -313,7 +315,7 @@ impl Header {
                  the FIFO is corrupt or the peer runs a different oxccl version"
             )));
         }
-        Ok(Header { flags, len, pid: u32_at(b, 16), addr: u64_at(b, 24), token: u64_at(b, 32) })
+        Ok(Header { flags, len, pid: u32_at(b, 16), addr: u64_at(b, 24), token: u64_at(b, 32), tag: u64_at(b, 40) })
     }
 }
 
@@ -412,14 +414,14 @@ impl Producer {
     /// Sends a by-reference message (the receiver reads `len` bytes at
     /// `addr` of process `pid`); `Ok(None)` when the receiver has not
     /// allowed it. Returns the token to pass to [`ref_done`](Self::ref_done).
-    pub fn send_ref(&mut self, pid: u32, addr: u64, len: usize) -> Result<Option<u64>> {
+    pub fn send_ref(&mut self, pid: u32, addr: u64, len: usize, tag: u64) -> Result<Option<u64>> {
         self.check_peer()?;
         self.check_idle(|| "send_ref".into())?;
         if !self.ref_allowed() {
             return Ok(None);
         }
         self.ref_next += 1;
-        let h = Header { flags: FLAG_REF, len: len as u64, pid, addr, token: self.ref_next };
+        let h = Header { flags: FLAG_REF, len: len as u64, pid, addr, token: self.ref_next, tag };
         self.pending.push_back(h.encode());
         self.bytes += len as u64;
         self.flush_headers();
@@ -448,13 +450,13 @@ impl Producer {
 }
 
 impl Sender for Producer {
-    fn begin(&mut self, len: usize) -> Result<()> {
+    fn begin_tagged(&mut self, len: usize, tag: u64) -> Result<()> {
         self.check_peer()?;
         self.check_idle(|| format!("begin({len})"))?;
         if len as u64 > MAX_MSG {
             return Err(Error::invalid(format!("message of {len} bytes to {}: at most 2^48 bytes", self.label)));
         }
-        let h = Header { flags: 0, len: len as u64, pid: 0, addr: 0, token: 0 };
+        let h = Header { flags: 0, len: len as u64, pid: 0, addr: 0, token: 0, tag };
         self.pending.push_back(h.encode());
         self.last_room = 0;
         if len > 0 {
@@ -574,6 +576,19 @@ impl Consumer {
     /// [`crate::cma::vm_read`]).
     pub fn allow_ref(&self, allow: bool) {
         self.ring.hdr().ref_ok.store(allow as u32, Ordering::Release);
+    }
+
+    /// The tag of the current message, once its header has arrived (read
+    /// without touching its payload: by reference, that is the sender's
+    /// memory).
+    pub fn current_tag(&mut self) -> Result<Option<u64>> {
+        if self.cur.is_none() {
+            let tail = self.ring.hdr().tail.load(Ordering::Acquire);
+            if !self.next_header(tail)? {
+                return self.nothing().map(|_| None);
+            }
+        }
+        Ok(self.cur.map(|m| m.hdr.tag))
     }
 
     /// The current message, once its header has arrived: (length, sent by
@@ -713,7 +728,7 @@ impl Receiver for Consumer {
         let Some(m) = self.cur else { return self.nothing() };
         let len = m.hdr.len;
         if len == 0 {
-            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[] }));
+            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[], tag: m.hdr.tag }));
         }
         if m.hdr.flags & FLAG_REF != 0 {
             let staged_end = self.stage_off + self.staged as u64;
@@ -729,7 +744,7 @@ impl Receiver for Consumer {
             let from = (m.off - self.stage_off) as usize;
             self.last_peek = self.staged - from;
             let data = &self.staging[from..self.staged];
-            return Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data }));
+            return Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data, tag: m.hdr.tag }));
         }
         let at = self.pos % self.ring.cap as u64;
         let n = (tail - self.pos).min(len - m.off).min(self.ring.cap as u64 - at) as usize;
@@ -740,7 +755,7 @@ impl Receiver for Consumer {
         // SAFETY: [at, at+n) holds bytes the producer published (below tail,
         // Acquire) and will not touch until we release them with `head`.
         let data = unsafe { std::slice::from_raw_parts(self.ring.data.add(at as usize), n) };
-        Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data }))
+        Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data, tag: m.hdr.tag }))
     }
 
     fn consume(&mut self, n: usize) -> Result<()> {
@@ -784,6 +799,10 @@ impl Receiver for Consumer {
 
     fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    fn next_tag(&mut self) -> Result<Option<u64>> {
+        self.current_tag()
     }
 }
 

@@ -529,8 +529,8 @@ impl ShmSender {
     /// in progress. The bytes must stay unchanged until
     /// [`ref_done`](Self::ref_done) returns true for the returned token (if
     /// they are freed, the receiver fails with an error, not this process).
-    pub fn send_ref(&mut self, src: *const u8, len: usize) -> Result<Option<u64>> {
-        self.p.send_ref(std::process::id(), src as usize as u64, len)
+    pub fn send_ref(&mut self, src: *const u8, len: usize, tag: u64) -> Result<Option<u64>> {
+        self.p.send_ref(std::process::id(), src as usize as u64, len, tag)
     }
 
     /// Whether the receiver has read by-reference message `token`.
@@ -540,8 +540,8 @@ impl ShmSender {
 }
 
 impl Sender for ShmSender {
-    fn begin(&mut self, len: usize) -> Result<()> {
-        self.p.begin(len)
+    fn begin_tagged(&mut self, len: usize, tag: u64) -> Result<()> {
+        self.p.begin_tagged(len, tag)
     }
     fn room(&mut self, want: usize) -> Result<&mut [u8]> {
         self.p.room(want)
@@ -561,11 +561,11 @@ impl Sender for ShmSender {
     fn takes_from(&self, len: usize) -> bool {
         len >= self.single_copy && self.p.ref_allowed()
     }
-    fn send_from(&mut self, src: Region) -> Result<Option<u64>> {
+    fn send_from(&mut self, src: Region, tag: u64) -> Result<Option<u64>> {
         if !self.takes_from(src.len()) {
             return Ok(None);
         }
-        self.send_ref(src.addr() as *const u8, src.len())
+        self.send_ref(src.addr() as *const u8, src.len(), tag)
     }
     fn released(&self, token: u64) -> bool {
         self.ref_done(token)
@@ -602,6 +602,9 @@ impl Receiver for ShmReceiver {
     }
     fn bytes(&self) -> u64 {
         self.c.bytes()
+    }
+    fn next_tag(&mut self) -> Result<Option<u64>> {
+        self.c.current_tag()
     }
     fn recv_into(&mut self, dst: &Region) -> Result<(bool, bool)> {
         match self.c.current()? {

@@ -29,7 +29,7 @@ pub const HANDSHAKE_LEN: usize = 64;
 /// First bytes of every message header (`"OXMH"`).
 pub const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"OXMH");
 /// Size of an encoded [`Header`].
-pub const HEADER_LEN: usize = 32;
+pub const HEADER_LEN: usize = 40;
 /// Longest message accepted from the wire (1 TiB).
 pub const MAX_MSG: u64 = 1 << 40;
 /// Most sockets per connection.
@@ -194,23 +194,32 @@ pub struct Header {
     pub msg_len: u64,
     /// Bytes of this stripe that follow the header.
     pub stripe_len: u64,
+    /// The message's tag ([`crate::Sender`]), the same on every stripe.
+    pub tag: u64,
 }
 
 impl Header {
-    /// The header of stripe `stripe` of `nstripes` of message `seq`.
+    /// The header of stripe `stripe` of `nstripes` of message `seq`
+    /// (untagged).
     pub fn new(seq: u64, msg_len: u64, nstripes: u16, stripe: u16) -> Header {
         let r = stripe_range(msg_len, nstripes, stripe);
-        Header { seq, msg_len, stripe_len: r.end - r.start }
+        Header { seq, msg_len, stripe_len: r.end - r.start, tag: 0 }
     }
 
-    /// The 32-byte wire form: magic, checksum (low 32 bits of FNV-1a over
-    /// the rest), seq, msg_len, stripe_len.
+    /// This header with tag `tag`.
+    pub fn tagged(self, tag: u64) -> Header {
+        Header { tag, ..self }
+    }
+
+    /// The 40-byte wire form: magic, checksum (low 32 bits of FNV-1a over
+    /// the rest), seq, msg_len, stripe_len, tag.
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&HEADER_MAGIC.to_le_bytes());
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..24].copy_from_slice(&self.msg_len.to_le_bytes());
         b[24..32].copy_from_slice(&self.stripe_len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.tag.to_le_bytes());
         let sum = fnv1a(&b[8..]) as u32;
         b[4..8].copy_from_slice(&sum.to_le_bytes());
         b
@@ -234,7 +243,7 @@ impl Header {
         if u32_at(b, 4) != fnv1a(&b[8..HEADER_LEN]) as u32 {
             return Err(Error::Remote("message header checksum mismatch: corrupted on the way".into()));
         }
-        let h = Header { seq: u64_at(b, 8), msg_len: u64_at(b, 16), stripe_len: u64_at(b, 24) };
+        let h = Header { seq: u64_at(b, 8), msg_len: u64_at(b, 16), stripe_len: u64_at(b, 24), tag: u64_at(b, 32) };
         if h.msg_len > MAX_MSG {
             return Err(Error::Remote(format!(
                 "message {} of {} bytes exceeds the limit of {MAX_MSG} bytes",

@@ -138,12 +138,12 @@ fn by_reference_send() {
     let mut s = out.shm_sender(0).unwrap();
     let mut r = inbox.shm_receiver(0, 0, Doorbell::heap()).unwrap();
     let src: Vec<u8> = (0..3_000_017u32).map(|i| (i % 251) as u8).collect();
-    assert_eq!(s.send_ref(src.as_ptr(), src.len()).unwrap(), None, "not allowed yet");
+    assert_eq!(s.send_ref(src.as_ptr(), src.len(), 0).unwrap(), None, "not allowed yet");
     let me = std::process::id() as i32;
     assert!(vm_read_permitted(me));
     assert!(!vm_read_permitted(i32::MAX - 1), "no such process");
     assert!(r.allow_ref(me));
-    let tok = s.send_ref(src.as_ptr(), src.len()).unwrap().expect("allowed");
+    let tok = s.send_ref(src.as_ptr(), src.len(), 0).unwrap().expect("allowed");
     // An inline message after it keeps its order.
     s.begin(3).unwrap();
     s.room(3).unwrap().copy_from_slice(b"xyz");
@@ -217,7 +217,7 @@ fn child_sender() {
     // Then one message by reference, if the parent allowed it.
     let src: Vec<u8> = (0..REF_LEN).map(|i| (i % 253) as u8).collect();
     let tok = loop {
-        if let Some(t) = s.send_ref(src.as_ptr(), src.len()).unwrap() {
+        if let Some(t) = s.send_ref(src.as_ptr(), src.len(), 0).unwrap() {
             break t;
         }
         if t0.elapsed() > Duration::from_secs(10) {
@@ -332,7 +332,7 @@ fn an_abandoned_by_reference_message_is_an_error() {
     let (mut s, mut r) = Shm.pair(2, 64 << 10);
     let src = vec![5u8; 100_000];
     assert!(s.takes_from(src.len()));
-    s.send_from(Region::of(&src)).unwrap().expect("by reference");
+    s.send_from(Region::of(&src), 0).unwrap().expect("by reference");
     s.abandon();
     let mut dst = vec![0u8; src.len()];
     let e = r.recv_into(&Region::of_mut(&mut dst)).unwrap_err().to_string();

@@ -542,7 +542,7 @@ fn an_abandoned_send_from_sends_what_it_had() {
     let (mut tx, mut rx) = tcp_pair_with(4, opts(2, 64 << 10)).unwrap();
     let mut src: Vec<u8> = (0..4 << 20).map(|i| (i % 251) as u8).collect();
     let want = src.clone();
-    let token = tx.send_from(Region::of(&src)).unwrap().expect("large messages go from the buffer");
+    let token = tx.send_from(Region::of(&src), 0).unwrap().expect("large messages go from the buffer");
     tx.progress().unwrap();
     tx.abandon();
     src.iter_mut().for_each(|b| *b = 0);

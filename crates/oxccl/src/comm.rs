@@ -50,6 +50,9 @@ struct Inner {
     tuner: Tuner,
     cache: Cache,
     seq: AtomicU64,
+    /// Collectives planned (every rank plans the same ones in the same
+    /// order, unlike point-to-point operations): their signatures' number.
+    coll_seq: AtomicU64,
     /// Shrinks after a failure made from this communicator (each names its
     /// new communicator's rendezvous).
     shrinks: AtomicU64,
@@ -178,6 +181,7 @@ impl Communicator {
                 tuner,
                 cache: Cache::default(),
                 seq: AtomicU64::new(0),
+                coll_seq: AtomicU64::new(0),
                 shrinks: AtomicU64::new(0),
                 kinds,
                 device: Mutex::new(None),
@@ -344,7 +348,8 @@ impl Communicator {
         }
         let part = inner.cache.part(&inner.tuner, &coll, inner.rank, None, &inner.shared.who)?;
         let label = Label::new(call.kind.name(), self.next_seq());
-        plan::collective(&part, call, label, extras)
+        let coll_seq = inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        plan::collective(&part, call, label, coll_seq, extras)
     }
 
     /// Plans a checked host call into a job.

@@ -105,7 +105,14 @@ impl Shared {
     fn execute(&self, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
         let result = match self.poisoned() {
             Some(e) => Err(e),
-            None => run_job(self, fabric, job).map_err(|e| fabric.explain(e)),
+            None => run_job(self, fabric, job).map_err(|e| {
+                // Misuse seen only mid-call (the ranks' calls disagree:
+                // signature, length): the peers cannot know; tell them.
+                if let Error::InvalidUsage(m) = &e {
+                    fabric.fail_everywhere(m);
+                }
+                fabric.explain(e)
+            }),
         };
         // A call fails here only after it started moving bytes (its
         // arguments were checked when it was planned): whatever the error,

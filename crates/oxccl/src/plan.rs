@@ -3,6 +3,7 @@
 
 use crate::buf::Region;
 use crate::call::Call;
+use crate::exec::sig::Sig;
 use crate::exec::{Bufs, Label, Lane, Task};
 use crate::job::{Action, Extras};
 use crate::tuner::{Choice, Tuner};
@@ -109,8 +110,15 @@ impl Cache {
 }
 
 /// A collective's task from a checked call (whose input and output alias
-/// when it is in place).
-pub(crate) fn collective(part: &Part, call: &Call<Region>, mut label: Label, extras: &mut Extras) -> Result<Task> {
+/// when it is in place); `coll_seq` numbers it among the communicator's
+/// collectives (for its signature).
+pub(crate) fn collective(
+    part: &Part,
+    call: &Call<Region>,
+    mut label: Label,
+    coll_seq: u64,
+    extras: &mut Extras,
+) -> Result<Task> {
     let coll = call.collective();
     let (rank, op) = (call.rank, call.op);
     let (mut input, output) = (call.input, call.output);
@@ -140,7 +148,8 @@ pub(crate) fn collective(part: &Part, call: &Call<Region>, mut label: Label, ext
     };
     let lanes = part.channels.iter().enumerate().map(|(i, ch)| Lane::new(ch.clone(), i as u32)).collect();
     label.algo = Some(part.choice);
-    Ok(Task::new(lanes, Bufs { input, output, scratch }, coll.dtype, kop, label, part.peers.clone()))
+    let sig = Sig::new(coll.kind, coll.dtype, op, coll.root, coll_seq);
+    Ok(Task::new(lanes, Bufs { input, output, scratch }, coll.dtype, kop, label, part.peers.clone()).signed(sig))
 }
 
 /// A point-to-point task: one send or one receive on [`P2P_CHANNEL`].

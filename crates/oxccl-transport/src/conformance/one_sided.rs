@@ -66,8 +66,9 @@ fn done(fabric: &mut Fabric, op: OpId) -> Result<()> {
     until(fabric, "one-sided completion", |f| Ok(f.test(op)?.then_some(())))
 }
 
-fn wait_signal(fabric: &mut Fabric, peer: usize, ch: u32) -> Result<()> {
-    until(fabric, "signal", |f| Ok(f.take_signal(peer, ch)?.then_some(())))
+/// Waits for a signal: its tag.
+fn wait_signal(fabric: &mut Fabric, peer: usize, ch: u32) -> Result<u64> {
+    until(fabric, "signal", |f| f.take_signal(peer, ch))
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -84,8 +85,8 @@ pub fn get_and_put(kind: Kind, cma: bool) {
         kind,
         cma,
         move |mut f| {
-            let descs = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
-            assert_eq!(descs.len(), 2, "{kind}: two buffers exposed");
+            let (descs, tag) = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
+            assert_eq!((descs.len(), tag), (2, 0xfeed), "{kind}: two buffers exposed, with their tag");
             let (input, output) = (descs[0], descs[1]);
             assert!(!input.writable && output.writable, "{kind}: writability travels in the descriptor");
             let want = pattern(LEN, 7);
@@ -105,7 +106,7 @@ pub fn get_and_put(kind: Kind, cma: bool) {
             }
             let op = f.write(1, Region::of(&src[at..]), &output, at).unwrap();
             done(&mut f, op).unwrap();
-            f.signal(1, 3).unwrap();
+            f.signal(1, 3, 0).unwrap();
             wait_signal(&mut f, 1, 3).unwrap();
             let s = f.stats();
             let got: u64 = s.iter().map(|p| p.got).sum();
@@ -118,10 +119,10 @@ pub fn get_and_put(kind: Kind, cma: bool) {
             let input = pattern(LEN, 7);
             let mut output = vec![0u8; LEN];
             let out = Region::of_mut(&mut output);
-            let e = f.expose(&[Region::of(&input), out], &[0]).unwrap();
+            let e = f.expose(&[Region::of(&input), out], &[0], 0xfeed).unwrap();
             wait_signal(&mut f, 0, 3).unwrap();
             assert!(output == pattern(LEN, 99), "{kind}: the puts landed before the signal");
-            f.signal(0, 3).unwrap();
+            f.signal(0, 3, 0).unwrap();
             until(&mut f, "flush", |f| Ok(f.flushed().then_some(()))).unwrap();
             f.unexpose(e);
         },
@@ -135,7 +136,7 @@ pub fn bounds_and_read_only(kind: Kind, cma: bool) {
         kind,
         cma,
         move |mut f| {
-            let descs = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
+            let (descs, _) = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
             let mut b = vec![0u8; 16];
             let e = f.read(1, &descs[0], 4090, Region::of_mut(&mut b)).unwrap_err();
             assert!(
@@ -158,11 +159,11 @@ pub fn bounds_and_read_only(kind: Kind, cma: bool) {
             let op = f.read(1, &descs[0], 0, Region::of_mut(&mut b)).unwrap();
             done(&mut f, op).unwrap();
             assert_eq!(b, vec![5u8; 16], "{kind}: still usable");
-            f.signal(1, 0).unwrap();
+            f.signal(1, 0, 0).unwrap();
         },
         move |mut f| {
             let (input, mut output) = (vec![5u8; 4096], vec![0u8; 64]);
-            let e = f.expose(&[Region::of(&input), Region::of_mut(&mut output)], &[0]).unwrap();
+            let e = f.expose(&[Region::of(&input), Region::of_mut(&mut output)], &[0], 0).unwrap();
             wait_signal(&mut f, 0, 0).unwrap();
             assert_eq!(output, vec![0u8; 64], "{kind}: nothing written");
             f.unexpose(e);
@@ -171,30 +172,34 @@ pub fn bounds_and_read_only(kind: Kind, cma: bool) {
 }
 
 /// Signals never block and are counted per channel: many sent before
-/// the peer waits for any all arrive, each channel's on its own.
+/// the peer waits for any all arrive, each channel's on its own, each with
+/// its tag, in order.
 pub fn signals_never_block(kind: Kind, cma: bool) {
+    // Runs of equal tags, as calls signal.
+    let tag = |i: u64| i / 7;
     two_ranks(
         kind,
         cma,
         move |mut f| {
             for i in 0..3000 {
-                f.signal(1, (i % 3) as u32).unwrap();
+                f.signal(1, (i % 3) as u32, tag(i)).unwrap();
             }
-            f.signal(1, crate::P2P_CHANNEL).unwrap();
+            f.signal(1, crate::P2P_CHANNEL, 5).unwrap();
             wait_signal(&mut f, 1, 9).unwrap();
         },
         move |mut f| {
             std::thread::sleep(Duration::from_millis(50));
             for ch in [2, 0, 1] {
-                for _ in 0..1000 {
-                    wait_signal(&mut f, 0, ch).unwrap();
+                for k in 0..1000 {
+                    let got = wait_signal(&mut f, 0, ch).unwrap();
+                    assert_eq!(got, tag(k * 3 + u64::from(ch)), "{kind}: signal {k} on channel {ch}");
                 }
             }
-            wait_signal(&mut f, 0, crate::P2P_CHANNEL).unwrap();
+            assert_eq!(wait_signal(&mut f, 0, crate::P2P_CHANNEL).unwrap(), 5);
             for ch in 0..3 {
-                assert!(!f.take_signal(0, ch).unwrap(), "{kind}: exactly 1000 signals on channel {ch}");
+                assert!(f.take_signal(0, ch).unwrap().is_none(), "{kind}: exactly 1000 signals on channel {ch}");
             }
-            f.signal(0, 9).unwrap();
+            f.signal(0, 9, 0).unwrap();
             until(&mut f, "flush", |f| Ok(f.flushed().then_some(()))).unwrap();
         },
     );
@@ -209,8 +214,8 @@ pub fn peer_leaves_during_get(kind: Kind, cma: bool) {
         kind,
         cma,
         move |mut f| {
-            let descs = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
-            f.signal(1, 0).unwrap();
+            let (descs, _) = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
+            f.signal(1, 0, 0).unwrap();
             let mut buf = vec![0u8; 1 << 20];
             let start = Instant::now();
             let e = loop {
@@ -224,7 +229,7 @@ pub fn peer_leaves_during_get(kind: Kind, cma: bool) {
         },
         move |mut f| {
             let input = vec![1u8; LEN];
-            let e = f.expose(&[Region::of(&input)], &[0]).unwrap();
+            let e = f.expose(&[Region::of(&input)], &[0], 0).unwrap();
             wait_signal(&mut f, 0, 0).unwrap();
             std::thread::sleep(Duration::from_millis(20));
             f.unexpose(e);

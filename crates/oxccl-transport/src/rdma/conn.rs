@@ -313,7 +313,7 @@ pub struct RdmaSender {
     /// Bytes the last room gave.
     roomed: u64,
     /// Lengths of messages whose header records wait for room.
-    hdr_pending: std::collections::VecDeque<u64>,
+    hdr_pending: std::collections::VecDeque<(u64, u64)>,
     bytes: u64,
     /// Per QP: work requests posted, retired, unsignaled in a row.
     wr_posted: Vec<u64>,
@@ -371,16 +371,16 @@ impl RdmaSender {
 
     /// Writes held-back header records while there is room.
     fn write_header(&mut self) {
-        while let Some(&len) = self.hdr_pending.front() {
+        while let Some(&(len, tag)) = self.hdr_pending.front() {
             if self.free() < HDR as u64 {
                 return;
             }
-            self.put_header(len);
+            self.put_header(len, tag);
             self.hdr_pending.pop_front();
         }
     }
 
-    fn put_header(&mut self, len: u64) {
+    fn put_header(&mut self, len: u64, tag: u64) {
         let off = (self.tail % self.cap) as usize;
         // SAFETY: [tail, tail + 64) is free: credited by the receiver (or
         // never used), so no work request reads it and no peer writes it.
@@ -388,6 +388,7 @@ impl RdmaSender {
         h.fill(0);
         h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         h[8..16].copy_from_slice(&len.to_le_bytes());
+        h[16..24].copy_from_slice(&tag.to_le_bytes());
         self.tail += HDR as u64;
     }
 
@@ -499,7 +500,7 @@ impl RdmaSender {
 }
 
 impl Sender for RdmaSender {
-    fn begin(&mut self, len: usize) -> Result<()> {
+    fn begin_tagged(&mut self, len: usize, tag: u64) -> Result<()> {
         self.err.check()?;
         if let Some(e) = self.link.gone.clone() {
             return Err(self.err.fail(e));
@@ -511,7 +512,7 @@ impl Sender for RdmaSender {
             )));
         }
         self.left = (len > 0).then_some(len as u64);
-        self.hdr_pending.push_back(len as u64);
+        self.hdr_pending.push_back((len as u64, tag));
         self.write_header();
         self.pump()?;
         Ok(())
@@ -603,8 +604,8 @@ pub struct RdmaReceiver {
     credited: u64,
     credits_out: u32,
     credit_seq: u64,
-    /// The current message: (length, payload bytes consumed).
-    msg: Option<(u64, u64)>,
+    /// The current message: (length, payload bytes consumed, tag).
+    msg: Option<(u64, u64, u64)>,
     /// Bytes the last peek showed and consume may release.
     peeked: u64,
     bytes: u64,
@@ -738,6 +739,7 @@ impl Receiver for RdmaReceiver {
             let h = unsafe { self.ring.slice(off, HDR) };
             let magic = u32::from_le_bytes(h[0..4].try_into().expect("4 bytes"));
             let len = u64::from_le_bytes(h[8..16].try_into().expect("8 bytes"));
+            let tag = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes"));
             if magic != MAGIC || len > crate::ring::MAX_MSG {
                 let e = Error::Remote(format!(
                     "rank {}: malformed message header from rank {} over RDMA (magic {magic:#x}, length {len})",
@@ -746,12 +748,12 @@ impl Receiver for RdmaReceiver {
                 return Err(self.err.fail(e));
             }
             self.head += HDR as u64;
-            self.msg = Some((len, 0));
+            self.msg = Some((len, 0, tag));
         }
-        let (len, done) = self.msg.expect("set above");
+        let (len, done, tag) = self.msg.expect("set above");
         if len == 0 {
             self.peeked = 0;
-            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[] }));
+            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[], tag }));
         }
         let off = self.head % self.cap;
         let avail = (self.tail - self.head).min(len - done).min(self.cap - off);
@@ -762,12 +764,12 @@ impl Receiver for RdmaReceiver {
         // and stay until this end credits them.
         let data = unsafe { self.ring.slice(off as usize, avail as usize) };
         self.peeked = avail;
-        Ok(Some(Piece { msg_len: len as usize, offset: done as usize, data }))
+        Ok(Some(Piece { msg_len: len as usize, offset: done as usize, data, tag }))
     }
 
     fn consume(&mut self, n: usize) -> Result<()> {
         self.err.check()?;
-        let Some((len, done)) = self.msg else {
+        let Some((len, done, tag)) = self.msg else {
             return Err(Error::InvalidUsage("consume without a message".into()));
         };
         let n = n as u64;
@@ -784,7 +786,7 @@ impl Receiver for RdmaReceiver {
             self.head = self.head.next_multiple_of(HDR as u64);
             self.msg = None;
         } else {
-            self.msg = Some((len, done + n));
+            self.msg = Some((len, done + n, tag));
         }
         self.credit()
     }

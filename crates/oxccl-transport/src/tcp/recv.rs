@@ -35,6 +35,7 @@ struct Msg {
     seq: u64,
     start: u64,
     len: u64,
+    tag: u64,
 }
 
 struct Stream {
@@ -178,7 +179,7 @@ impl TcpReceiver {
                 }
                 self.land = Some((Some(h.seq), dst));
             }
-            self.msgs.push_back(Msg { seq: h.seq, start, len: h.msg_len });
+            self.msgs.push_back(Msg { seq: h.seq, start, len: h.msg_len, tag: h.tag });
             self.next_seq += 1;
             self.next_start = align64(start + h.msg_len);
             (h.seq, start)
@@ -286,15 +287,38 @@ impl TcpReceiver {
         }
     }
 
-    fn pump(&mut self) -> Result<bool> {
+    /// Takes this connection's sockets once they have all arrived; false
+    /// until then.
+    fn attach(&mut self) -> bool {
         if self.streams.is_empty() {
             self.shared.poll();
-            let Some(socks) = self.shared.take(self.peer, self.ch) else { return Ok(false) };
+            let Some(socks) = self.shared.take(self.peer, self.ch) else { return false };
             self.nstripes = socks.len() as u16;
             self.streams = socks
                 .into_iter()
                 .map(|sock| Stream { sock, hdr: [0; HEADER_LEN], hdr_got: 0, cur: None, done: None, eof: false })
                 .collect();
+        }
+        true
+    }
+
+    /// Reads stream 0 up to the end of the next message's header, no
+    /// further (its payload may still land in place).
+    fn read_next_header(&mut self) -> Result<()> {
+        if !self.attach() {
+            return Ok(());
+        }
+        while self.msgs.is_empty() && self.streams[0].cur.is_none() {
+            if let Step::Blocked = self.step(0)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn pump(&mut self) -> Result<bool> {
+        if !self.attach() {
+            return Ok(false);
         }
         let mut moved = false;
         for _round in 0..4 {
@@ -353,7 +377,7 @@ impl Receiver for TcpReceiver {
         };
         if m.len == 0 {
             self.peeked_empty = true;
-            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[] }));
+            return Ok(Some(Piece { msg_len: 0, offset: 0, data: &[], tag: m.tag }));
         }
         let off = self.rpos - m.start;
         // Contiguous arrived bytes of the message, stripe after stripe.
@@ -386,8 +410,8 @@ impl Receiver for TcpReceiver {
         let n = ((arrived - off) as usize).min(self.cap as usize - at);
         let at = self.base + at;
         self.last_peek = n;
-        let msg_len = m.len as usize;
-        Ok(Some(Piece { msg_len, offset: off as usize, data: &self.buf[at..at + n] }))
+        let (msg_len, tag) = (m.len as usize, m.tag);
+        Ok(Some(Piece { msg_len, offset: off as usize, data: &self.buf[at..at + n], tag }))
     }
 
     fn consume(&mut self, n: usize) -> Result<()> {
@@ -432,6 +456,22 @@ impl Receiver for TcpReceiver {
 
     fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    fn next_tag(&mut self) -> Result<Option<u64>> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.msgs.is_empty()
+            && let Err(e) = self.read_next_header()
+        {
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
+        match self.msgs.front() {
+            Some(m) => Ok(Some(m.tag)),
+            None => self.starved().map_or(Ok(None), Err),
+        }
     }
 
     fn recv_into(&mut self, dst: &Region) -> Result<(bool, bool)> {

@@ -384,7 +384,7 @@ impl TcpSender {
     /// (stripe 0 always): its bytes come through the FIFO from
     /// `next_start`, or straight from `src`. Returns its sequence number
     /// (a straight send's token). `what` names the call for errors.
-    fn enqueue(&mut self, len: u64, what: impl Fn() -> String, src: Option<Region>) -> Result<u64> {
+    fn enqueue(&mut self, len: u64, tag: u64, what: impl Fn() -> String, src: Option<Region>) -> Result<u64> {
         if let Some(c) = &self.cur {
             return Err(Error::InvalidUsage(format!(
                 "{}: {} while message {} has {} of {} bytes committed; commit the whole message first",
@@ -402,7 +402,7 @@ impl TcpSender {
         for i in 0..self.nstripes {
             let r = stripe_range(len, self.nstripes, i);
             if i == 0 || r.end > r.start {
-                let hdr = Header::new(seq, len, self.nstripes, i).encode();
+                let hdr = Header::new(seq, len, self.nstripes, i).tagged(tag).encode();
                 let (pos, ext) = match src {
                     None => (start + r.start, None),
                     Some(src) => (0, Some((src.sub(r.start as usize, (r.end - r.start) as usize)?, seq))),
@@ -424,11 +424,11 @@ impl TcpSender {
 }
 
 impl Sender for TcpSender {
-    fn begin(&mut self, len: usize) -> Result<()> {
+    fn begin_tagged(&mut self, len: usize, tag: u64) -> Result<()> {
         self.check()?;
         let len64 = len as u64;
         let start = self.next_start;
-        self.enqueue(len64, || format!("begin({len})"), None)?;
+        self.enqueue(len64, tag, || format!("begin({len})"), None)?;
         self.commit = start;
         self.next_start = align64(start + len64);
         self.cur = (len > 0).then_some(Cur { len: len64, written: 0 });
@@ -514,10 +514,10 @@ impl Sender for TcpSender {
         len >= FROM_MIN
     }
 
-    fn send_from(&mut self, src: Region) -> Result<Option<u64>> {
+    fn send_from(&mut self, src: Region, tag: u64) -> Result<Option<u64>> {
         self.check()?;
         let len = src.len() as u64;
-        let token = self.enqueue(len, || "send_from".into(), Some(src))?;
+        let token = self.enqueue(len, tag, || "send_from".into(), Some(src))?;
         self.bytes += len;
         let r = self.connect().and_then(|_| if self.ready { self.push() } else { Ok(false) });
         self.fail(r)?;

@@ -21,6 +21,7 @@
 //! ([`release`]), success or not.
 
 mod one_sided;
+pub(crate) mod sig;
 mod two_sided;
 
 use crate::buf::{self, Owned, Region};
@@ -242,6 +243,9 @@ pub(crate) struct Task {
     pub label: Label,
     /// One-sided programs: whose buffers are involved.
     pub peers: Option<Arc<OneSidedPeers>>,
+    /// A collective's signature: its messages carry it, and what arrives
+    /// must carry the same ([`sig`]).
+    pub sig: Option<sig::Sig>,
     started: bool,
     exposure: Option<Exposure>,
     /// Peers' buffer descriptors (input, output, scratch) for this task.
@@ -258,7 +262,12 @@ impl Task {
         label: Label,
         peers: Option<Arc<OneSidedPeers>>,
     ) -> Task {
-        Task { lanes, bufs, dtype, op, label, peers, started: false, exposure: None, remote: HashMap::new() }
+        Task { lanes, bufs, dtype, op, label, peers, sig: None, started: false, exposure: None, remote: HashMap::new() }
+    }
+
+    /// This task, its messages signed with `sig`.
+    pub fn signed(self, sig: sig::Sig) -> Task {
+        Task { sig: Some(sig), ..self }
     }
 
     /// Registers this rank's buffers for the peers that access them (once,
@@ -271,7 +280,8 @@ impl Task {
             && !p.accessed_by.is_empty()
         {
             let b = &self.bufs;
-            self.exposure = Some(fabric.expose(&[b.input, b.output, b.scratch], &p.accessed_by)?);
+            let tag = self.sig.map_or(0, |s| s.tag());
+            self.exposure = Some(fabric.expose(&[b.input, b.output, b.scratch], &p.accessed_by, tag)?);
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 //! (ranks of one process); elsewhere it lands the peer's bytes in a small
 //! staging buffer (a cache-sized piece at a time) and reduces from there.
 
+use super::sig::Expect;
 use super::{Lane, Task};
 use crate::buf::{self, Operand, Owned, Region};
 use oxccl_algo::ir::{Buf, Slice, Step};
@@ -31,7 +32,8 @@ fn remote(fabric: &mut Fabric, task: &mut Task, peer: usize, buf: Buf) -> Result
     if let Some(d) = task.remote.get(&peer) {
         return Ok(Some(d[i]));
     }
-    let Some(descs) = fabric.exposed(peer)? else { return Ok(None) };
+    let Some((descs, tag)) = fabric.exposed(peer)? else { return Ok(None) };
+    Expect { sig: task.sig, me: fabric.rank() }.tag(tag, peer)?;
     if descs.len() != 3 {
         return Err(Error::Remote(format!(
             "rank {peer} exposed {} buffers where 3 (input, output, scratch) were expected: the ranks run \
@@ -71,15 +73,16 @@ fn settle(fabric: &mut Fabric, lane: &mut Lane) -> Result<bool> {
 pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Result<(bool, bool)> {
     let es = task.dtype.size();
     let wire = task.lanes[li].wire;
+    let x = Expect { sig: task.sig, me: fabric.rank() };
     match step {
         Step::Signal { peer } => {
-            fabric.signal(*peer, wire)?;
+            fabric.signal(*peer, wire, x.own())?;
             Ok((true, true))
         }
-        Step::Wait { peer } => {
-            let got = fabric.take_signal(*peer, wire)?;
-            Ok((got, got))
-        }
+        Step::Wait { peer } => match fabric.take_signal(*peer, wire)? {
+            Some(tag) => x.tag(tag, *peer).map(|()| (true, true)),
+            None => Ok((false, false)),
+        },
         Step::Put { peer, src, dst } => {
             let Some(desc) = remote(fabric, task, *peer, dst.buf)? else { return Ok((false, false)) };
             let lane = &mut task.lanes[li];

@@ -1,6 +1,7 @@
 //! Two-sided steps: messages through the connections' FIFOs, read and
 //! written in place piece by piece.
 
+use super::sig::Expect;
 use super::{Lane, Task, rewritten_later};
 use crate::buf::{self, Operand, Region};
 use oxccl_algo::ir::{Slice, Step};
@@ -28,7 +29,8 @@ pub(super) fn pump(s: &mut dyn Sender, src: &Region, put: &mut usize, es: usize)
 
 /// Checks a piece against what the step expects; the usable length in
 /// whole elements.
-fn usable(piece: &Piece<'_>, expect: usize, got: usize, es: usize, peer: usize) -> Result<usize> {
+fn usable(piece: &Piece<'_>, x: Expect, expect: usize, got: usize, es: usize, peer: usize) -> Result<usize> {
+    x.tag(piece.tag, peer)?;
     if piece.msg_len != expect {
         return Err(Error::InvalidUsage(format!(
             "rank {peer}: {}",
@@ -46,6 +48,8 @@ fn usable(piece: &Piece<'_>, expect: usize, got: usize, es: usize, peer: usize) 
 pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Result<(bool, bool)> {
     let es = task.dtype.size();
     let (bufs, dtype, op) = (task.bufs, task.dtype, task.op);
+    let x = Expect { sig: task.sig, me: fabric.rank() };
+    let tag = x.own();
     let lane = &mut task.lanes[li];
     let wire = lane.wire;
     let reg = |s: &Slice| bufs.region(s, es);
@@ -74,10 +78,10 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
                 // Large messages straight from their source where the
                 // provider takes them and no later step rewrites it.
                 if s.takes_from(src.len()) && !rewritten_later(lane, &bufs, &src, es)? {
-                    lane.token = s.send_from(src)?;
+                    lane.token = s.send_from(src, tag)?;
                 }
                 if lane.token.is_none() {
-                    s.begin(src.len())?;
+                    s.begin_tagged(src.len(), tag)?;
                 }
                 lane.begun = true;
             }
@@ -91,7 +95,16 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
         }
         Step::Recv { peer, dst } => {
             let d = reg(dst)?;
-            let (moved, done) = fabric.receiver(*peer, wire)?.recv_into(&d).map_err(|e| match e {
+            let r = fabric.receiver(*peer, wire)?;
+            if !lane.begun && x.sig.is_some() {
+                // The signature first: a message of another call must not
+                // land in this one's output.
+                match r.next_tag()? {
+                    Some(t) => x.tag(t, *peer)?,
+                    None => return Ok((false, false)),
+                }
+            }
+            let (moved, done) = r.recv_into(&d).map_err(|e| match e {
                 Error::Remote(m) if !m.contains(&format!("rank {peer}")) => Error::Remote(format!("rank {peer}: {m}")),
                 other => other,
             })?;
@@ -103,7 +116,7 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
             let r = fabric.receiver(*peer, wire)?;
             let mut moved = false;
             while let Some(piece) = r.peek()? {
-                let n = usable(&piece, d.len(), lane.got, es, *peer)?;
+                let n = usable(&piece, x, d.len(), lane.got, es, *peer)?;
                 if d.is_empty() {
                     r.consume(0)?;
                     return Ok((true, true));
@@ -124,7 +137,7 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
         }
         Step::RecvReduceSend { recv, send, src } => {
             let l = reg(src)?;
-            forward(fabric, lane, (*recv, *send, wire), l.len(), es, |off, piece, room| {
+            forward(fabric, lane, (*recv, *send, wire), (x, tag), l.len(), es, |off, piece, room| {
                 buf::reduce(
                     dtype,
                     op,
@@ -136,14 +149,14 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
         }
         Step::RecvCopySend { recv, send, dst } => {
             let d = reg(dst)?;
-            forward(fabric, lane, (*recv, *send, wire), d.len(), es, |off, piece, room| {
+            forward(fabric, lane, (*recv, *send, wire), (x, tag), d.len(), es, |off, piece, room| {
                 room.copy_from_slice(piece);
                 buf::write_at(&d, off, piece)
             })
         }
         Step::RecvReduceCopySend { recv, send, src, dst } => {
             let (l, d) = (reg(src)?, reg(dst)?);
-            forward(fabric, lane, (*recv, *send, wire), d.len(), es, |off, piece, room| {
+            forward(fabric, lane, (*recv, *send, wire), (x, tag), d.len(), es, |off, piece, room| {
                 let out = d.sub(off, piece.len())?;
                 buf::reduce(dtype, op, &out, Operand::Region(l.sub(off, piece.len())?), Operand::Bytes(piece))?;
                 out.read(|o| room.copy_from_slice(o));
@@ -163,18 +176,19 @@ fn forward(
     fabric: &mut Fabric,
     lane: &mut Lane,
     (from, to, wire): (usize, usize, Channel),
+    (x, tag): (Expect, u64),
     len: usize,
     es: usize,
     mut f: impl FnMut(usize, &[u8], &mut [u8]) -> Result<()>,
 ) -> Result<(bool, bool)> {
     let (r, s) = fabric.pair(from, to, wire)?;
     if !lane.begun {
-        s.begin(len)?;
+        s.begin_tagged(len, tag)?;
         lane.begun = true;
     }
     let mut moved = false;
     while let Some(piece) = r.peek()? {
-        let n = usable(&piece, len, lane.got, es, from)?;
+        let n = usable(&piece, x, len, lane.got, es, from)?;
         if len == 0 {
             r.consume(0)?;
             return Ok((true, true));
