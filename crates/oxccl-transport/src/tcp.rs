@@ -35,6 +35,7 @@
 //!   once the bytes sent before the close have been consumed; a malformed
 //!   header is an [`Error::Remote`] saying what was wrong. Errors stick.
 
+mod pending;
 mod provider;
 mod recv;
 mod send;
@@ -44,6 +45,7 @@ pub use provider::{TcpFactory, TcpProvider};
 use crate::wire::{Expect, HANDSHAKE_LEN, Handshake, MAX_STREAMS};
 use crate::{Channel, Error, Receiver, Result, Sender};
 use parking_lot::Mutex;
+use pending::{Handshakes, Pending};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::{HashMap, HashSet};
 use std::io::{ErrorKind, Read, Write};
@@ -110,20 +112,9 @@ struct Arrived {
     socks: Vec<Option<Socket>>,
 }
 
-/// An accepted socket whose handshake and proof are still being read.
-struct Pending {
-    sock: Socket,
-    from: String,
-    /// The challenge sent to it on accept.
-    challenge: [u8; crate::auth::CHALLENGE_LEN],
-    buf: [u8; HELLO_LEN],
-    got: usize,
-    deadline: Instant,
-}
-
 struct State {
     peers: Vec<SocketAddr>,
-    pending: Vec<Pending>,
+    pending: Handshakes,
     arrived: HashMap<(usize, Channel), Arrived>,
     /// Connections whose sockets a receiver has taken.
     taken: HashSet<(usize, Channel)>,
@@ -133,6 +124,40 @@ struct State {
     sockets: Vec<Weak<Socket>>,
     /// When the listener was last asked for connections.
     last_accept: Option<Instant>,
+    drops: Drops,
+}
+
+/// Logs dropped connections: the first few of each second one by one, the
+/// rest as a count (a flood of them must not cost the data path a log line
+/// each).
+#[derive(Default)]
+struct Drops {
+    since: Option<Instant>,
+    logged: u32,
+    quiet: u64,
+}
+
+impl Drops {
+    const PER_SECOND: u32 = 5;
+
+    fn note(&mut self, me: usize, from: &str, why: &str) {
+        let now = Instant::now();
+        if self.since.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+            if self.quiet > 0 {
+                tracing::warn!(
+                    "tcp rank {me}: dropped {} more connections in the last second (not logged)",
+                    self.quiet
+                );
+            }
+            *self = Drops { since: Some(now), logged: 0, quiet: 0 };
+        }
+        if self.logged < Self::PER_SECOND {
+            self.logged += 1;
+            tracing::warn!("tcp rank {me}: dropped a connection from {from}: {why}");
+        } else {
+            self.quiet += 1;
+        }
+    }
 }
 
 /// How often the listener is asked for new connections.
@@ -219,13 +244,14 @@ impl Tcp {
             .ok_or_else(|| Error::System("tcp: the listener has no address".into()))?;
         let state = State {
             peers: Vec::new(),
-            pending: Vec::new(),
+            pending: Handshakes::new().map_err(|e| sys("tcp: creating the handshake poller", e))?,
             arrived: HashMap::new(),
             taken: HashSet::new(),
             senders: HashSet::new(),
             receivers: HashSet::new(),
             sockets: Vec::new(),
             last_accept: None,
+            drops: Drops::default(),
         };
         Ok(Tcp {
             shared: Arc::new(Shared {
@@ -314,7 +340,7 @@ impl Tcp {
         let mut st = self.shared.state.lock();
         st.sockets.retain(|w| w.strong_count() > 0);
         let mut fds = vec![self.shared.listener.as_raw_fd()];
-        fds.extend(st.pending.iter().map(|p| p.sock.as_raw_fd()));
+        fds.extend(st.pending.fds());
         fds.extend(st.arrived.values().flat_map(|a| a.socks.iter().flatten()).map(|s| s.as_raw_fd()));
         fds.extend(st.sockets.iter().filter_map(|w| w.upgrade()).map(|s| s.as_raw_fd()));
         fds
@@ -401,25 +427,23 @@ impl Shared {
                     moved = true;
                     let from = from.as_socket().map_or_else(|| "?".to_string(), |a| a.to_string());
                     if let Err(e) = sock.set_nonblocking(true).and_then(|()| sock.set_tcp_nodelay(true)) {
-                        tracing::warn!("tcp rank {}: dropped a connection from {from}: {e}", self.me);
+                        st.drops.note(self.me, &from, &e.to_string());
                         continue;
-                    }
-                    if st.pending.len() >= MAX_PENDING {
-                        let old = st.pending.remove(0);
-                        tracing::warn!("tcp rank {}: too many handshakes pending, dropped {}", self.me, old.from);
                     }
                     // The challenge goes out at once: 16 bytes always fit a
                     // fresh socket's buffer.
                     let challenge = crate::auth::challenge();
                     if let Err(e) = (&sock).write_all(&challenge) {
-                        tracing::warn!(
-                            "tcp rank {}: dropped a connection from {from}: sending the challenge: {e}",
-                            self.me
-                        );
+                        st.drops.note(self.me, &from, &format!("sending the challenge: {e}"));
                         continue;
                     }
                     let deadline = Instant::now() + HANDSHAKE_DEADLINE.min(self.opts.connect_timeout);
-                    st.pending.push(Pending { sock, from, challenge, buf: [0; HELLO_LEN], got: 0, deadline });
+                    let p = Pending { sock, from, challenge, buf: [0; HELLO_LEN], got: 0, deadline };
+                    match st.pending.add(p, MAX_PENDING) {
+                        Ok(Some(old)) => st.drops.note(self.me, &old.from, "too many handshakes pending"),
+                        Ok(None) => {}
+                        Err(e) => st.drops.note(self.me, "?", &format!("watching it: {e}")),
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -429,10 +453,11 @@ impl Shared {
                 }
             }
         }
+        // Only the sockets with bytes waiting (and, now and then, those
+        // past their deadline): idle connections cost nothing here.
         let now = Instant::now();
-        let mut i = 0;
-        while i < st.pending.len() {
-            let p = &mut st.pending[i];
+        for key in st.pending.due(now) {
+            let Some(p) = st.pending.get_mut(key) else { continue };
             let outcome = loop {
                 match (&p.sock).read(&mut p.buf[p.got..]) {
                     Ok(0) => break Err(format!("closed after {} of {HELLO_LEN} handshake bytes", p.got)),
@@ -458,17 +483,17 @@ impl Shared {
                 }
             };
             match outcome {
-                Ok(false) => i += 1,
+                Ok(false) => {}
                 Ok(true) => {
-                    let p = st.pending.swap_remove(i);
+                    let p = st.pending.remove(key).expect("found above");
                     if let Err(why) = self.admit(&mut st, p.sock, &p.buf, &p.challenge) {
-                        tracing::warn!("tcp rank {}: dropped a connection from {}: {why}", self.me, p.from);
+                        st.drops.note(self.me, &p.from, &why);
                     }
                     moved = true;
                 }
                 Err(why) => {
-                    let p = st.pending.swap_remove(i);
-                    tracing::warn!("tcp rank {}: dropped a connection from {}: {why}", self.me, p.from);
+                    let p = st.pending.remove(key).expect("found above");
+                    st.drops.note(self.me, &p.from, &why);
                     moved = true;
                 }
             }

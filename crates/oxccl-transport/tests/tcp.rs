@@ -595,3 +595,41 @@ fn send_all_from(tx: &mut dyn Sender, src: &[u8]) {
         tx.progress().unwrap();
     }
 }
+
+/// A flood of silent connections (more than may wait at once) neither
+/// stops a real pair from connecting nor holds more than 256 sockets; the
+/// ones past their deadline go.
+#[test]
+fn a_flood_of_silent_connections_is_bounded_and_swept() {
+    let nonce = [8; 16];
+    let o = TcpOptions { connect_timeout: Duration::from_secs(1), ..opts(2, 64 << 10) };
+    let a = Tcp::new(0, 2, nonce, SECRET, LO, o.clone()).unwrap();
+    let b = Tcp::new(1, 2, nonce, SECRET, LO, o).unwrap();
+    let addrs = vec![a.addr(), b.addr()];
+    a.set_peer_addrs(addrs.clone()).unwrap();
+    b.set_peer_addrs(addrs).unwrap();
+    let silent: Vec<TcpStream> = (0..400).map(|_| TcpStream::connect(b.addr()).unwrap()).collect();
+    let deadline = Instant::now() + LIMIT;
+    // Accepted (and the oldest dropped) as rank 1 makes progress.
+    let mut most = 0;
+    while most < 256 {
+        assert!(Instant::now() < deadline, "only {most} silent connections were ever pending");
+        b.progress().unwrap();
+        most = most.max(b.pending_handshakes());
+        assert!(b.pending_handshakes() <= 256, "{} pending", b.pending_handshakes());
+    }
+    let (mut tx, mut rx) = (a.sender(1, 0).unwrap(), b.receiver(0, 0).unwrap());
+    let sz = sizes(7, 20, 50_000, 1);
+    let s2 = sz.clone();
+    thread::scope(|s| {
+        s.spawn(|| send_all(&mut *tx, &s2, 1, 3));
+        recv_all(&mut *rx, &sz, 1, 4);
+    });
+    // Past the handshake deadline (1 s here), every silent one is gone.
+    while b.pending_handshakes() > 0 {
+        assert!(Instant::now() < deadline, "{} silent connections outlived their deadline", b.pending_handshakes());
+        b.progress().unwrap();
+        thread::sleep(Duration::from_millis(10));
+    }
+    drop(silent);
+}
