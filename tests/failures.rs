@@ -216,3 +216,28 @@ fn racing_abort(transport: Option<oxccl::Kind>, trials: usize) {
         );
     }
 }
+
+/// An abort after a failure carries the failure: a rank that hears of the
+/// abort first (before the failure's own notice, or never) still learns
+/// the cause, not only "rank r aborted".
+#[test]
+fn an_abort_after_a_failure_names_the_failure() {
+    let cfg = Config { timeout: Some(Duration::from_secs(1)), ..Config::default() };
+    let comms = Communicator::init_threads_with(3, cfg).unwrap();
+    let c0 = &comms[0];
+    let mut x = vec![1.0f32; 100];
+    // Rank 0 alone: a timeout naming what it waited for.
+    let e = c0.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap_err().to_string();
+    assert!(e.contains("timed out"), "{e}");
+    c0.abort();
+    // The notice travels over the bootstrap (a few ms).
+    std::thread::sleep(Duration::from_millis(300));
+    for c in &comms[1..] {
+        let e = c.barrier().unwrap_err().to_string();
+        assert!(
+            e.contains("rank 0 aborted: the application called abort after:") && e.contains("timed out"),
+            "rank {}: {e}",
+            c.rank()
+        );
+    }
+}

@@ -260,10 +260,17 @@ impl Communicator {
     /// afterwards; drop it.
     pub fn abort(&self) {
         let inner = &self.inner;
+        // Most aborts follow a failure: say which, so a rank that hears of
+        // this abort before it hears of that failure (a peer's death
+        // notice racing it) still names the cause.
+        let why = match inner.shared.poisoned() {
+            Some(cause) => format!("the application called abort after: {cause}"),
+            None => "the application called abort".to_string(),
+        };
         let e = Error::Remote(format!("rank {} aborted the communicator", inner.rank));
         inner.shared.set_poison(&e);
         inner.shared.abort.store(true, Ordering::Release);
-        inner.boot.abort("the application called abort");
+        inner.boot.abort(&why);
         self.stop();
     }
 

@@ -107,8 +107,13 @@ impl Shared {
             Some(e) => Err(e),
             None => run_job(self, fabric, job).map_err(|e| {
                 // Misuse seen only mid-call (the ranks' calls disagree:
-                // signature, length): the peers cannot know; tell them.
+                // signature, length): the peers cannot know; tell them,
+                // unless a peer's failure already explains it (what is left
+                // of a call it abandoned).
                 if let Error::InvalidUsage(m) = &e {
+                    if let Err(Error::Remote(cause)) = fabric.check() {
+                        return Error::Remote(format!("{cause} (seen here as: {m})"));
+                    }
                     fabric.fail_everywhere(m);
                 }
                 fabric.explain(e)

@@ -281,7 +281,15 @@ impl Provider for ShmProvider {
                 return Err(Error::Remote(format!("rank {p} did not create a shared segment for rank {}", self.rank)));
             }
             let outbox = Outbox::open(&name, self.rank)?;
-            self.watches.push((p, PidWatch::new(outbox.peer_pid())?));
+            let pid = outbox.peer_pid();
+            let watch = PidWatch::new(pid).map_err(|e| {
+                Error::Remote(format!(
+                    "rank {}: cannot watch rank {p} (pid {pid}) for its death: {e} (it exited during set-up, or \
+                     the kernel lacks pidfd_open)",
+                    self.rank
+                ))
+            })?;
+            self.watches.push((p, watch));
             self.outboxes.insert(p, outbox);
             self.cma[p] = setup.opts.cma && vm_read_permitted(self.pids[p]);
             if setup.opts.cma && !self.cma[p] {
