@@ -40,6 +40,28 @@ fn processes_over_tcp() {
     }
 }
 
+/// Every collective × type over encrypted TCP.
+#[test]
+fn processes_over_encrypted_tcp() {
+    run_matrix(3, "tcp", &[("OXCCL_ENCRYPT", "1")]);
+}
+
+/// Ranks that disagree on encryption fail at init, naming one that differs.
+#[test]
+fn encryption_must_be_the_same_on_every_rank() {
+    let id = fresh_id();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| {
+            let enc = if r == 0 { "1" } else { "0" };
+            spawn(&[], &id, 2, r, "matrix", &[("OXCCL_TRANSPORT", "tcp"), ("OXCCL_ENCRYPT", enc)])
+        })
+        .collect();
+    for (r, k) in kids.into_iter().enumerate() {
+        let (ok, out) = output(k);
+        assert!(!ok && out.contains("ERROR init") && out.contains("OXCCL_ENCRYPT"), "rank {r}:\n{out}");
+    }
+}
+
 /// Every collective × type over RDMA with the software HCA, ranks as
 /// processes.
 #[test]

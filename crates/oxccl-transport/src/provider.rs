@@ -52,6 +52,9 @@ pub struct FabricOptions {
     /// buffer); `None`: from where this machine's measured single copy
     /// beats the FIFO's two (perhaps never); `usize::MAX`: never.
     pub single_copy_min: Option<usize>,
+    /// Encrypt TCP data connections after their handshake (`OXCCL_ENCRYPT`;
+    /// every rank must agree).
+    pub encrypt: bool,
 }
 
 impl Default for FabricOptions {
@@ -65,6 +68,7 @@ impl Default for FabricOptions {
             timeout: Duration::from_secs(300),
             cma: true,
             single_copy_min: None,
+            encrypt: false,
         }
     }
 }

@@ -38,6 +38,7 @@
 mod pending;
 mod provider;
 mod recv;
+mod seal;
 mod send;
 
 pub use provider::{TcpFactory, TcpProvider};
@@ -93,6 +94,9 @@ pub struct TcpOptions {
     /// the kernel's maximum (`net.core.{w,r}mem_max`) allows it, so kernel
     /// autotuning is not capped below its own limit. 0 leaves them alone.
     pub socket_buffer: usize,
+    /// Encrypt data sockets after their handshake (AES-256-GCM, keyed from
+    /// the communicator's secret: see `seal`); every rank must agree.
+    pub encrypt: bool,
 }
 
 impl Default for TcpOptions {
@@ -102,14 +106,21 @@ impl Default for TcpOptions {
             .and_then(|s| s.trim().parse::<usize>().ok())
             .filter(|&n| (1..=usize::from(MAX_STREAMS)).contains(&n))
             .unwrap_or(2);
-        TcpOptions { streams, buffer: 4 << 20, connect_timeout: Duration::from_secs(30), socket_buffer: 4 << 20 }
+        TcpOptions {
+            streams,
+            buffer: 4 << 20,
+            connect_timeout: Duration::from_secs(30),
+            socket_buffer: 4 << 20,
+            encrypt: false,
+        }
     }
 }
 
 /// Validated sockets of one incoming connection, waiting for its receiver.
 struct Arrived {
     nstripes: u16,
-    socks: Vec<Option<Socket>>,
+    /// Per stripe: the socket and, encrypting, its key.
+    socks: Vec<Option<(Socket, Option<[u8; 32]>)>>,
 }
 
 struct State {
@@ -341,7 +352,7 @@ impl Tcp {
         st.sockets.retain(|w| w.strong_count() > 0);
         let mut fds = vec![self.shared.listener.as_raw_fd()];
         fds.extend(st.pending.fds());
-        fds.extend(st.arrived.values().flat_map(|a| a.socks.iter().flatten()).map(|s| s.as_raw_fd()));
+        fds.extend(st.arrived.values().flat_map(|a| a.socks.iter().flatten()).map(|(s, _)| s.as_raw_fd()));
         fds.extend(st.sockets.iter().filter_map(|w| w.upgrade()).map(|s| s.as_raw_fd()));
         fds
     }
@@ -395,7 +406,7 @@ impl Shared {
     }
 
     /// Takes the sockets of connection `(peer, ch)` once all have arrived.
-    fn take(&self, peer: usize, ch: Channel) -> Option<Vec<Arc<Socket>>> {
+    fn take(&self, peer: usize, ch: Channel) -> Option<Vec<(Arc<Socket>, Option<seal::Opener>)>> {
         let mut st = self.state.lock();
         let a = st.arrived.get(&(peer, ch))?;
         if a.socks.iter().any(Option::is_none) {
@@ -403,8 +414,9 @@ impl Shared {
         }
         let a = st.arrived.remove(&(peer, ch))?;
         st.taken.insert((peer, ch));
-        let socks: Vec<Arc<Socket>> = a.socks.into_iter().flatten().map(Arc::new).collect();
-        st.sockets.extend(socks.iter().map(Arc::downgrade));
+        let socks: Vec<(Arc<Socket>, Option<seal::Opener>)> =
+            a.socks.into_iter().flatten().map(|(s, k)| (Arc::new(s), k.as_ref().map(seal::Opener::new))).collect();
+        st.sockets.extend(socks.iter().map(|(s, _)| Arc::downgrade(s)));
         debug_assert_eq!(socks.len(), usize::from(a.nstripes));
         Some(socks)
     }
@@ -533,7 +545,8 @@ impl Shared {
         if slot.is_some() {
             return Err(format!("rank {} channel {}: stripe {} arrived twice", h.sender, h.channel, h.stripe));
         }
-        *slot = Some(sock);
+        let key = self.opts.encrypt.then(|| seal::key(&self.secret, challenge, hs));
+        *slot = Some((sock, key));
         Ok(())
     }
 }

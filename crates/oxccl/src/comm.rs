@@ -135,6 +135,7 @@ impl Communicator {
             ifname: cfg.socket_ifname.clone(),
             timeout: cfg.timeout,
             cma: cfg.cma,
+            encrypt: cfg.encrypt,
             single_copy_min: match cfg.single_copy {
                 crate::config::SingleCopy::Auto => None,
                 crate::config::SingleCopy::From(n) => Some(n),

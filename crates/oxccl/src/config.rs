@@ -59,6 +59,11 @@ pub struct Config {
     /// this machine's measured single copy beats the FIFO's two, perhaps
     /// never) or `off`).
     pub single_copy_min: Option<SingleCopy>,
+    /// Encrypt TCP data connections after their authenticated handshake
+    /// (AES-256-GCM keyed from the communicator's secret; `OXCCL_ENCRYPT`,
+    /// default off). Every rank must agree: init fails naming a rank that
+    /// differs.
+    pub encrypt: Option<bool>,
 }
 
 /// When shared memory sends a message by reference
@@ -149,6 +154,8 @@ pub struct Resolved {
     pub cma: bool,
     /// See [`Config::single_copy_min`].
     pub single_copy: SingleCopy,
+    /// See [`Config::encrypt`].
+    pub encrypt: bool,
 }
 
 /// Whether `NCCL_*` names stand in for their `OXCCL_*` twins.
@@ -340,6 +347,10 @@ impl Config {
             Some(c) => c,
             None => parse_bool("OXCCL_SHM_CMA")?.unwrap_or(true),
         };
+        let encrypt = match self.encrypt {
+            Some(e) => e,
+            None => parse_bool("OXCCL_ENCRYPT")?.unwrap_or(false),
+        };
         let single_copy = match self.single_copy_min {
             Some(s) => s,
             None => env("OXCCL_SINGLE_COPY_MIN").map(|v| v.parse()).transpose()?.unwrap_or_default(),
@@ -347,6 +358,7 @@ impl Config {
         Ok(Resolved {
             programs,
             cma,
+            encrypt,
             single_copy,
             device_path,
             device_window: device_window / 256 * 256,

@@ -33,6 +33,7 @@ impl Factory for TcpFactory {
             streams: opts.nsocks,
             buffer: opts.tcp_buffsize,
             connect_timeout: opts.timeout.min(Duration::from_secs(30)),
+            encrypt: opts.encrypt,
             ..TcpOptions::default()
         };
         Ok(Box::new(TcpProvider {

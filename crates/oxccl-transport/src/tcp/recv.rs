@@ -16,6 +16,7 @@
 //! rest of a stripe and the next header in one `readv`, and a short read
 //! ends that socket's turn (the next read would only say "nothing").
 
+use super::seal::Opener;
 use super::{Shared, aligned_buffer};
 use crate::region::Region;
 use crate::wire::{HEADER_LEN, Header, stripe_range};
@@ -40,6 +41,8 @@ struct Msg {
 
 struct Stream {
     sock: Arc<Socket>,
+    /// Encrypting: what opens the sealed records.
+    open: Option<Opener>,
     hdr: [u8; HEADER_LEN],
     hdr_got: usize,
     /// The stripe being read: message, next position, end position.
@@ -145,7 +148,12 @@ impl TcpReceiver {
             if i == 0 && self.msgs.len() >= MAX_MSGS {
                 return Ok(Step::Blocked);
             }
-            match (&*s.sock).read(&mut s.hdr[s.hdr_got..]) {
+            let mut iov = [IoSliceMut::new(&mut s.hdr[s.hdr_got..])];
+            let r = match &mut s.open {
+                Some(o) => o.read_vectored(&s.sock, &mut iov),
+                None => (&*s.sock).read_vectored(&mut iov),
+            };
+            match r {
                 Ok(0) if s.hdr_got == 0 => {
                     s.eof = true;
                     return Ok(Step::Blocked);
@@ -246,9 +254,13 @@ impl TcpReceiver {
         let want = (limit - pos) as usize;
         let s = &mut self.streams[i];
         let hdr_room = if limit == end && s.hdr_got == 0 { HEADER_LEN } else { 0 };
-        let read = |buf: &mut [u8], hdr: &mut [u8]| {
+        let (sock, open) = (&s.sock, &mut s.open);
+        let mut read = |buf: &mut [u8], hdr: &mut [u8]| {
             let mut iov = [IoSliceMut::new(buf), IoSliceMut::new(hdr)];
-            (&*s.sock).read_vectored(&mut iov)
+            match open {
+                Some(o) => o.read_vectored(sock, &mut iov),
+                None => (&**sock).read_vectored(&mut iov),
+            }
         };
         let (r, n) = match landing {
             Some(dst) => {
@@ -296,7 +308,15 @@ impl TcpReceiver {
             self.nstripes = socks.len() as u16;
             self.streams = socks
                 .into_iter()
-                .map(|sock| Stream { sock, hdr: [0; HEADER_LEN], hdr_got: 0, cur: None, done: None, eof: false })
+                .map(|(sock, open)| Stream {
+                    sock,
+                    open,
+                    hdr: [0; HEADER_LEN],
+                    hdr_got: 0,
+                    cur: None,
+                    done: None,
+                    eof: false,
+                })
                 .collect();
         }
         true

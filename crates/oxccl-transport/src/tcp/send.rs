@@ -13,6 +13,7 @@
 //! buffer, each behind its header in one `writev`, in order with the other
 //! messages; the buffer is released once the kernel has all of it.
 
+use super::seal::{self, Sealer};
 use super::{HELLO_LEN, handshake_proof};
 use super::{Shared, aligned_buffer, start_connect};
 use crate::region::Region;
@@ -63,13 +64,23 @@ struct Stream {
     challenge: [u8; crate::auth::CHALLENGE_LEN],
     challenge_got: usize,
     hs_sent: usize,
+    /// With encryption, what seals the bytes after the hello.
+    seal: Option<Sealer>,
 }
 
 impl Stream {
     fn new(sock: Arc<Socket>, handshake: [u8; HANDSHAKE_LEN]) -> Stream {
         let mut hs = [0; HELLO_LEN];
         hs[..HANDSHAKE_LEN].copy_from_slice(&handshake);
-        Stream { sock, connected: false, hs, challenge: [0; crate::auth::CHALLENGE_LEN], challenge_got: 0, hs_sent: 0 }
+        Stream {
+            sock,
+            connected: false,
+            hs,
+            challenge: [0; crate::auth::CHALLENGE_LEN],
+            challenge_got: 0,
+            hs_sent: 0,
+            seal: None,
+        }
     }
 
     /// A fresh socket in place of this one (refused, or dropped before its
@@ -91,7 +102,7 @@ impl Stream {
 
     /// Reads what has come of the challenge; `Err` if the accepting side
     /// closed first (it refused or dropped the socket: reconnect).
-    fn read_challenge(&mut self, secret: &crate::auth::Secret) -> std::io::Result<bool> {
+    fn read_challenge(&mut self, secret: &crate::auth::Secret, encrypt: bool) -> std::io::Result<bool> {
         use std::io::Read;
         let mut moved = false;
         while !self.proven() {
@@ -109,6 +120,7 @@ impl Stream {
         if self.proven() && moved {
             let proof = handshake_proof(secret, &self.challenge, &self.hs[..HANDSHAKE_LEN]);
             self.hs[HANDSHAKE_LEN..].copy_from_slice(&proof);
+            self.seal = encrypt.then(|| Sealer::new(&seal::key(secret, &self.challenge, &self.hs[..HANDSHAKE_LEN])));
         }
         Ok(moved)
     }
@@ -227,7 +239,7 @@ impl TcpSender {
                 if s.proven() {
                     continue;
                 }
-                match s.read_challenge(&self.shared.secret) {
+                match s.read_challenge(&self.shared.secret, self.shared.opts.encrypt) {
                     Ok(m) => moved |= m,
                     Err(e) => {
                         // The accepting side dropped the socket before its
@@ -298,6 +310,15 @@ impl TcpSender {
                 // first part).
                 continue;
             }
+            if let Some(seal) = &mut s.seal {
+                let before = seal.idle();
+                let done =
+                    seal.flush(&s.sock).map_err(|e| self.shared.lost(self.peer, self.ch, i, &format!(": {e}")))?;
+                moved |= done && !before;
+                if !done {
+                    continue;
+                }
+            }
             loop {
                 let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(8);
                 if s.hs_sent < HELLO_LEN {
@@ -332,7 +353,13 @@ impl TcpSender {
                 if iov.is_empty() && ext.is_none() {
                     break;
                 }
-                let send = |iov: &[IoSlice<'_>]| s.sock.send_vectored_with_flags(iov, libc::MSG_NOSIGNAL);
+                // The hello in clear, then (encrypting) sealed records.
+                let hello_done = s.hs_sent == HELLO_LEN;
+                let mut send = |iov: &[IoSlice<'_>]| match &mut s.seal {
+                    Some(seal) if hello_done => seal.send(&s.sock, iov),
+                    Some(_) => s.sock.send_with_flags(&iov[0], libc::MSG_NOSIGNAL),
+                    None => s.sock.send_vectored_with_flags(iov, libc::MSG_NOSIGNAL),
+                };
                 let r = match ext {
                     None => send(&iov),
                     Some((src, from)) => src.read(|b| {
@@ -499,7 +526,7 @@ impl Sender for TcpSender {
     }
 
     fn flushed(&self) -> bool {
-        self.streams.iter().all(|s| s.hs_sent == HELLO_LEN)
+        self.streams.iter().all(|s| s.hs_sent == HELLO_LEN && s.seal.as_ref().is_none_or(Sealer::idle))
             && self.queues.iter().flatten().all(|j| match j.ext {
                 Some(_) => j.done(),
                 None => j.hdr_sent == HEADER_LEN && j.pos + j.sent >= (j.pos + j.len).min(self.commit),
