@@ -467,7 +467,8 @@ OXCCL_API(ncclResult_t, GroupStart, ())
 OXCCL_API(ncclResult_t, GroupEnd, ())
 OXCCL_API(ncclResult_t, GroupSimulateEnd, (ncclSimInfo_t* simInfo))
 
-/* Encryption of TCP traffic: not supported yet (ncclInvalidUsage). */
+/* Encryption: PSK mode encrypts the bootstrap and TCP traffic of the
+ * communicators made afterwards (every rank must pass the same key). */
 OXCCL_API(ncclResult_t, SetEncryption, (const ncclEncryptionConfig_t* config))
 
 /* Parameters: the NCCL_* and OXCCL_* variables oxccl reads. */

@@ -116,6 +116,61 @@ pub(crate) fn read_config(p: *const ConfigC) -> Result<Options> {
     Ok(Options { blocking: blocking != 0 })
 }
 
+/// `ncclEncryptionConfig_t` (NCCL 2.32).
+#[repr(C)]
+pub struct EncryptionC {
+    /// `sizeof(ncclEncryptionConfig_t)`.
+    pub size: usize,
+    /// `NCCL_API_MAGIC`.
+    pub magic: c_uint,
+    /// The caller's `NCCL_VERSION_CODE`.
+    pub version: c_uint,
+    /// `ncclEncryptionMode_t`: 0 none, 1 PSK.
+    pub mode: c_int,
+    /// The pre-shared key (PSK mode), a C string.
+    pub psk: *const c_char,
+}
+
+/// Reads an `ncclEncryptionConfig_t`: `None` for mode NONE, the key for
+/// mode PSK; an error naming the field that is wrong.
+pub(crate) fn read_encryption(p: *const EncryptionC) -> Result<Option<Vec<u8>>> {
+    if p.is_null() {
+        return Err(Error::invalid("config (the ncclEncryptionConfig_t*) is NULL"));
+    }
+    // SAFETY: a non-NULL config points at least at its `size` field.
+    let size = unsafe { std::ptr::read_unaligned(p.cast::<usize>()) };
+    if size < std::mem::size_of::<EncryptionC>() {
+        return Err(Error::invalid(format!(
+            "config.size is {size}, not sizeof(ncclEncryptionConfig_t): initialise it with \
+             NCCL_ENCRYPTION_CONFIG_INITIALIZER"
+        )));
+    }
+    // SAFETY: the caller's struct is at least as large as ours (checked).
+    let c = unsafe { std::ptr::read_unaligned(p) };
+    if c.magic != API_MAGIC {
+        return Err(Error::invalid(format!(
+            "config.magic is {:#x}, not NCCL_API_MAGIC: initialise it with NCCL_ENCRYPTION_CONFIG_INITIALIZER",
+            c.magic
+        )));
+    }
+    match c.mode {
+        0 => Ok(None),
+        1 if c.psk.is_null() => Err(Error::invalid("config.psk is NULL in NCCL_ENCRYPTION_MODE_PSK")),
+        1 => {
+            // SAFETY: a non-NULL psk is a NUL-terminated string (NCCL's
+            // contract for the field).
+            let key = unsafe { std::ffi::CStr::from_ptr(c.psk) }.to_bytes().to_vec();
+            if key.is_empty() {
+                return Err(Error::invalid("config.psk is empty in NCCL_ENCRYPTION_MODE_PSK"));
+            }
+            Ok(Some(key))
+        }
+        m => Err(Error::invalid(format!(
+            "config.mode is {m}: expected NCCL_ENCRYPTION_MODE_NONE (0) or NCCL_ENCRYPTION_MODE_PSK (1)"
+        ))),
+    }
+}
+
 /// Checks a per-call config (`ncclAllReduceConfig` …): NULL or an
 /// initialised one; its options do not change what oxccl does.
 pub(crate) fn check_coll_config(p: *const CollConfigHead) -> Result<()> {

@@ -155,15 +155,18 @@ fn layouts_and_values_are_nccls() {
     let out = run(&mut Command::new(bin), Duration::from_secs(30));
     let got: std::collections::HashMap<&str, i64> =
         out.lines().filter_map(|l| l.split_once(' ')).map(|(k, v)| (k, v.parse().unwrap())).collect();
-    use nccl::abi::{CollConfigHead, ConfigC, SimInfoC};
+    use nccl::abi::{CollConfigHead, ConfigC, EncryptionC, SimInfoC};
     use std::mem::{offset_of, size_of};
-    let want: [(&str, i64); 33] = [
+    let want: [(&str, i64); 36] = [
         ("sizeof.ncclUniqueId", 128),
         ("sizeof.ncclConfig_t", 120),
         ("sizeof.ncclSimInfo_t", 24),
         ("sizeof.ncclCollConfig_t", 72),
         ("sizeof.ncclRedOp_t", 4),
         ("sizeof.ncclDataType_t", 4),
+        ("sizeof.ncclEncryptionConfig_t", 32),
+        ("ncclEncryptionConfig_t.mode", 16),
+        ("ncclEncryptionConfig_t.psk", 24),
         ("ncclConfig_t.blocking", 16),
         ("ncclConfig_t.netName", 32),
         ("ncclConfig_t.commName", 48),
@@ -203,6 +206,8 @@ fn layouts_and_values_are_nccls() {
     assert_eq!(size_of::<SimInfoC>() as i64, got["sizeof.ncclSimInfo_t"]);
     assert_eq!(offset_of!(SimInfoC, estimatedTime) as i64, got["ncclSimInfo_t.estimatedTime"]);
     assert_eq!(size_of::<CollConfigHead>(), 16);
+    assert_eq!(size_of::<EncryptionC>() as i64, got["sizeof.ncclEncryptionConfig_t"]);
+    assert_eq!(offset_of!(EncryptionC, psk) as i64, got["ncclEncryptionConfig_t.psk"]);
     assert_eq!(nccl::abi::VERSION_CODE as i64, got["init.version"]);
     assert_eq!(nccl::error::NUM_RESULTS as i64, got["ncclNumResults"]);
 }

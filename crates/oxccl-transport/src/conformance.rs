@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::{Channel, Error, P2P_CHANNEL, Receiver, Result, Sender};
 
 pub mod one_sided;
+pub mod relay;
 
 /// A provider under test.
 pub trait Provider {

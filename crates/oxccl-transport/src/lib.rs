@@ -60,6 +60,7 @@ pub mod provider;
 pub mod rdma;
 pub mod region;
 pub mod ring;
+pub mod seal;
 pub mod shm;
 pub mod tcp;
 pub mod wire;

@@ -14,7 +14,7 @@ use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
 use oxccl_transport::id::{UniqueId, take_listener};
 
 fn opts(secs: u64) -> BootOptions {
-    BootOptions { timeout: Duration::from_secs(secs), host_id: None }
+    BootOptions { timeout: Duration::from_secs(secs), ..BootOptions::default() }
 }
 
 fn spawn_rank(id: UniqueId, n: usize, r: usize, o: BootOptions) -> JoinHandle<Result<Bootstrap, Error>> {
@@ -374,4 +374,47 @@ fn an_unreachable_rendezvous_names_the_refusal() {
     let m = e.to_string();
     assert!(matches!(e, Error::Timeout(_)), "{m}");
     assert!(m.contains(&addr.to_string()) && m.contains("refused"), "{m}");
+}
+
+/// With encryption the bootstrap's frames (the peer table with host names
+/// and pids, all-gather contributions) cannot be read on the wire, and
+/// everything works as before; without it they can (so the test can fail).
+#[test]
+fn an_encrypted_bootstrap_hides_what_it_carries() {
+    use oxccl_transport::conformance::relay::{contains, relay};
+    for encrypt in [false, true] {
+        let id = UniqueId::new().unwrap();
+        let (via, seen) = relay(id.addr(), None);
+        let id1 = UniqueId::from_addr(via, id.nonce()).with_secret(id.secret());
+        let o = BootOptions { encrypt, ..opts(30) };
+        let (h0, h1) = (spawn_rank(id, 2, 0, o.clone()), spawn_rank(id1, 2, 1, o));
+        let boots = vec![h0.join().unwrap().unwrap(), h1.join().unwrap().unwrap()];
+        let got = each(&boots, |b| b.all_gather(format!("GATHER-MARKER-{}", b.rank()).as_bytes()).unwrap());
+        assert_eq!(got[0], got[1]);
+        assert_eq!(got[0][1], b"GATHER-MARKER-1");
+        let host = boots[0].peers()[0].host.split('/').next().unwrap().to_string();
+        drop(boots);
+        let (there, back) = (seen.there.lock().unwrap().clone(), seen.back.lock().unwrap().clone());
+        let readable = contains(&back, host.as_bytes()) && contains(&there, b"GATHER-MARKER-1");
+        assert_eq!(
+            readable, !encrypt,
+            "encrypt {encrypt}: the table and contributions readable on the wire: {readable}"
+        );
+    }
+}
+
+/// Ranks that disagree on encryption fail at init, both, saying so.
+#[test]
+fn ranks_that_disagree_on_encryption_fail_saying_so() {
+    for root_encrypts in [true, false] {
+        let id = UniqueId::new().unwrap();
+        let o = |e| BootOptions { encrypt: e, ..opts(10) };
+        let (h0, h1) = (spawn_rank(id, 2, 0, o(root_encrypts)), spawn_rank(id, 2, 1, o(!root_encrypts)));
+        let e1 = h1.join().unwrap().expect_err("rank 1 must fail").to_string();
+        assert!(e1.contains("OXCCL_ENCRYPT"), "rank 1: {e1}");
+        // Rank 0 finished its init; the rank's report reaches it at once.
+        let b0 = h0.join().unwrap().unwrap();
+        let e0 = wait_failure(&b0).to_string();
+        assert!(e0.contains("rank 1") && e0.contains("OXCCL_ENCRYPT"), "rank 0: {e0}");
+    }
 }

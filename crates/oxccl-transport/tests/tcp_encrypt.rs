@@ -4,57 +4,15 @@
 //! whole; a byte altered on the way is an error at the receiver, not wrong
 //! data.
 
+use oxccl_transport::conformance::relay::{contains, relay};
 use oxccl_transport::tcp::{Tcp, TcpOptions};
 use oxccl_transport::{Receiver, Sender};
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::net::{IpAddr, Ipv4Addr};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const LO: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const LIMIT: Duration = Duration::from_secs(30);
-
-/// A relay to `to` on a port of its own: forwards both ways, records what
-/// goes towards `to`, and flips byte `flip` of that direction (counted
-/// over all its connections) if asked.
-fn relay(to: SocketAddr, flip: Option<usize>) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
-    let l = TcpListener::bind((LO, 0)).unwrap();
-    let addr = l.local_addr().unwrap();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s2 = seen.clone();
-    thread::spawn(move || {
-        for inc in l.incoming() {
-            let Ok(mut a) = inc else { return };
-            let Ok(mut b) = TcpStream::connect(to) else { return };
-            let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
-            thread::spawn(move || {
-                let _ = std::io::copy(&mut b2, &mut a2);
-            });
-            let seen = s2.clone();
-            thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                loop {
-                    let n = match a.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    let mut g = seen.lock().unwrap();
-                    let at = g.len();
-                    g.extend_from_slice(&buf[..n]);
-                    drop(g);
-                    if let Some(f) = flip.filter(|f| (at..at + n).contains(f)) {
-                        buf[f - at] ^= 0x40;
-                    }
-                    if b.write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, seen)
-}
 
 /// Rank 0 sends `msg` to rank 1 through a relay; what rank 1 received (or
 /// its error) and what the relay saw.
@@ -64,6 +22,7 @@ fn through_relay(encrypt: bool, flip: Option<usize>, msg: &[u8]) -> (Result<Vec<
     let a = Tcp::new(0, 2, nonce, secret, LO, opts.clone()).unwrap();
     let b = Tcp::new(1, 2, nonce, secret, LO, opts).unwrap();
     let (via, seen) = relay(b.addr(), flip);
+    let seen = seen.there;
     a.set_peer_addrs(vec![a.addr(), via]).unwrap();
     b.set_peer_addrs(vec![a.addr(), b.addr()]).unwrap();
     let (mut tx, mut rx) = (a.sender(1, 0).unwrap(), b.receiver(0, 0).unwrap());
@@ -119,10 +78,6 @@ fn message() -> Vec<u8> {
     let mut m: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 253) as u8).collect();
     m[1000..1032].copy_from_slice(b"THIS IS A PLAINTEXT MARKER 12345");
     m
-}
-
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 #[test]

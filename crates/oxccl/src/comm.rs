@@ -126,7 +126,12 @@ impl Communicator {
                 )));
             }
         }
-        let boot = Arc::new(Bootstrap::init(id, nranks, rank, &BootOptions { timeout: cfg.timeout, host_id: None })?);
+        let boot = Arc::new(Bootstrap::init(
+            id,
+            nranks,
+            rank,
+            &BootOptions { timeout: cfg.timeout, host_id: None, encrypt: cfg.encrypt },
+        )?);
         let opts = FabricOptions {
             transport: cfg.transport,
             buffsize: cfg.buffsize,

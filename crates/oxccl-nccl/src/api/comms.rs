@@ -37,14 +37,14 @@ fn init(comm: CommOut, nranks: c_int, id: &UniqueIdC, rank: c_int, config: *cons
     }
     let (n, r) = ranks(nranks, rank)?;
     let opts = abi::read_config(config)?;
-    let id = id_of(id)?;
+    let (id, cfg) = encrypted(id_of(id)?);
     let in_group = crate::group::active();
     if opts.blocking && !in_group {
-        let c = Comm::ready(Communicator::init(&id, n, r, Config::default())?);
+        let c = Comm::ready(Communicator::init(&id, n, r, cfg)?);
         out(comm, handle_ptr(&c), "comm")?;
         return Ok(error::SUCCESS);
     }
-    let c = Comm::spawn(r, n, move || Communicator::init(&id, n, r, Config::default()))?;
+    let c = Comm::spawn(r, n, move || Communicator::init(&id, n, r, cfg))?;
     out(comm, handle_ptr(&c), "comm")?;
     if !in_group {
         return Ok(IN_PROGRESS);
@@ -56,6 +56,22 @@ fn init(comm: CommOut, nranks: c_int, id: &UniqueIdC, rank: c_int, config: *cons
         c.comm().map(|_| ())
     }))?;
     Ok(error::SUCCESS)
+}
+
+/// The pre-shared key of `ncclSetEncryption` (PSK mode), for
+/// communicators made from now on; `None`: no encryption asked for.
+pub(crate) static ENCRYPTION: parking_lot::Mutex<Option<Vec<u8>>> = parking_lot::Mutex::new(None);
+
+/// `id` and the configuration to make a communicator with: under
+/// `ncclSetEncryption`'s PSK, encrypted, its secret mixed with the key.
+fn encrypted(id: UniqueId) -> (UniqueId, Config) {
+    match ENCRYPTION.lock().as_ref() {
+        Some(psk) => {
+            let material = [psk.as_slice(), &id.secret()].concat();
+            (id.with_secret_from(&material), Config { encrypt: Some(true), ..Config::default() })
+        }
+        None => (id, Config::default()),
+    }
 }
 
 fn get(comm: *const c_void) -> Result<Arc<Comm>> {

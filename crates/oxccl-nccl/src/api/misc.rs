@@ -108,9 +108,13 @@ nccl_api! {
         not_supported("ncclWinGetUserPtr (symmetric memory windows)")
     }
 
-    /// `ncclSetEncryption`: not supported yet.
-    fn ncclSetEncryption / pncclSetEncryption(config: *const c_void) {
-        let _ = config;
-        not_supported("ncclSetEncryption (encrypted TCP traffic)")
+    /// `ncclSetEncryption`: PSK mode encrypts the bootstrap and TCP traffic
+    /// of communicators made afterwards in this process (`OXCCL_ENCRYPT`),
+    /// the key mixed into each communicator's secret (every rank must pass
+    /// the same); NONE turns it off again.
+    fn ncclSetEncryption / pncclSetEncryption(config: *const crate::abi::EncryptionC) {
+        let psk = crate::abi::read_encryption(config)?;
+        *super::comms::ENCRYPTION.lock() = psk;
+        Ok(())
     }
 }

@@ -129,6 +129,34 @@ int main(void) {
   EXPECT(ns == 3, "NSOCKS read as %d", ns);
   checks++;
 
+  /* ncclSetEncryption: bad configs are refused; with a PSK, communicators
+   * made afterwards encrypt (their bootstrap here) and work. */
+  FAILS(ncclSetEncryption(NULL), ncclInvalidArgument, "is NULL");
+  ncclEncryptionConfig_t enc = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  enc.magic = 0;
+  FAILS(ncclSetEncryption(&enc), ncclInvalidArgument, "NCCL_API_MAGIC");
+  enc.magic = NCCL_API_MAGIC;
+  enc.mode = 5;
+  FAILS(ncclSetEncryption(&enc), ncclInvalidArgument, "config.mode is 5");
+  enc.mode = NCCL_ENCRYPTION_MODE_PSK;
+  FAILS(ncclSetEncryption(&enc), ncclInvalidArgument, "psk is NULL");
+  enc.psk = "a key every rank shares";
+  CHECK(ncclSetEncryption(&enc));
+  ncclUniqueId eid;
+  CHECK(ncclGetUniqueId(&eid));
+  ncclComm_t e[2];
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) CHECK(ncclCommInitRank(&e[r], 2, eid, r));
+  CHECK(ncclGroupEnd());
+  CHECK(ncclGroupStart());
+  for (int r = 0; r < 2; r++) CHECK(ncclAllReduce(x, out[r], 8, ncclFloat, ncclSum, e[r], NULL));
+  CHECK(ncclGroupEnd());
+  for (int i = 0; i < 8; i++) EXPECT(out[0][i] == 2 * x[i] && out[1][i] == 2 * x[i], "encrypted element %d", i);
+  for (int r = 0; r < 2; r++) CHECK(ncclCommDestroy(e[r]));
+  ncclEncryptionConfig_t off = NCCL_ENCRYPTION_CONFIG_INITIALIZER;
+  CHECK(ncclSetEncryption(&off));
+  checks++;
+
   /* Destroyed handles are refused, not dereferenced. */
   CHECK(ncclCommDestroy(c[1]));
   FAILS(ncclAllReduce(x, y, 8, ncclFloat, ncclSum, c[1], NULL), ncclInvalidArgument, "already destroyed");

@@ -14,6 +14,9 @@ int main(void) {
   P("sizeof.ncclCollConfig_t", sizeof(ncclCollConfig_t));
   P("sizeof.ncclRedOp_t", sizeof(ncclRedOp_t));
   P("sizeof.ncclDataType_t", sizeof(ncclDataType_t));
+  P("sizeof.ncclEncryptionConfig_t", sizeof(ncclEncryptionConfig_t));
+  OFF(ncclEncryptionConfig_t, mode);
+  OFF(ncclEncryptionConfig_t, psk);
   OFF(ncclConfig_t, blocking);
   OFF(ncclConfig_t, netName);
   OFF(ncclConfig_t, commName);

@@ -47,6 +47,9 @@ pub(super) mod tag {
     /// rank k -> 0: the rank's proof of the secret over rank 0's challenge
     /// and its hello.
     pub const PROOF: u8 = 10;
+    /// either way, with `OXCCL_ENCRYPT=1`: a whole frame, encrypted (every
+    /// frame after the proofs; see `super::Link`).
+    pub const SEALED: u8 = 11;
 }
 
 /// One whole frame (header and payload).
@@ -56,6 +59,16 @@ pub(super) fn frame(tag: u8, payload: &[u8]) -> Vec<u8> {
     v.push(tag);
     v.extend_from_slice(payload);
     v
+}
+
+/// The one frame `bytes` holds (an opened sealed frame).
+pub(super) fn unframe(bytes: &[u8]) -> Result<(u8, Vec<u8>), String> {
+    let mut b = FrameBuf::default();
+    b.push(bytes);
+    match b.next()? {
+        Some(f) if b.buf.is_empty() => Ok(f),
+        _ => Err(format!("a sealed frame of {} bytes that is not one frame", bytes.len())),
+    }
 }
 
 /// Reads exactly one frame from a blocking stream, refusing lengths over

@@ -27,6 +27,7 @@
 mod frame;
 mod monitor;
 mod rendezvous;
+mod sealed;
 mod sys;
 
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::id::UniqueId;
 use crate::{Error, Result};
 use frame::tag;
+use sealed::Writer;
 
 /// Options of [`Bootstrap::init`].
 #[derive(Clone, Debug)]
@@ -54,12 +56,15 @@ pub struct BootOptions {
     /// network namespace). Ranks with equal identities are on one host (may
     /// share memory); tests use it to fake several hosts.
     pub host_id: Option<String>,
+    /// Encrypt every frame after the proofs (`OXCCL_ENCRYPT=1`; every rank
+    /// must agree, or init fails saying so).
+    pub encrypt: bool,
 }
 
 impl Default for BootOptions {
     /// A 120 s timeout and the real host identity.
     fn default() -> BootOptions {
-        BootOptions { timeout: Duration::from_secs(120), host_id: None }
+        BootOptions { timeout: Duration::from_secs(120), host_id: None, encrypt: false }
     }
 }
 
@@ -112,7 +117,7 @@ struct Shared {
     peers: Vec<PeerInfo>,
     /// Writing ends, by rank (rank 0: every other rank; others: only index
     /// 0). `None` for oneself.
-    writers: Vec<Option<Mutex<TcpStream>>>,
+    writers: Vec<Option<Mutex<Writer>>>,
     state: Mutex<State>,
     cond: Condvar,
     callbacks: Mutex<Vec<Callback>>,
@@ -130,7 +135,7 @@ impl Shared {
     /// Writes one frame to `rank` (whole, under that connection's lock).
     fn send(&self, rank: usize, bytes: &[u8]) -> std::io::Result<()> {
         match self.writers.get(rank).and_then(Option::as_ref) {
-            Some(w) => w.lock().write_all(bytes),
+            Some(w) => w.lock().write_frame(bytes),
             None => Err(std::io::Error::new(std::io::ErrorKind::NotConnected, "no connection")),
         }
     }
@@ -222,24 +227,23 @@ impl Bootstrap {
         let host = opts.host_id.clone().unwrap_or_else(host_identity);
         let deadline = Instant::now() + opts.timeout;
         let (streams, peers, local_ip) = if rank == 0 {
-            rendezvous::root(id, nranks, &host, opts.timeout, deadline)?
+            rendezvous::root(id, nranks, &host, opts, deadline)?
         } else {
-            let (s, peers, ip) = rendezvous::client(id, nranks, rank, &host, opts.timeout, deadline)?;
-            let mut v: Vec<Option<TcpStream>> = vec![None];
-            v[0] = Some(s);
-            (v, peers, ip)
+            let (s, keys, peers, ip) = rendezvous::client(id, nranks, rank, &host, opts, deadline)?;
+            (vec![Some((s, keys))], peers, ip)
         };
         let mut readers = Vec::new();
         let mut writers = Vec::new();
         for (k, s) in streams.into_iter().enumerate() {
             match s {
-                Some(s) => {
+                Some((s, keys)) => {
                     tune(&s, opts.timeout);
                     let r = s.try_clone().map_err(|e| {
                         Error::System(format!("rank {rank}: cannot clone the bootstrap socket to rank {k}: {e}"))
                     })?;
-                    readers.push((k, r));
-                    writers.push(Some(Mutex::new(s)));
+                    let (seal, open) = keys.map(|k| (k.seal, k.open)).unzip();
+                    readers.push((k, r, open));
+                    writers.push(Some(Mutex::new(Writer { stream: s, seal })));
                 }
                 None => writers.push(None),
             }
@@ -480,9 +484,9 @@ impl Bootstrap {
         }
         let bye = frame::frame(tag::GOODBYE, &[]);
         for w in sh.writers.iter().flatten() {
-            let s = w.lock();
-            let _ = (&*s).write_all(&bye);
-            let _ = s.shutdown(Shutdown::Write);
+            let mut w = w.lock();
+            let _ = w.write_frame(&bye);
+            let _ = w.stream.shutdown(Shutdown::Write);
         }
         sh.cond.notify_all();
         if let Some(w) = &self.wake {

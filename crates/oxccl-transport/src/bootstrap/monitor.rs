@@ -9,21 +9,26 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::frame::{self, Dec, FrameBuf, tag};
-use super::{Shared, sys};
+use super::{Shared, sealed, sys};
 use crate::Error;
+use crate::seal::Opener;
 
 struct Conn {
     rank: usize,
     stream: TcpStream,
     buf: FrameBuf,
     open: bool,
+    /// Encrypting: what opens its sealed frames.
+    opener: Option<Opener>,
 }
 
 /// Runs until [`Bootstrap::close`](super::Bootstrap::close) writes to
 /// `wake` (or closes it).
-pub(super) fn run(shared: Arc<Shared>, readers: Vec<(usize, TcpStream)>, mut wake: UnixStream) {
-    let mut conns: Vec<Conn> =
-        readers.into_iter().map(|(rank, stream)| Conn { rank, stream, buf: FrameBuf::default(), open: true }).collect();
+pub(super) fn run(shared: Arc<Shared>, readers: Vec<(usize, TcpStream, Option<Opener>)>, mut wake: UnixStream) {
+    let mut conns: Vec<Conn> = readers
+        .into_iter()
+        .map(|(rank, stream, opener)| Conn { rank, stream, buf: FrameBuf::default(), open: true, opener })
+        .collect();
     let mut chunk = vec![0u8; 64 << 10];
     loop {
         if shared.closed.load(Ordering::Acquire) {
@@ -72,7 +77,9 @@ fn service(sh: &Shared, c: &mut Conn, chunk: &mut [u8]) {
                 loop {
                     match c.buf.next() {
                         Ok(Some((t, payload))) => {
-                            if let Err(why) = handle(sh, c.rank, t, &payload) {
+                            let r = sealed::receive(c.opener.as_mut(), t, payload)
+                                .and_then(|(t, payload)| handle(sh, c.rank, t, &payload));
+                            if let Err(why) = r {
                                 c.open = false;
                                 protocol_error(sh, c.rank, &why);
                                 return;

@@ -7,8 +7,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::PeerInfo;
 use super::frame::{self, Hello, tag};
+use super::sealed::{self, Keys};
+use super::{BootOptions, PeerInfo};
 use crate::id::{UniqueId, listen, take_listener};
 use crate::{Error, Result};
 
@@ -27,17 +28,18 @@ fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 
-/// Rank 0: accepts every other rank, then sends the table. Returns the
-/// connections by rank (`None` at 0), the table and rank 0's IP.
+/// Rank 0: accepts every other rank, then sends the table (sealed, when
+/// encrypting). Returns the connections by rank (`None` at 0) with their
+/// keys, the table and rank 0's IP.
 #[allow(clippy::type_complexity)]
 pub(super) fn root(
     id: &UniqueId,
     nranks: usize,
     host: &str,
-    timeout: Duration,
+    opts: &BootOptions,
     deadline: Instant,
-) -> Result<(Vec<Option<TcpStream>>, Vec<PeerInfo>, IpAddr)> {
-    let addr = id.addr();
+) -> Result<(Vec<Option<(TcpStream, Option<Keys>)>>, Vec<PeerInfo>, IpAddr)> {
+    let (addr, timeout) = (id.addr(), opts.timeout);
     let listener = match take_listener(id) {
         Some(l) => l,
         None => listen(addr).map_err(|e| {
@@ -114,12 +116,17 @@ pub(super) fn root(
     }
     let mut streams = vec![None];
     for (k, slot) in arrived.into_iter().enumerate().skip(1) {
-        let Some((mut s, _, peer)) = slot else { continue };
+        let Some((mut s, h, peer)) = slot else { continue };
         let _ = s.set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(100))));
-        s.write_all(&table).map_err(|e| {
+        let mut keys = opts.encrypt.then(|| Keys::new(id, k, &h.challenge, true));
+        let sent = match &mut keys {
+            Some(keys) => sealed::seal(&mut keys.seal, &table).and_then(|f| s.write_all(&f)),
+            None => s.write_all(&table),
+        };
+        sent.map_err(|e| {
             Error::Remote(format!("rank {k} at {peer} vanished during the rendezvous (sending it the table: {e})"))
         })?;
-        streams.push(Some(s));
+        streams.push(Some((s, keys)));
     }
     Ok((streams, peers, root_ip))
 }
@@ -255,15 +262,16 @@ fn check_hello(h: &Hello, nranks: usize, arrived: &[Option<(TcpStream, Hello, So
 
 /// Ranks 1..: connects to rank 0 (retrying refusals until the deadline),
 /// says hello, and waits for the table.
+#[allow(clippy::type_complexity)]
 pub(super) fn client(
     id: &UniqueId,
     nranks: usize,
     rank: usize,
     host: &str,
-    timeout: Duration,
+    opts: &BootOptions,
     deadline: Instant,
-) -> Result<(TcpStream, Vec<PeerInfo>, IpAddr)> {
-    let addr = id.addr();
+) -> Result<(TcpStream, Option<Keys>, Vec<PeerInfo>, IpAddr)> {
+    let (addr, timeout) = (id.addr(), opts.timeout);
     let mut backoff = Duration::from_millis(10);
     // The last real connection error (a refusal, an unreachable network),
     // which is what the final message must name.
@@ -343,8 +351,40 @@ pub(super) fn client(
         }
         Err(e) => return Err(dropped(&format!("waiting for rank 0's challenge: {e}"))),
     }
-    match frame::read_frame(&mut stream, frame::MAX_TABLE) {
-        Ok((tag::TABLE, payload)) => {
+    let mut keys = opts.encrypt.then(|| Keys::new(id, rank, &hello.challenge, false));
+    let table = frame::read_frame(&mut stream, frame::MAX_TABLE);
+    // Sealed or not, as this rank expects: a rank that disagrees with rank
+    // 0 says so, to rank 0 too (in clear: the one frame it takes so).
+    let mismatch = |stream: &mut TcpStream, why: String| {
+        let _ = stream.write_all(&frame::frame(tag::ABORT, why.as_bytes()));
+        Error::InvalidArgument(format!("rank {rank}: {why}"))
+    };
+    let table = match (table, &mut keys) {
+        (Ok((tag::SEALED, mut payload)), Some(k)) => sealed::open(&mut k.open, &mut payload)
+            .map_err(|e| Error::Remote(format!("rank {rank}: rank 0 at {addr} sent a table that does not open: {e}"))),
+        (Ok((tag::SEALED, _)), None) => Err(mismatch(
+            &mut stream,
+            "rank 0 encrypts the bootstrap (OXCCL_ENCRYPT=1) but this rank does not: set OXCCL_ENCRYPT the same on \
+             every rank"
+                .into(),
+        )),
+        (Ok((tag::TABLE, _)), Some(_)) => Err(mismatch(
+            &mut stream,
+            "this rank encrypts (OXCCL_ENCRYPT=1) but rank 0 does not: set OXCCL_ENCRYPT the same on every rank".into(),
+        )),
+        (other, _) => other.map_err(|e| {
+            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+                Error::Timeout(format!(
+                    "rank {rank} reached rank 0 at {addr} but the rendezvous did not complete within {timeout:?}: \
+                     not all {nranks} ranks arrived"
+                ))
+            } else {
+                dropped(&e.to_string())
+            }
+        }),
+    }?;
+    match table {
+        (tag::TABLE, payload) => {
             let peers = frame::decode_table(&payload).map_err(|e| {
                 Error::Remote(format!("rank {rank}: rank 0 at {addr} sent a malformed peer table: {e}"))
             })?;
@@ -356,17 +396,12 @@ pub(super) fn client(
                 )));
             }
             let ip = stream.local_addr().map(|a| a.ip()).unwrap_or(peers[rank].addr);
-            Ok((stream, peers, ip))
+            Ok((stream, keys, peers, ip))
         }
-        Ok((tag::REJECT, payload)) => {
+        (tag::REJECT, payload) => {
             let msg = String::from_utf8_lossy(&payload).into_owned();
             if msg.starts_with("rank 0 gave up") { Err(Error::Timeout(msg)) } else { Err(Error::InvalidArgument(msg)) }
         }
-        Ok((t, _)) => Err(Error::Remote(format!("rank {rank}: rank 0 at {addr} answered the hello with tag {t}"))),
-        Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => Err(Error::Timeout(format!(
-            "rank {rank} reached rank 0 at {addr} but the rendezvous did not complete within {timeout:?}: not all \
-             {nranks} ranks arrived"
-        ))),
-        Err(e) => Err(dropped(&e.to_string())),
+        (t, _) => Err(Error::Remote(format!("rank {rank}: rank 0 at {addr} answered the hello with tag {t}"))),
     }
 }

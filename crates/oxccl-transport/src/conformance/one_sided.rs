@@ -34,7 +34,7 @@ pub fn two_ranks(
         ..FabricOptions::default()
     };
     let make = move |rank: usize| {
-        let boot = Bootstrap::init(&id, 2, rank, &BootOptions { timeout: DEADLINE, host_id: None })
+        let boot = Bootstrap::init(&id, 2, rank, &BootOptions { timeout: DEADLINE, ..BootOptions::default() })
             .unwrap_or_else(|e| panic!("{kind}: bootstrap of rank {rank}: {e}"));
         Fabric::new(Arc::new(boot), id.nonce(), &opts).unwrap_or_else(|e| panic!("{kind}: fabric of rank {rank}: {e}"))
     };

@@ -1,18 +1,14 @@
-//! Encrypted TCP streams (`OXCCL_ENCRYPT=1`): after a data socket's
-//! handshake and proof (which stay in clear), every byte the sender writes
-//! goes in AES-256-GCM records:
+//! Encrypted TCP data streams (`OXCCL_ENCRYPT=1`, see [`crate::seal`]):
+//! after a data socket's handshake and proof (which stay in clear), every
+//! byte the sender writes goes in records:
 //!
 //! ```text
 //! u32 length of what follows (LE) | ciphertext | 16-byte tag
 //! ```
 //!
-//! at most [`RECORD`] bytes of plaintext each. The key is HKDF-SHA-256 of
-//! the communicator's secret, salted with the accepting side's fresh
-//! challenge and bound to the handshake (ranks, channel, stripe), so every
-//! socket has its own key and a record's nonce is simply its number on the
-//! socket (96 bits: 32 zero, then the count). A record that does not
-//! authenticate (altered, replayed, reordered, cut, or from a peer with
-//! another key) is an error on the receiving socket; nothing of it is used.
+//! at most [`RECORD`] bytes of plaintext each, under a key salted with the
+//! accepting side's fresh challenge and bound to the handshake (ranks,
+//! channel, stripe): every socket has its own.
 //!
 //! Both ends keep non-blocking semantics: a sender's bytes are taken once
 //! sealed into its outgoing buffer (flushed as the socket allows; the
@@ -20,41 +16,23 @@
 //! what has been opened and reads the socket for more only when that is
 //! used up.
 
-use hkdf::Hkdf;
-use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
-use sha2::Sha256;
+use crate::seal::{self as core, TAG};
 use socket2::Socket;
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut, Read};
 
 /// Most plaintext bytes in one record.
 pub(super) const RECORD: usize = 64 << 10;
-const TAG: usize = 16;
 const LEN: usize = 4;
 
 /// The key of the data socket whose handshake is `hello` and whose
 /// accepting side sent `challenge`.
 pub(super) fn key(secret: &crate::auth::Secret, challenge: &[u8], hello: &[u8]) -> [u8; 32] {
-    let hk = Hkdf::<Sha256>::new(Some(challenge), secret);
-    let mut k = [0u8; 32];
-    hk.expand_multi_info(&[b"oxccl-tcp-seal-v1", hello], &mut k).expect("32 bytes is a valid HKDF length");
-    k
-}
-
-/// Record `n`'s nonce (each socket has its own key, so a count is unique).
-fn nonce(n: u64) -> Nonce {
-    let mut b = [0u8; 12];
-    b[4..].copy_from_slice(&n.to_le_bytes());
-    Nonce::assume_unique_for_key(b)
-}
-
-fn cipher(key: &[u8; 32]) -> LessSafeKey {
-    LessSafeKey::new(UnboundKey::new(&AES_256_GCM, key).expect("a 32-byte AES-256 key"))
+    core::key(secret, challenge, &[b"oxccl-tcp-seal-v1", hello])
 }
 
 /// The sending end of an encrypted socket.
 pub(super) struct Sealer {
-    cipher: LessSafeKey,
-    records: u64,
+    records: core::Sealer,
     /// Sealed records not yet on the wire: `out[sent..]`.
     out: Vec<u8>,
     sent: usize,
@@ -62,7 +40,7 @@ pub(super) struct Sealer {
 
 impl Sealer {
     pub fn new(key: &[u8; 32]) -> Sealer {
-        Sealer { cipher: cipher(key), records: 0, out: Vec::new(), sent: 0 }
+        Sealer { records: core::Sealer::new(key), out: Vec::new(), sent: 0 }
     }
 
     /// Whether every sealed byte is on the wire.
@@ -108,12 +86,7 @@ impl Sealer {
             rec.clear();
             return Ok(0);
         }
-        let tag = self
-            .cipher
-            .seal_in_place_separate_tag(nonce(self.records), Aad::empty(), &mut rec[LEN..])
-            .map_err(|_| io::Error::other("sealing a record failed"))?;
-        self.records += 1;
-        rec.extend_from_slice(tag.as_ref());
+        self.records.seal(rec, LEN)?;
         let body = (rec.len() - LEN) as u32;
         rec[..LEN].copy_from_slice(&body.to_le_bytes());
         self.sent = 0;
@@ -124,8 +97,7 @@ impl Sealer {
 
 /// The receiving end of an encrypted socket.
 pub(super) struct Opener {
-    cipher: LessSafeKey,
-    records: u64,
+    records: core::Opener,
     /// Bytes read from the socket, not yet a whole record.
     inbuf: Vec<u8>,
     /// Opened plaintext: `plain[taken..]` not yet read.
@@ -135,7 +107,7 @@ pub(super) struct Opener {
 
 impl Opener {
     pub fn new(key: &[u8; 32]) -> Opener {
-        Opener { cipher: cipher(key), records: 0, inbuf: Vec::new(), plain: Vec::new(), taken: 0 }
+        Opener { records: core::Opener::new(key), inbuf: Vec::new(), plain: Vec::new(), taken: 0 }
     }
 
     /// Opens every whole record in `inbuf` into `plain`.
@@ -149,20 +121,8 @@ impl Opener {
             if self.inbuf.len() - at - LEN < n {
                 break;
             }
-            let records = self.records;
-            let body = &mut self.inbuf[at + LEN..at + LEN + n];
-            let plain = self.cipher.open_in_place(nonce(records), Aad::empty(), body).map_err(|_| {
-                io::Error::new(
-                    ErrorKind::InvalidData,
-                    format!(
-                        "encrypted record {} does not authenticate (altered, replayed or cut on the way, or the \
-                         peer's key differs: is OXCCL_ENCRYPT the same on every rank?)",
-                        records
-                    ),
-                )
-            })?;
+            let plain = self.records.open(&mut self.inbuf[at + LEN..at + LEN + n])?;
             self.plain.extend_from_slice(plain);
-            self.records += 1;
             at += LEN + n;
         }
         self.inbuf.drain(..at);
