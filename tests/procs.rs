@@ -4,7 +4,7 @@
 use oxccl::{Communicator, Config, UniqueId};
 use oxccl_e2e::child::{self, fresh_id, output, spawn};
 use oxccl_e2e::netns::Hosts;
-use std::process::Child;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -112,6 +112,30 @@ fn killed_rank_is_an_error_everywhere_over_tcp() {
 #[test]
 fn killed_rank_is_an_error_everywhere_over_rdma() {
     kill_mid_collective("rdma", &[("OXCCL_IB_PROVIDER", "soft")]);
+}
+
+/// A rank stopped (SIGSTOP) mid-collective over TCP keeps its sockets and
+/// its kernel answers TCP: only the bootstrap's heartbeat tells it from a
+/// slow one. Every other rank fails naming it, within half the timeout
+/// (15 s of 30), before its own wait would time out blaming the live
+/// neighbour it waits for.
+#[test]
+fn a_stopped_rank_is_blamed_not_its_neighbour() {
+    let n = 3;
+    let id = fresh_id();
+    let envs = [("OXCCL_TRANSPORT", "tcp"), ("OXCCL_TIMEOUT", "30")];
+    let mut kids: Vec<Child> = (0..n).map(|r| spawn(&[], &id, n, r, "loop", &envs)).collect();
+    let mut readers = child::wait_ready(&mut kids);
+    let pid = kids[1].id().to_string();
+    let stopped = Command::new("kill").args(["-STOP", &pid]).status().is_ok_and(|s| s.success());
+    assert!(stopped, "kill -STOP {pid}");
+    let since = Instant::now();
+    let said = child::failures(&mut kids, &mut readers, &[0, 2], since, Duration::from_secs(25));
+    let _ = kids[1].kill();
+    let _ = kids[1].wait();
+    for (r, s) in [0, 2].into_iter().zip(&said) {
+        assert!(s.contains("rank 1") && s.contains("has not answered"), "rank {r} should blame rank 1:\n{s}");
+    }
 }
 
 /// Two "hosts": network namespaces joined by a veth pair, two ranks in

@@ -50,6 +50,9 @@ pub(super) mod tag {
     /// either way, with `OXCCL_ENCRYPT=1`: a whole frame, encrypted (every
     /// frame after the proofs; see `super::Link`).
     pub const SEALED: u8 = 11;
+    /// either way, every second: this rank's process runs (see
+    /// `monitor`'s heartbeat).
+    pub const HEARTBEAT: u8 = 12;
 }
 
 /// One whole frame (header and payload).

@@ -1,5 +1,13 @@
 //! The monitor thread: reads the star's connections, files all-gather
 //! pieces, and turns EOFs and abort notices into recorded failures.
+//!
+//! It also beats: every [`BEAT`] each end of every connection sends a
+//! heartbeat. A process that is stopped (SIGSTOP, a debugger) or hung as
+//! a whole keeps its sockets open and its kernel keeps answering TCP, so
+//! nothing else would tell it from a slow peer; silence for half the
+//! communicator's timeout (at least [`MIN_SILENCE`]) is declared a failure
+//! of that rank, before its peers' own waits time out blaming whichever
+//! live neighbour they were waiting for.
 
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
@@ -7,6 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::frame::{self, Dec, FrameBuf, tag};
 use super::{Shared, sealed, sys};
@@ -18,6 +27,8 @@ struct Conn {
     stream: TcpStream,
     buf: FrameBuf,
     open: bool,
+    /// When anything last arrived.
+    heard: Instant,
     /// Encrypting: what opens its sealed frames.
     opener: Option<Opener>,
 }
@@ -27,12 +38,25 @@ struct Conn {
 pub(super) fn run(shared: Arc<Shared>, readers: Vec<(usize, TcpStream, Option<Opener>)>, mut wake: UnixStream) {
     let mut conns: Vec<Conn> = readers
         .into_iter()
-        .map(|(rank, stream, opener)| Conn { rank, stream, buf: FrameBuf::default(), open: true, opener })
+        .map(|(rank, stream, opener)| Conn {
+            rank,
+            stream,
+            buf: FrameBuf::default(),
+            open: true,
+            heard: Instant::now(),
+            opener,
+        })
         .collect();
     let mut chunk = vec![0u8; 64 << 10];
+    let silence = (shared.timeout / 2).max(MIN_SILENCE);
+    let mut beat = Instant::now();
     loop {
         if shared.closed.load(Ordering::Acquire) {
             return;
+        }
+        if beat.elapsed() >= BEAT {
+            beat = Instant::now();
+            heartbeat(&shared, &mut conns, silence);
         }
         let open: Vec<usize> = (0..conns.len()).filter(|&i| conns[i].open).collect();
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(open.len() + 1);
@@ -42,7 +66,8 @@ pub(super) fn run(shared: Arc<Shared>, readers: Vec<(usize, TcpStream, Option<Op
             events: libc::POLLIN,
             revents: 0,
         }));
-        if let Err(e) = sys::poll(&mut fds, 1000) {
+        let wait = BEAT.saturating_sub(beat.elapsed()).as_millis().max(1) as i32;
+        if let Err(e) = sys::poll(&mut fds, wait) {
             tracing::warn!(rank = shared.rank, "bootstrap monitor: poll failed: {e}");
             std::thread::sleep(std::time::Duration::from_millis(50));
             continue;
@@ -73,6 +98,7 @@ fn service(sh: &Shared, c: &mut Conn, chunk: &mut [u8]) {
                 return;
             }
             Ok(n) => {
+                c.heard = Instant::now();
                 c.buf.push(&chunk[..n]);
                 loop {
                     match c.buf.next() {
@@ -101,6 +127,33 @@ fn service(sh: &Shared, c: &mut Conn, chunk: &mut [u8]) {
                 connection_lost(sh, c.rank, &format!("its connection failed: {e}"));
                 return;
             }
+        }
+    }
+}
+
+/// How often each end of a connection beats.
+const BEAT: Duration = Duration::from_secs(1);
+/// The least silence declared a failure.
+const MIN_SILENCE: Duration = Duration::from_secs(10);
+
+/// Beats on every open connection, and declares the ranks silent for
+/// longer than `silence` (that did not say goodbye) stopped or hung.
+fn heartbeat(sh: &Shared, conns: &mut [Conn], silence: Duration) {
+    let beat = frame::frame(tag::HEARTBEAT, &[]);
+    for c in conns.iter_mut().filter(|c| c.open) {
+        // Best effort: a broken connection is found by its reader.
+        let _ = sh.send(c.rank, &beat);
+        let idx = if sh.rank == 0 { c.rank } else { 0 };
+        let quiet = c.heard.elapsed();
+        if quiet > silence && !sh.state.lock().gone[idx] && !sh.closed.load(Ordering::Acquire) {
+            c.open = false;
+            let msg = format!(
+                "{} has not answered for {:.0?} (the bootstrap's heartbeat, every {BEAT:?}): its process is stopped \
+                 (SIGSTOP, a debugger) or hung, or its host is unreachable",
+                sh.describe(c.rank),
+                quiet
+            );
+            declare(sh, c.rank, msg);
         }
     }
 }
@@ -170,6 +223,7 @@ fn handle(sh: &Shared, from: usize, t: u8, payload: &[u8]) -> Result<(), String>
             sh.record_failure(Error::Remote(String::from_utf8_lossy(payload).into_owned()));
             Ok(())
         }
+        (_, tag::HEARTBEAT) => Ok(()),
         (_, tag::GOODBYE) => {
             let idx = if sh.rank == 0 { from } else { 0 };
             sh.state.lock().gone[idx] = true;
