@@ -37,7 +37,8 @@ impl Comm {
 }
 
 /// A [`Config`] from the keyword arguments Python passed (`None` or a dict
-/// of `timeout` in seconds, `algo`, `transport`, `programs` as JSON texts).
+/// of `timeout` in seconds, `algo`, `transport`, `programs` as JSON texts,
+/// `encrypt`).
 fn config(opts: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
     let mut c = Config::default();
     let Some(opts) = opts else { return Ok(c) };
@@ -61,6 +62,7 @@ fn config(opts: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
                 let t: Option<String> = v.extract()?;
                 c.transport = t.map(|t| t.parse::<Kind>()).transpose().py()?;
             }
+            "encrypt" => c.encrypt = v.extract()?,
             "programs" => {
                 let texts: Vec<String> = v.extract()?;
                 for t in texts {
@@ -69,7 +71,7 @@ fn config(opts: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             }
             other => {
                 return Err(to_py(Error::invalid(format!(
-                    "unknown communicator option {other:?}; expected timeout, algo, transport or programs"
+                    "unknown communicator option {other:?}; expected timeout, algo, transport, programs or encrypt"
                 ))));
             }
         }

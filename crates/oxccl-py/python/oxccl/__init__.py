@@ -71,8 +71,10 @@ def _packed(counts):
     return out
 
 
-def _opts(timeout=None, algo=None, transport=None, programs=None):
+def _opts(timeout=None, algo=None, transport=None, programs=None, encrypt=None):
     d = {}
+    if encrypt is not None:
+        d["encrypt"] = bool(encrypt)
     if timeout is not None:
         d["timeout"] = float(getattr(timeout, "total_seconds", lambda: timeout)())
     if algo is not None:
@@ -93,7 +95,8 @@ class Communicator:
     ``OXCCL_TIMEOUT``, 300 s, by default), ``algo`` (an algorithm or a
     registered program's name), ``transport`` (``mem``, ``shm``, ``tcp``),
     ``programs`` (:class:`oxccl.algo.Program`\\ s or their JSON, verified
-    and considered by the tuner).
+    and considered by the tuner), ``encrypt`` (``OXCCL_ENCRYPT``: the
+    bootstrap and TCP traffic, every rank the same).
     """
 
     def __init__(self, native):

@@ -177,6 +177,17 @@ class Threads(unittest.TestCase):
         np.testing.assert_array_equal(keep, np.arange(4))
         self.assertIn("rank 0", str(cm.exception))
 
+    def test_encrypted_tcp(self):
+        comms = oxccl.Communicator.init_threads(2, transport="tcp", encrypt=True)
+        try:
+            outs = on_threads(comms, lambda c: c.all_reduce(np.full(100_000, c.rank + 1.0, dtype=np.float32)))
+            for x in outs:
+                np.testing.assert_array_equal(x, np.full(100_000, 3.0, dtype=np.float32))
+            self.assertEqual(comms[0].transport_to(1), "tcp")
+        finally:
+            for c in comms:
+                c.close()
+
     def test_closed_communicator(self):
         (c,) = oxccl.Communicator.init_threads(1)
         c.close()
