@@ -130,3 +130,21 @@ fn a_link_set_down_under_a_waiting_rank_is_an_error_within_seconds() {
     let Some(said) = link_down(test, "stall", Duration::from_secs(9)) else { return };
     assert!(said[0].contains("stopped answering"), "rank 0 should find rank 1 silent:\n{}", said[0]);
 }
+
+/// A rank whose RDMA side channel (and every other listening port) holds
+/// 100 silent connections still connects to its peer at once: each
+/// connection proves itself on its own, and beyond 64 the oldest is cut.
+#[test]
+fn silent_connections_do_not_hold_up_a_real_peer() {
+    let id = fresh_id();
+    let start = Instant::now();
+    let mut kids: Vec<Child> = (0..2).map(|r| spawn(&[], &id, 2, r, "crowded", &SOFT)).collect();
+    let mut readers = child::wait_ready(&mut kids);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(15), "the ranks took {took:?} to connect past the silent connections");
+    for k in &mut kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    drop(readers.drain(..));
+}

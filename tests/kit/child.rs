@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 /// A rank's body, for the ignored `child` test of a test binary: joins the
 /// communicator, prints `KINDS p:transport …`, then runs its mode:
 /// `matrix` (every collective × type, checked), `loop` (all_reduce until
-/// an error; `READY` after the second) or `stall` (`loop`, with the last
+/// an error; `READY` after the second), `stall` (`loop`, with the last
 /// rank asleep for 3 s after `READY`: the others wait on it with nothing
-/// of their own outstanding).
+/// of their own outstanding) or `crowded` (`loop`, after the last rank
+/// opened 100 silent connections to each of its own listening ports and
+/// the others waited a second: connections are made at first use).
 pub fn body() {
     let Some((mode, id, rank, size)) = rank_env() else { return };
     let comm = match Communicator::init(&id, size, rank, Config::default()) {
@@ -26,6 +28,17 @@ pub fn body() {
     let kinds: Vec<String> =
         (0..size).filter(|&p| p != rank).map(|p| format!("{p}:{}", comm.transport_to(p).unwrap())).collect();
     println!("KINDS {}", kinds.join(" "));
+    let mut _silent = Vec::new();
+    if mode == "crowded" {
+        if rank == size - 1 {
+            for a in own_listening_addrs() {
+                _silent.extend((0..100).filter_map(|_| std::net::TcpStream::connect(a).ok()));
+            }
+            println!("SILENT {}", _silent.len());
+        } else {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     let result = match mode.as_str() {
         "matrix" => matrix(&comm, &[0, 1, 7, 1000], &DTYPES).and_then(|cases| {
             for kind in crate::kinds() {
@@ -35,7 +48,7 @@ pub fn body() {
             println!("CASES {cases}");
             Ok(())
         }),
-        "loop" | "stall" => {
+        "loop" | "stall" | "crowded" => {
             let mut buf = vec![1.0f32; 4 << 20];
             let mut i = 0u64;
             loop {
@@ -54,6 +67,35 @@ pub fn body() {
         other => Err(format!("unknown mode {other}")),
     };
     report(result);
+}
+
+/// Addresses this process's sockets listen on (/proc/net/tcp's LISTEN
+/// entries whose inode is one of our fds), loopback for a wildcard.
+pub fn own_listening_addrs() -> Vec<std::net::SocketAddr> {
+    let inodes: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| l.to_string_lossy().strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            if *state != "0A" || !inodes.iter().any(|i| i == inode) {
+                return None;
+            }
+            let (ip, port) = local.split_once(':')?;
+            let ip = std::net::Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.swap_bytes());
+            let ip = if ip.is_unspecified() { std::net::Ipv4Addr::LOCALHOST } else { ip };
+            Some(std::net::SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
+        })
+        .collect()
 }
 
 /// Waits until every child in `loop` mode has printed `READY`; their

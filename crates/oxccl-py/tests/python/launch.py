@@ -6,15 +6,34 @@ output; nothing waits without a deadline."""
 
 import os
 import pickle
+import random
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def free_port():
+    """A free port below the kernel's ephemeral range: between this check
+    and the store's bind no outgoing connection (of this test or another)
+    can take it as its source port, as one could take an ephemeral one."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random(os.getpid() ^ int(time.time() * 1e6))
+    for _ in range(200):
+        port = rng.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

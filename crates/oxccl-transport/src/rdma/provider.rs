@@ -16,8 +16,8 @@ use crate::provider::{Direct, Factory, LinkCost, LinkParams, Provider, Setup, Wa
 use crate::{Channel, Error, Kind, Piece, Receiver, Result, Sender};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -130,6 +130,8 @@ impl Factory for RdmaFactory {
             one_sided_in: Mutex::new(Vec::new()),
             wake: Arc::new(WakeSet::default()),
             closed: AtomicBool::new(false),
+            unproven: Mutex::new(std::collections::VecDeque::new()),
+            next_unproven: AtomicU64::new(0),
         });
         Ok(Box::new(RdmaProvider {
             rank: setup.rank,
@@ -150,18 +152,53 @@ struct Inner {
     /// What the engine sleeps on: the connection ends in use.
     wake: Arc<WakeSet>,
     closed: AtomicBool,
+    /// Side-channel connections still proving themselves, oldest first:
+    /// a number and a handle to cut it short.
+    unproven: Mutex<std::collections::VecDeque<(u64, TcpStream)>>,
+    next_unproven: AtomicU64,
 }
+
+/// Most side-channel connections proving themselves at once; beyond it
+/// the oldest is cut short (a real peer proves itself in milliseconds, a
+/// silent one would hold its place for 10 s).
+const MAX_UNPROVEN: usize = 64;
 
 fn accept_loop(inner: Weak<Inner>, l: TcpListener) {
     let Some(what) = inner.upgrade().map(|i| format!("rank {}: RDMA side channel", i.ep.local.rank)) else { return };
     let closed = |i: &Inner| i.closed.load(Ordering::Acquire);
+    let weak = inner.clone();
     super::accept_while(l, inner, Duration::from_millis(2), &what, closed, |i, s, from| {
-        match setup::accept(&i.ep, s) {
-            Ok(Accepted::Data(peer, ch, r)) => {
-                i.accepted.lock().insert((peer, ch), r);
+        // Each connection proves itself on a thread of its own, so a silent
+        // one (a scanner, a stuck client) holds up no real peer.
+        let id = i.next_unproven.fetch_add(1, Ordering::Relaxed);
+        if let Ok(handle) = s.try_clone() {
+            let mut q = i.unproven.lock();
+            if q.len() >= MAX_UNPROVEN
+                && let Some((_, oldest)) = q.pop_front()
+            {
+                let _ = oldest.shutdown(std::net::Shutdown::Both);
+                tracing::warn!(
+                    rank = i.ep.local.rank,
+                    "RDMA: too many side-channel connections unproven; cut the oldest"
+                );
             }
-            Ok(Accepted::OneSided(link)) => i.one_sided_in.lock().push(link),
-            Err(e) => tracing::warn!(rank = i.ep.local.rank, "RDMA: refused a connection from {from}: {e}"),
+            q.push_back((id, handle));
+        }
+        let w = weak.clone();
+        let spawned = std::thread::Builder::new().name("oxccl-rdma-accept".into()).spawn(move || {
+            let Some(i) = w.upgrade() else { return };
+            match setup::accept(&i.ep, s) {
+                Ok(Accepted::Data(peer, ch, r)) => {
+                    i.accepted.lock().insert((peer, ch), r);
+                }
+                Ok(Accepted::OneSided(link)) => i.one_sided_in.lock().push(link),
+                Err(e) => tracing::warn!(rank = i.ep.local.rank, "RDMA: refused a connection from {from}: {e}"),
+            }
+            i.unproven.lock().retain(|(k, _)| *k != id);
+        });
+        if let Err(e) = spawned {
+            i.unproven.lock().retain(|(k, _)| *k != id);
+            tracing::warn!(rank = i.ep.local.rank, "RDMA: refused a connection from {from}: no thread: {e}");
         }
     });
 }

@@ -770,28 +770,39 @@ fn wc_of(op: Opcode) -> WcOpcode {
     }
 }
 
-/// Accepts streams for the device's QPs until the device is dropped.
+/// Accepts streams for the device's QPs until the device is dropped; each
+/// reads its hello on a thread of its own, so a silent connection holds up
+/// no real QP.
 pub(crate) fn accept_loop(l: TcpListener, dev: Weak<DevInner>) {
     let Some(what) = dev.upgrade().map(|d| format!("soft HCA {}", d.name)) else { return };
     let closed = |d: &DevInner| d.closed.load(Ordering::Acquire);
-    crate::rdma::accept_while(l, dev, Duration::from_millis(5), &what, closed, |d, mut s, _| {
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        let mut h = [0u8; HELLO_LEN];
-        if s.read_exact(&mut h).is_err() || &h[..8] != HELLO_MAGIC {
-            tracing::warn!(device = %d.name, "soft HCA: dropped a connection without a valid hello");
-            return;
-        }
-        let _ = s.set_read_timeout(None);
-        let dst = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-        let from = Remote {
-            qpn: u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")),
-            ip: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
-            port: u16::from_le_bytes([h[20], h[21]]),
-        };
-        match d.qps.lock().get(&dst).and_then(Weak::upgrade) {
-            Some(q) => q.offer(s, from),
-            None => tracing::warn!(device = %d.name, "soft HCA: a stream for unknown QP {dst} was dropped"),
-        }
+    let weak = dev.clone();
+    crate::rdma::accept_while(l, dev, Duration::from_millis(5), &what, closed, |_, s, _| {
+        let w = weak.clone();
+        let _ = std::thread::Builder::new().name("oxccl-softhca-hello".into()).spawn(move || hello(s, &w));
     });
+}
+
+/// Reads a stream's hello (5 s at most) and hands it to its QP.
+fn hello(mut s: TcpStream, dev: &Weak<DevInner>) {
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut h = [0u8; HELLO_LEN];
+    let ok = s.read_exact(&mut h).is_ok() && &h[..8] == HELLO_MAGIC;
+    let Some(d) = dev.upgrade() else { return };
+    if !ok {
+        tracing::warn!(device = %d.name, "soft HCA: dropped a connection without a valid hello");
+        return;
+    }
+    let _ = s.set_read_timeout(None);
+    let dst = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+    let from = Remote {
+        qpn: u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")),
+        ip: Ipv4Addr::new(h[16], h[17], h[18], h[19]),
+        port: u16::from_le_bytes([h[20], h[21]]),
+    };
+    match d.qps.lock().get(&dst).and_then(Weak::upgrade) {
+        Some(q) => q.offer(s, from),
+        None => tracing::warn!(device = %d.name, "soft HCA: a stream for unknown QP {dst} was dropped"),
+    }
 }
