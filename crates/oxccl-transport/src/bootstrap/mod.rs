@@ -461,12 +461,14 @@ impl Bootstrap {
     pub fn abort(&self, reason: &str) {
         let sh = &*self.shared;
         let msg = format!("rank {} aborted: {reason}", sh.rank);
-        sh.record_failure(Error::Remote(msg.clone()));
+        // Tell first, then record (recording wakes this rank's calls, which
+        // may end the process before the notice went out).
         if sh.rank == 0 {
             sh.broadcast_failure(&msg, None);
         } else {
             let _ = sh.send(0, &frame::frame(tag::ABORT, reason.as_bytes()));
         }
+        sh.record_failure(Error::Remote(msg));
     }
 
     fn closed(&self) -> bool {

@@ -177,12 +177,15 @@ fn protocol_error(sh: &Shared, rank: usize, why: &str) {
     declare(sh, rank, msg);
 }
 
-/// Records a failure of `rank` and, on rank 0, tells the others.
+/// On rank 0 tells the others of a failure of `rank`, then records it:
+/// telling first, since recording wakes this rank's calls, which may end
+/// the process before a later broadcast went out (the others would then
+/// blame rank 0's exit instead).
 fn declare(sh: &Shared, rank: usize, msg: String) {
-    sh.record_failure(Error::Remote(msg.clone()));
     if sh.rank == 0 {
         sh.broadcast_failure(&msg, Some(rank));
     }
+    sh.record_failure(Error::Remote(msg));
 }
 
 /// Handles one frame from `from`; an error is a protocol violation.
@@ -208,8 +211,9 @@ fn handle(sh: &Shared, from: usize, t: u8, payload: &[u8]) -> Result<(), String>
         (true, tag::ABORT) => {
             let reason = String::from_utf8_lossy(payload);
             let msg = format!("rank {from} aborted: {reason}");
-            sh.record_failure(Error::Remote(msg.clone()));
+            // Tell first (see `declare`).
             sh.broadcast_failure(&msg, Some(from));
+            sh.record_failure(Error::Remote(msg));
             Ok(())
         }
         (false, tag::RESULT) => {
