@@ -31,7 +31,7 @@ pub fn body() {
     let mut _silent = Vec::new();
     if mode == "crowded" {
         if rank == size - 1 {
-            for a in own_listening_addrs() {
+            for a in oxccl_transport::conformance::relay::own_listening_addrs() {
                 _silent.extend((0..100).filter_map(|_| std::net::TcpStream::connect(a).ok()));
             }
             println!("SILENT {}", _silent.len());
@@ -67,35 +67,6 @@ pub fn body() {
         other => Err(format!("unknown mode {other}")),
     };
     report(result);
-}
-
-/// Addresses this process's sockets listen on (/proc/net/tcp's LISTEN
-/// entries whose inode is one of our fds), loopback for a wildcard.
-pub fn own_listening_addrs() -> Vec<std::net::SocketAddr> {
-    let inodes: Vec<String> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok())
-                .filter_map(|l| l.to_string_lossy().strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
-            if *state != "0A" || !inodes.iter().any(|i| i == inode) {
-                return None;
-            }
-            let (ip, port) = local.split_once(':')?;
-            let ip = std::net::Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.swap_bytes());
-            let ip = if ip.is_unspecified() { std::net::Ipv4Addr::LOCALHOST } else { ip };
-            Some(std::net::SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
-        })
-        .collect()
 }
 
 /// Waits until every child in `loop` mode has printed `READY`; their

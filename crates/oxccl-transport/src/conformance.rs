@@ -44,6 +44,19 @@ pub fn run_all(p: &dyn Provider) {
     peer_drop(p);
 }
 
+/// Every two-sided case but [`peer_drop`] (where dropping a receiver the
+/// sender never connected to is a timeout, not a remote error, as with TCP
+/// and RDMA's lazily connected pairs), and [`send_from_and_recv_into`].
+pub fn two_sided(p: &dyn Provider) {
+    in_order_random_sizes(p);
+    element_multiples(p);
+    back_pressure(p);
+    zero_byte_messages(p);
+    misuse_errors(p);
+    payload_alignment(p);
+    send_from_and_recv_into(p);
+}
+
 struct Rng(u64);
 
 impl Rng {

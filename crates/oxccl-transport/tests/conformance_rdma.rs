@@ -31,16 +31,6 @@ impl Provider for Rdma {
     }
 }
 
-fn two_sided(p: &Rdma) {
-    conformance::in_order_random_sizes(p);
-    conformance::element_multiples(p);
-    conformance::back_pressure(p);
-    conformance::zero_byte_messages(p);
-    conformance::misuse_errors(p);
-    conformance::payload_alignment(p);
-    conformance::send_from_and_recv_into(p);
-}
-
 #[test]
 fn rdma_conformance() {
     let base = SoftOptions::default();
@@ -56,7 +46,7 @@ fn rdma_conformance() {
         ),
     ];
     for (name, qps, chunk, soft) in variants {
-        two_sided(&Rdma { name: name.into(), qps, chunk, soft });
+        conformance::two_sided(&Rdma { name: name.into(), qps, chunk, soft });
     }
 }
 

@@ -19,24 +19,14 @@ impl Provider for Tcp {
     }
 }
 
-/// The two-sided cases TCP runs. `peer_drop` is not among them: it drops
-/// the receiver before the sender ever connected, and TCP retries a
-/// refused connection until its connect timeout (peers start at different
-/// times), so that case is a Timeout there, not a Remote error; tests/tcp.rs
-/// covers a peer dropped mid-message and between messages.
-fn two_sided(p: &dyn Provider) {
-    conformance::in_order_random_sizes(p);
-    conformance::element_multiples(p);
-    conformance::back_pressure(p);
-    conformance::zero_byte_messages(p);
-    conformance::misuse_errors(p);
-    conformance::payload_alignment(p);
-    conformance::send_from_and_recv_into(p);
-}
+// `conformance::two_sided` leaves out `peer_drop`: TCP retries a refused
+// connection until its connect timeout (peers start at different times), so
+// that case is a Timeout here; tests/tcp.rs covers a peer dropped
+// mid-message and between messages.
 
 #[test]
 fn tcp_conformance() {
-    two_sided(&Tcp);
+    conformance::two_sided(&Tcp);
 }
 
 /// TCP with every data socket encrypted (`OXCCL_ENCRYPT=1`).
@@ -58,7 +48,7 @@ impl Provider for Sealed {
 
 #[test]
 fn tcp_encrypted_conformance() {
-    two_sided(&Sealed);
+    conformance::two_sided(&Sealed);
 }
 
 #[test]

@@ -9,39 +9,8 @@
 //! `cargo run --release -p oxccl --example idle_connections [N] [iterations]`
 
 use oxccl::{Communicator, Config, Kind, ReduceOp};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
-
-/// Addresses that sockets of this process listen on: /proc/net/tcp's
-/// LISTEN entries whose inode is one of our fds.
-fn own_listening_addrs() -> Vec<SocketAddr> {
-    let inodes: Vec<String> = std::fs::read_dir("/proc/self/fd")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| std::fs::read_link(e.path()).ok())
-                .filter_map(|l| l.to_string_lossy().strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // local_address st ... inode
-            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
-            if *state != "0A" || !inodes.iter().any(|i| i == inode) {
-                return None;
-            }
-            let (ip, port) = local.split_once(':')?;
-            // The address is the kernel's u32 in host (little-endian) order.
-            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.swap_bytes());
-            let ip = if ip.is_unspecified() { Ipv4Addr::LOCALHOST } else { ip };
-            Some(SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
-        })
-        .collect()
-}
 
 /// busbw of `iters` all_reduces of 1 MiB of f32 on every rank of `comms`,
 /// after `warm` untimed ones.
@@ -78,7 +47,7 @@ fn main() {
     let cfg = Config { transport: Some(Kind::Tcp), timeout: Some(Duration::from_secs(60)), ..Config::default() };
     let comms = Communicator::init_threads_with(2, cfg).expect("two ranks over TCP");
     let before = busbw(&comms, 100, iters);
-    let ports = own_listening_addrs();
+    let ports = oxccl_transport::conformance::relay::own_listening_addrs();
     let mut held = Vec::new();
     for &p in &ports {
         for _ in 0..idle {

@@ -1,6 +1,7 @@
-//! A TCP relay for tests that look at the wire: it forwards every
-//! connection made to it on to a target, records what crosses each way,
-//! and can flip a byte on the way to the target.
+//! Tests that look at the wire: a TCP relay that forwards every connection
+//! made to it on to a target, records what crosses each way and can flip a
+//! byte on the way; and the addresses this process listens on (to crowd
+//! them with silent connections).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -65,4 +66,33 @@ fn pump(mut from: TcpStream, mut to: TcpStream, log: Arc<Mutex<Vec<u8>>>, flip: 
 /// Whether `needle` occurs in `hay`.
 pub fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Addresses this process's sockets listen on (/proc/net/tcp's LISTEN
+/// entries whose inode is one of our fds), loopback for a wildcard.
+pub fn own_listening_addrs() -> Vec<SocketAddr> {
+    let inodes: Vec<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter_map(|l| l.to_string_lossy().strip_prefix("socket:[")?.strip_suffix(']').map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/self/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            if *state != "0A" || !inodes.iter().any(|i| i == inode) {
+                return None;
+            }
+            let (ip, port) = local.split_once(':')?;
+            let ip = Ipv4Addr::from(u32::from_str_radix(ip, 16).ok()?.swap_bytes());
+            let ip = if ip.is_unspecified() { Ipv4Addr::LOCALHOST } else { ip };
+            Some(SocketAddr::from((ip, u16::from_str_radix(port, 16).ok()?)))
+        })
+        .collect()
 }
