@@ -202,18 +202,8 @@ impl Fabric {
         // Which providers each rank can use at all: a pair uses one only
         // where both can.
         let why_not: Vec<Option<String>> = factories.iter().map(|f| f.available().err()).collect();
-        let mut mask: Vec<u8> = why_not.iter().map(|w| u8::from(w.is_none())).collect();
-        // And whether this rank encrypts: every rank must.
-        mask.push(u8::from(opts.encrypt));
+        let mask: Vec<u8> = why_not.iter().map(|w| u8::from(w.is_none())).collect();
         let usable = boot.all_gather(&mask)?;
-        if let Some(p) = usable.iter().position(|u| u.last() != mask.last()) {
-            let say = |e: bool| if e { "OXCCL_ENCRYPT=1" } else { "no encryption" };
-            return Err(Error::invalid(format!(
-                "rank {rank} has {} but rank {p} has {}: set OXCCL_ENCRYPT the same on every rank",
-                say(opts.encrypt),
-                say(!opts.encrypt)
-            )));
-        }
         let mut carrier = Vec::with_capacity(n);
         for (p, info) in peers.iter().enumerate() {
             let both = |i: usize| mask[i] == 1 && usable[p].get(i) == Some(&1);

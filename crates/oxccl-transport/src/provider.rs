@@ -53,7 +53,7 @@ pub struct FabricOptions {
     /// beats the FIFO's two (perhaps never); `usize::MAX`: never.
     pub single_copy_min: Option<usize>,
     /// Encrypt TCP data connections after their handshake (`OXCCL_ENCRYPT`;
-    /// every rank must agree).
+    /// every rank must agree, which the bootstrap, encrypting too, checks).
     pub encrypt: bool,
 }
 
