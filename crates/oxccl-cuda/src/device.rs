@@ -10,7 +10,7 @@ use oxccl_core::DataType;
 
 use crate::args::{CollArgs, ReduceArgs};
 use crate::error::{CudaError, Result, describe, drv, invalid};
-use crate::kernels::{self, ENTRY_POINTS, KernelOp, Ptx};
+use crate::kernels::{self, ENTRY_POINTS, Image, KernelOp};
 use crate::stream::Stream;
 
 /// Whether the CUDA driver can be used: libcuda loads and `cuInit`
@@ -55,8 +55,14 @@ struct DeviceInner {
     arch: u32,
     uuid: [u8; 16],
     name: String,
-    modules: Mutex<HashMap<(DataType, KernelOp), Arc<Module>>>,
+    mps: bool,
+    compute_mode: u32,
+    modules: Mutex<HashMap<(DataType, KernelOp), ModuleSlot>>,
 }
+
+/// One module of a device: loaded once, by the first thread that asks, while
+/// it holds the slot's lock (the others wait for it, never load a copy).
+type ModuleSlot = Arc<Mutex<Option<Arc<Module>>>>;
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -97,6 +103,9 @@ impl Device {
         let (major, minor) = ctx.compute_capability().map_err(drv("cuDeviceGetAttribute"))?;
         let uuid = ctx.uuid().map_err(drv("cuDeviceGetUuid"))?.bytes.map(|b| b as u8);
         let name = ctx.name().map_err(drv("cuDeviceGetName"))?;
+        // Drivers older than CUDA 12.5 do not know the attribute: no MPS then.
+        let mps = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED).is_ok_and(|v| v != 0);
+        let compute_mode = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)? as u32;
         let inner = Arc::new(DeviceInner {
             ctx,
             ordinal,
@@ -104,6 +113,8 @@ impl Device {
             arch: (major * 10 + minor) as u32,
             uuid,
             name,
+            mps,
+            compute_mode,
             modules: Mutex::new(HashMap::new()),
         });
         open.insert(ordinal, Arc::downgrade(&inner));
@@ -131,6 +142,18 @@ impl Device {
     pub fn name(&self) -> &str {
         &self.0.name
     }
+    /// Whether this process's contexts on the device go through MPS
+    /// (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`; false where the driver predates
+    /// the attribute): only then do kernels of different processes run at
+    /// the same time; without MPS they are time-sliced.
+    pub fn mps_enabled(&self) -> bool {
+        self.0.mps
+    }
+    /// The device's compute mode (`CU_DEVICE_ATTRIBUTE_COMPUTE_MODE`: 0
+    /// default, 2 prohibited, 3 exclusive process).
+    pub fn compute_mode(&self) -> u32 {
+        self.0.compute_mode
+    }
     /// The primary context, for callers that also use cudarc directly.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.0.ctx
@@ -149,18 +172,57 @@ impl Device {
     }
 
     /// The kernels for `dtype` × `op`, compiled for this device (process-wide
-    /// PTX cache, see [`kernels::ptx`]) and loaded into its context (cached per
-    /// device).
+    /// cache, see [`kernels::image`]) and loaded into its context once: the
+    /// first thread to ask loads it, resolving every entry point, while the
+    /// others asking for the same module wait (see [`Device::preload`]).
     pub fn module(&self, dtype: DataType, op: KernelOp) -> Result<Arc<Module>> {
-        if let Some(m) = self.0.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&(dtype, op)) {
+        let slot = self.slot(dtype, op);
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = slot.as_ref() {
             return Ok(m.clone());
         }
-        let arch = kernels::arch_for_device(self.0.arch)?;
-        let ptx = kernels::ptx(arch, dtype, op)?;
-        let module = Arc::new(Module::load(&self.0.ctx, &ptx, arch, dtype, op)?);
-        let mut modules = self.0.modules.lock().unwrap_or_else(|p| p.into_inner());
-        // Another thread may have loaded it meanwhile: keep the first (ours unloads on drop).
-        Ok(modules.entry((dtype, op)).or_insert(module).clone())
+        let image = kernels::image(self.0.arch, dtype, op)?;
+        let module = Arc::new(Module::load(&self.0.ctx, &image, dtype, op)?);
+        *slot = Some(module.clone());
+        Ok(module)
+    }
+
+    /// The cache slot of module (dtype, op).
+    fn slot(&self, dtype: DataType, op: KernelOp) -> ModuleSlot {
+        self.0.modules.lock().unwrap_or_else(|p| p.into_inner()).entry((dtype, op)).or_default().clone()
+    }
+
+    /// Whether module (dtype, op) is loaded already ([`Device::module`]
+    /// returns it without touching the driver). False while another thread
+    /// is loading it.
+    pub fn loaded(&self, dtype: DataType, op: KernelOp) -> bool {
+        let slot = self.slot(dtype, op);
+        slot.try_lock().is_ok_and(|s| s.is_some())
+    }
+
+    /// Loads the modules `keys` (compiling those not compiled yet, in
+    /// parallel) before they are needed.
+    ///
+    /// Why: loading a module can wait for the work queued in the context
+    /// (with lazy loading, the default since CUDA 12.2, while holding the
+    /// context's lock). If a kernel that spins until a peer's kernel starts
+    /// is queued, and that peer is a thread of this process whose launch
+    /// then waits for the lock, nothing moves again. So a collective loads
+    /// what it needs while none of its kernels are queued: its set-up
+    /// preloads, and a later first use of another module waits for its
+    /// earlier kernels first. (`CUDA_MODULE_LOADING=EAGER` would not help a
+    /// library: the driver reads it once, at `cuInit`, which the
+    /// application may have run long before.)
+    pub fn preload(&self, keys: &[(DataType, KernelOp)]) -> Result<()> {
+        std::thread::scope(|s| {
+            let compiling: Vec<_> = keys
+                .iter()
+                .filter(|&&(d, o)| !self.loaded(d, o))
+                .map(|&(d, o)| s.spawn(move || kernels::image(self.0.arch, d, o).map(|_| ())))
+                .collect();
+            compiling.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(invalid("NVRTC panicked"))))
+        })?;
+        keys.iter().try_for_each(|&(d, o)| self.module(d, o).map(|_| ()))
     }
 }
 
@@ -189,16 +251,29 @@ unsafe impl Sync for Module {}
 
 impl std::fmt::Debug for Module {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Module(compute_{}, {} {}, device {})", self.arch, self.dtype, self.op, self.ctx.ordinal())
+        write!(f, "Module(arch {}, {} {}, device {})", self.arch, self.dtype, self.op, self.ctx.ordinal())
     }
 }
 
 impl Module {
-    fn load(ctx: &Arc<CudaContext>, ptx: &Ptx, arch: u32, dtype: DataType, op: KernelOp) -> Result<Module> {
+    /// Loads `image` and resolves every entry point (`cuModuleGetFunction`:
+    /// with lazy loading, the default since CUDA 12.2, that is what loads a
+    /// kernel onto the device; doing it here keeps it off the launch path).
+    fn load(ctx: &Arc<CudaContext>, image: &Image, dtype: DataType, op: KernelOp) -> Result<Module> {
         bind(ctx)?;
-        let image = CString::new(ptx.as_str()).map_err(|_| invalid("PTX contains a NUL byte"))?;
-        // SAFETY: `image` is a NUL-terminated PTX text; the context is current.
-        let module = unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(|e| {
+        let arch = image.arch();
+        let text;
+        let data: *const c_void = match image {
+            Image::Cubin { bytes, .. } => bytes.as_ptr().cast(),
+            Image::Ptx { ptx, .. } => {
+                text = CString::new(ptx.as_str()).map_err(|_| invalid("PTX contains a NUL byte"))?;
+                text.as_ptr().cast()
+            }
+        };
+        // SAFETY: `data` is a CUBIN (an ELF image, which carries its size)
+        // or a NUL-terminated PTX text, alive until the call returns; the
+        // context is current.
+        let module = unsafe { result::module::load_data(data) }.map_err(|e| {
             let mut code = describe(e);
             if e.0 == sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
                 let nv = kernels::nvrtc_version().map(|(a, b)| format!("{a}.{b}")).unwrap_or_default();
@@ -229,9 +304,30 @@ impl Module {
     pub fn op(&self) -> KernelOp {
         self.op
     }
-    /// The `compute_XX` it was compiled for.
+    /// The architecture it was compiled for (`sm_XX` or `compute_XX`).
     pub fn arch(&self) -> u32 {
         self.arch
+    }
+
+    /// How many blocks of `threads` threads of entry point `entry` one
+    /// multiprocessor holds at once (`cuOccupancyMaxActiveBlocksPerMultiprocessor`,
+    /// no dynamic shared memory): kernels that wait for each other must all
+    /// be resident, so their grids together must fit in `sm_count` × this.
+    pub fn max_active_blocks(&self, entry: &str, threads: u32) -> Result<u32> {
+        let f = ENTRY_POINTS
+            .iter()
+            .position(|e| *e == entry)
+            .ok_or_else(|| invalid(format!("no entry point {entry} (there are {ENTRY_POINTS:?})")))?;
+        bind(&self.ctx)?;
+        let mut n: c_int = 0;
+        // SAFETY: the function belongs to this loaded module; `n` is valid for writes.
+        unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.functions[f], threads as c_int, 0) }
+            .result()
+            .map_err(|e| CudaError::Driver {
+                call: "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                code: format!("{entry}, {threads} threads: {}", describe(e)),
+            })?;
+        Ok(n.max(0) as u32)
     }
 
     /// Launches entry point `f` with `params` (pointers to each argument).

@@ -3,8 +3,14 @@
 //! per process ([`ptx`] caches; [`compile`] does not).
 //!
 //! NVRTC runs without a GPU; it is loaded at run time (`libnvrtc.so.13` or
-//! `.12`, found through `LD_LIBRARY_PATH` or the system's library path). Its
-//! log must be empty: a warning fails the build like an error.
+//! `.12`): from `OXCCL_NVRTC_LIB` (the library or its directory) when set,
+//! else through the loader path (`LD_LIBRARY_PATH`, ldconfig), else from the
+//! usual pip and toolkit locations ([`nvrtc_available`] says where it
+//! looked). Its log must be empty: a warning fails the build like an error.
+//!
+//! A device gets a CUBIN of its exact architecture when this NVRTC can
+//! target it (the driver loads it as is: no JIT at module load), else the
+//! PTX of the closest lower architecture ([`image`]).
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -101,32 +107,219 @@ pub fn source() -> String {
     s
 }
 
-/// The NVRTC options of the module (arch, dtype, op).
+/// The NVRTC options of the module (arch, dtype, op), compiled to PTX for
+/// the virtual architecture `compute_<arch>`.
 pub fn options(arch: u32, dtype: DataType, op: KernelOp) -> Vec<String> {
+    options_for(arch, dtype, op, false)
+}
+
+/// [`options`], for the real architecture `sm_<arch>` (a CUBIN) when `cubin`.
+fn options_for(arch: u32, dtype: DataType, op: KernelOp, cubin: bool) -> Vec<String> {
     vec![
         "-DOXCCL_NVRTC".to_string(),
         format!("-DOXCCL_DTYPE={}", dtype.to_nccl()),
         format!("-DOXCCL_OP={}", op as u32),
-        format!("--gpu-architecture=compute_{arch}"),
+        format!("--gpu-architecture={}_{arch}", if cubin { "sm" } else { "compute" }),
         "-std=c++17".to_string(),
         "-default-device".to_string(),
     ]
 }
 
-/// Whether NVRTC can be loaded: `Err(CudaError::Unavailable)` naming the
-/// library otherwise. Never panics.
+/// Whether NVRTC can be loaded: `Err(CudaError::Unavailable)` saying where
+/// it was looked for otherwise. Never panics; the search runs once per
+/// process:
+///
+/// 1. `OXCCL_NVRTC_LIB`, when set: that library (`…/libnvrtc.so.13`) or the
+///    newest `libnvrtc.so.*` in that directory, and nothing else;
+/// 2. the loader path (`LD_LIBRARY_PATH`, ldconfig), under the names cudarc
+///    tries (`libnvrtc.so`, `.13`, `.12`, …);
+/// 3. pip's wheels (`nvidia/cu13/lib`, `nvidia/cuda_nvrtc/lib`,
+///    `nvidia/cu12/lib`) of the `python3` on `PATH`, of `$VIRTUAL_ENV` and
+///    of `$CONDA_PREFIX`; then `$CUDA_HOME`, `$CUDA_PATH` and
+///    `/usr/local/cuda` (`lib64`, `lib`).
+///
+/// A library found in 1 or 3 is loaded by its full path (with the
+/// `libnvrtc-builtins.so.*` beside it, which NVRTC opens by name when it
+/// compiles); cudarc's later lookup by name then finds the loaded one
+/// through its soname. Caveat: a `libnvrtc.so` on the loader path is
+/// still the one cudarc takes first (it tries that name before `.13`).
 pub fn nvrtc_available() -> Result<()> {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: is_culib_present only tries to dlopen NVRTC's candidate names
-    // (and closes what it opened); it calls nothing in the library.
-    if *PRESENT.get_or_init(|| unsafe { nsys::is_culib_present() }) {
+    static FOUND: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    FOUND.get_or_init(locate::find).clone().map_err(CudaError::Unavailable)
+}
+
+/// Finding libnvrtc off the loader path ([`nvrtc_available`]).
+mod locate {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use cudarc::nvrtc::sys as nsys;
+
+    /// Whether cudarc finds NVRTC under one of its names.
+    fn present() -> bool {
+        // SAFETY: is_culib_present only tries to dlopen NVRTC's candidate
+        // names (and closes what it opened); it calls nothing in the library.
+        unsafe { nsys::is_culib_present() }
+    }
+
+    /// Libraries loaded by path, kept loaded for the life of the process.
+    static LOADED: Mutex<Vec<libloading::Library>> = Mutex::new(Vec::new());
+
+    /// Loads `path` (and the NVRTC builtins beside it); an error names it.
+    fn load(path: &Path) -> std::result::Result<(), String> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut libs = Vec::new();
+        for p in builtins_in(dir).into_iter().chain([path.to_path_buf()]) {
+            // SAFETY: loading NVRTC runs only its (trivial) initialisers;
+            // the library stays loaded for the life of the process.
+            match unsafe { libloading::Library::new(&p) } {
+                Ok(l) => libs.push(l),
+                Err(e) => return Err(format!("{}: {e}", p.display())),
+            }
+        }
+        LOADED.lock().unwrap_or_else(|p| p.into_inner()).extend(libs);
         Ok(())
-    } else {
-        Err(CudaError::Unavailable(
-            "libnvrtc.so (.13 or .12) not found; put its directory on LD_LIBRARY_PATH \
-             (pip install nvidia-cuda-nvrtc-cu12 ships one)"
-                .to_string(),
-        ))
+    }
+
+    /// The major version in a name like `libnvrtc.so.13` (`libnvrtc.so`: 0).
+    fn major(name: &str) -> Option<u32> {
+        let rest = name.strip_prefix("libnvrtc.so")?;
+        if rest.is_empty() {
+            return Some(0);
+        }
+        rest.strip_prefix('.')?.split('.').next()?.parse().ok()
+    }
+
+    /// The newest `libnvrtc.so*` in `dir` (not the `.alt` variant, not the builtins).
+    pub(super) fn nvrtc_in(dir: &Path) -> Option<PathBuf> {
+        let names = std::fs::read_dir(dir).ok()?.filter_map(|e| e.ok()?.file_name().into_string().ok());
+        let best = names.filter_map(|n| Some((major(&n)?, n))).max()?;
+        Some(dir.join(best.1))
+    }
+
+    /// The `libnvrtc-builtins.so.*` files in `dir` (not the `.alt` variants).
+    pub(super) fn builtins_in(dir: &Path) -> Vec<PathBuf> {
+        let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+        let mut v: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("libnvrtc-builtins.so."))
+            .map(|n| dir.join(n))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The directories where pip's NVRTC wheels put the library, under the
+    /// `nvidia` package directory `root`.
+    pub(super) fn wheel_dirs(root: &Path) -> [PathBuf; 3] {
+        ["cu13/lib", "cuda_nvrtc/lib", "cu12/lib"].map(|d| root.join(d))
+    }
+
+    /// The `nvidia` package directories of the `python3` on `PATH` (empty
+    /// if there is none, or it takes more than 10 s).
+    fn python_roots() -> Vec<PathBuf> {
+        let code = "import nvidia; print('\\n'.join(list(nvidia.__path__)))";
+        let Ok(mut child) = Command::new("python3")
+            .args(["-c", code])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+        else {
+            return Vec::new();
+        };
+        let start = Instant::now();
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) if start.elapsed() < Duration::from_secs(10) => std::thread::sleep(Duration::from_millis(10)),
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Vec::new();
+                }
+            }
+        }
+        let mut out = String::new();
+        if let Some(mut s) = child.stdout.take() {
+            let _ = std::io::Read::read_to_string(&mut s, &mut out);
+        }
+        out.lines().filter(|l| !l.trim().is_empty()).map(|l| PathBuf::from(l.trim())).collect()
+    }
+
+    /// The `site-packages/nvidia` directories under an environment prefix.
+    fn prefix_roots(prefix: &Path) -> Vec<PathBuf> {
+        let Ok(rd) = std::fs::read_dir(prefix.join("lib")) else { return Vec::new() };
+        let mut v: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .map(|e| e.path().join("site-packages/nvidia"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Every directory to look in after the loader path, in order.
+    fn search_dirs() -> Vec<PathBuf> {
+        let mut roots = python_roots();
+        for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
+            if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+                roots.extend(prefix_roots(Path::new(&p)));
+            }
+        }
+        let mut dirs: Vec<PathBuf> = roots.iter().flat_map(|r| wheel_dirs(r)).collect();
+        let mut toolkits: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+            .iter()
+            .filter_map(|v| std::env::var_os(v).filter(|p| !p.is_empty()).map(PathBuf::from))
+            .collect();
+        toolkits.push(PathBuf::from("/usr/local/cuda"));
+        dirs.extend(toolkits.iter().flat_map(|t| [t.join("lib64"), t.join("lib")]));
+        let mut seen = std::collections::HashSet::new();
+        dirs.retain(|d| seen.insert(d.clone()));
+        dirs
+    }
+
+    /// The search of [`super::nvrtc_available`]: `Err` says where it looked.
+    pub(super) fn find() -> std::result::Result<(), String> {
+        const HINT: &str = "set OXCCL_NVRTC_LIB to libnvrtc.so.* (or its directory), or put its directory on \
+                            LD_LIBRARY_PATH (pip install nvidia-cuda-nvrtc-cu12, or nvidia-cuda-nvrtc for CUDA 13, \
+                            ships one)";
+        if let Some(v) = std::env::var_os("OXCCL_NVRTC_LIB").filter(|v| !v.is_empty()) {
+            let p = PathBuf::from(&v);
+            let lib = if p.is_dir() { nvrtc_in(&p) } else { Some(p.clone()) };
+            let Some(lib) = lib else {
+                return Err(format!("OXCCL_NVRTC_LIB={}: no libnvrtc.so* in that directory", p.display()));
+            };
+            load(&lib).map_err(|e| format!("OXCCL_NVRTC_LIB={}: cannot load {e}", p.display()))?;
+            return if present() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "OXCCL_NVRTC_LIB={}: loaded {}, but its soname is none of libnvrtc.so.13/.12 that cudarc \
+                     looks up",
+                    p.display(),
+                    lib.display()
+                ))
+            };
+        }
+        if present() {
+            return Ok(());
+        }
+        let mut looked = vec!["the loader path (LD_LIBRARY_PATH, ldconfig)".to_string()];
+        let mut failed = Vec::new();
+        for dir in search_dirs() {
+            looked.push(dir.display().to_string());
+            let Some(lib) = nvrtc_in(&dir) else { continue };
+            match load(&lib) {
+                Ok(()) if present() => return Ok(()),
+                Ok(()) => failed.push(format!("{} loaded but not under a name cudarc looks up", lib.display())),
+                Err(e) => failed.push(format!("cannot load {e}")),
+            }
+        }
+        let failed = if failed.is_empty() { String::new() } else { format!(" ({})", failed.join("; ")) };
+        Err(format!("libnvrtc.so (.13 or .12) not found; looked in {}{failed}; {HINT}", looked.join(", ")))
     }
 }
 
@@ -211,13 +404,45 @@ pub fn compile(arch: u32, dtype: DataType, op: KernelOp) -> Result<Ptx> {
 
 /// [`compile`] of `text` instead of the embedded source.
 fn compile_text(text: &str, arch: u32, dtype: DataType, op: KernelOp) -> Result<Ptx> {
+    let ptx = compile_program(text, arch, dtype, op, false)?;
+    let text = c_chars_to_string(&ptx);
+    if text.is_empty() {
+        return Err(CudaError::Nvrtc { arch, dtype, op, log: "NVRTC returned empty PTX".into() });
+    }
+    Ok(Ptx(text))
+}
+
+/// Compiles the module (arch, dtype, op) to a CUBIN for the real
+/// architecture `sm_<arch>`, without caching (see [`image`]); errors as
+/// [`compile`].
+pub fn compile_cubin(arch: u32, dtype: DataType, op: KernelOp) -> Result<Vec<u8>> {
+    if !(30..=1000).contains(&arch) {
+        return Err(invalid(format!(
+            "architecture {arch} is not a compute capability number like 80 or 90 (major × 10 + minor)"
+        )));
+    }
+    compile_cubin_text(&source(), arch, dtype, op)
+}
+
+/// [`compile_cubin`] of `text`.
+fn compile_cubin_text(text: &str, arch: u32, dtype: DataType, op: KernelOp) -> Result<Vec<u8>> {
+    let bytes: Vec<u8> = compile_program(text, arch, dtype, op, true)?.into_iter().map(|c| c as u8).collect();
+    if !bytes.starts_with(b"\x7fELF") {
+        return Err(CudaError::Nvrtc { arch, dtype, op, log: "NVRTC returned a CUBIN that is not ELF".into() });
+    }
+    Ok(bytes)
+}
+
+/// Compiles `text` for `compute_<arch>` (the PTX, NUL-terminated) or,
+/// when `cubin`, for `sm_<arch>` (the CUBIN).
+fn compile_program(text: &str, arch: u32, dtype: DataType, op: KernelOp, cubin: bool) -> Result<Vec<c_char>> {
     nvrtc_available()?;
     let fail = |log: String| CudaError::Nvrtc { arch, dtype, op, log };
     let src = CString::new(text).map_err(|_| fail("the kernel source contains a NUL byte".into()))?;
     let name: &CStr = c"oxccl.cu";
     let prog =
         Program(nvrtc::create_program(&src, Some(name)).map_err(|e| fail(format!("nvrtcCreateProgram: {:?}", e.0)))?);
-    let opts = options(arch, dtype, op);
+    let opts = options_for(arch, dtype, op, cubin);
     // SAFETY: `prog` is live; `src` and `name`, which it refers to, outlive it.
     let compiled = unsafe { nvrtc::compile_program(prog.0, &opts) };
     let log = program_log(&prog);
@@ -227,38 +452,118 @@ fn compile_text(text: &str, arch: u32, dtype: DataType, op: KernelOp) -> Result<
     if !log.is_empty() {
         return Err(fail(format!("warnings are errors (options {}):\n{log}", opts.join(" "))));
     }
-    // SAFETY: `prog` is live and compiled.
-    let chars = unsafe { nvrtc::get_ptx(prog.0) }.map_err(|e| fail(format!("nvrtcGetPTX: {:?}", e.0)))?;
-    let text = c_chars_to_string(&chars);
-    if text.is_empty() {
-        return Err(fail("NVRTC returned empty PTX".into()));
+    if !cubin {
+        // SAFETY: `prog` is live and compiled.
+        return unsafe { nvrtc::get_ptx(prog.0) }.map_err(|e| fail(format!("nvrtcGetPTX: {:?}", e.0)));
     }
-    Ok(Ptx(text))
+    let mut size = 0usize;
+    // SAFETY: `prog` is live and compiled; `size` is valid for writes.
+    let r = unsafe { nsys::nvrtcGetCUBINSize(prog.0, &mut size) };
+    r.result().map_err(|e| fail(format!("nvrtcGetCUBINSize: {:?}", e.0)))?;
+    if size == 0 {
+        return Err(fail("NVRTC returned an empty CUBIN".into()));
+    }
+    let mut bytes = vec![0 as c_char; size];
+    // SAFETY: `bytes` has room for the `size` bytes NVRTC writes.
+    let r = unsafe { nsys::nvrtcGetCUBIN(prog.0, bytes.as_mut_ptr()) };
+    r.result().map_err(|e| fail(format!("nvrtcGetCUBIN: {:?}", e.0)))?;
+    Ok(bytes)
 }
 
 /// One cache slot: filled once by the first thread that compiles it.
-type Slot = Arc<Mutex<Option<Arc<Ptx>>>>;
+type Slot<T> = Arc<Mutex<Option<Arc<T>>>>;
 
-/// The PTX cache: (arch, dtype, op) → slot.
-type Cache = Mutex<HashMap<(u32, DataType, KernelOp), Slot>>;
+/// A compile cache: (arch, dtype, op) → slot.
+type Cache<T> = Mutex<HashMap<(u32, DataType, KernelOp), Slot<T>>>;
+
+/// The value of `key` in `cache`, made by `make` on first use: threads
+/// asking for different keys make them in parallel; threads asking for the
+/// same one wait for the first. Failures are not cached.
+fn cached<T>(
+    cache: &OnceLock<Cache<T>>,
+    key: (u32, DataType, KernelOp),
+    make: impl FnOnce() -> Result<T>,
+) -> Result<Arc<T>> {
+    let slot: Slot<T> = {
+        let mut map = cache.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key).or_default().clone()
+    };
+    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(v) = slot.as_ref() {
+        return Ok(v.clone());
+    }
+    let v = Arc::new(make()?);
+    *slot = Some(v.clone());
+    Ok(v)
+}
 
 /// The PTX of module (arch, dtype, op), compiled on first use and cached for
 /// the life of the process. Threads asking for different modules compile in
 /// parallel; threads asking for the same one wait for the first. Failures are
 /// not cached.
 pub fn ptx(arch: u32, dtype: DataType, op: KernelOp) -> Result<Arc<Ptx>> {
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let slot: Slot = {
-        let mut map = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((arch, dtype, op)).or_default().clone()
-    };
-    let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(ptx) = slot.as_ref() {
-        return Ok(ptx.clone());
+    static CACHE: OnceLock<Cache<Ptx>> = OnceLock::new();
+    cached(&CACHE, (arch, dtype, op), || compile(arch, dtype, op))
+}
+
+/// What a device of compute capability `device_arch` runs, given the
+/// architectures NVRTC supports: `(arch, true)` for a CUBIN of its own
+/// architecture when NVRTC can target it, else `(arch, false)` for the PTX
+/// of the highest supported one below it (`None`: nothing runs there).
+pub fn pick_arch(device_arch: u32, supported: &[u32]) -> Option<(u32, bool)> {
+    if supported.contains(&device_arch) {
+        return Some((device_arch, true));
     }
-    let ptx = Arc::new(compile(arch, dtype, op)?);
-    *slot = Some(ptx.clone());
-    Ok(ptx)
+    supported.iter().copied().filter(|&a| a <= device_arch).max().map(|a| (a, false))
+}
+
+/// A compiled module, as the driver loads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Image {
+    /// A CUBIN for the device's own architecture `sm_<arch>`: loaded as is.
+    Cubin {
+        /// The architecture (major × 10 + minor).
+        arch: u32,
+        /// The ELF image.
+        bytes: Vec<u8>,
+    },
+    /// PTX for `compute_<arch>`: the driver compiles it when loading.
+    Ptx {
+        /// The virtual architecture (major × 10 + minor).
+        arch: u32,
+        /// The text.
+        ptx: Arc<Ptx>,
+    },
+}
+
+impl Image {
+    /// The architecture it was compiled for.
+    pub fn arch(&self) -> u32 {
+        match self {
+            Image::Cubin { arch, .. } | Image::Ptx { arch, .. } => *arch,
+        }
+    }
+}
+
+/// The module (dtype, op) for a device of compute capability `device_arch`
+/// ([`pick_arch`]: a CUBIN of its architecture when this NVRTC can target
+/// it, so that loading it runs no JIT; else PTX), compiled on first use and
+/// cached for the life of the process like [`ptx`].
+pub fn image(device_arch: u32, dtype: DataType, op: KernelOp) -> Result<Arc<Image>> {
+    static CACHE: OnceLock<Cache<Image>> = OnceLock::new();
+    cached(&CACHE, (device_arch, dtype, op), || {
+        let archs = supported_archs()?;
+        match pick_arch(device_arch, &archs) {
+            Some((arch, true)) => Ok(Image::Cubin { arch, bytes: compile_cubin(arch, dtype, op)? }),
+            Some((arch, false)) => Ok(Image::Ptx { arch, ptx: ptx(arch, dtype, op)? }),
+            None => Err(CudaError::Unavailable(format!(
+                "this NVRTC compiles for compute_{archs:?}, none of which runs on a device of compute \
+                 capability {}.{}",
+                device_arch / 10,
+                device_arch % 10
+            ))),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -335,6 +640,44 @@ mod tests {
             }
             other => panic!("an error must fail the build: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_cubin_is_an_elf_image_for_the_real_arch() {
+        if !have_nvrtc() {
+            return;
+        }
+        let ok = "extern \"C\" __global__ void k(int *p) { p[threadIdx.x] = 1; }\n";
+        let cubin = compile_cubin_text(ok, 80, DataType::Int32, KernelOp::Sum).unwrap();
+        assert!(cubin.starts_with(b"\x7fELF"), "{:?}", &cubin[..cubin.len().min(16)]);
+        let warn = "extern \"C\" __global__ void k(int *p) { int unused; p[0] = 1; }\n";
+        assert!(matches!(compile_cubin_text(warn, 80, DataType::Int32, KernelOp::Sum), Err(CudaError::Nvrtc { .. })));
+    }
+
+    #[test]
+    fn a_device_gets_its_own_cubin_or_the_closest_lower_ptx() {
+        let archs = [75, 80, 86, 89, 90, 100, 120];
+        assert_eq!(pick_arch(90, &archs), Some((90, true)));
+        assert_eq!(pick_arch(87, &archs), Some((86, false)));
+        assert_eq!(pick_arch(121, &archs), Some((120, false)));
+        assert_eq!(pick_arch(70, &archs), None);
+        assert!(options_for(90, DataType::Float32, KernelOp::Sum, true).contains(&"--gpu-architecture=sm_90".into()));
+    }
+
+    #[test]
+    fn nvrtc_is_found_in_a_wheel_directory_by_version() {
+        let dir = std::env::temp_dir().join(format!("oxccl-nvrtc-{}", std::process::id()));
+        let lib = dir.join("cu13/lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        for name in ["libnvrtc.so.12", "libnvrtc.so.13", "libnvrtc.alt.so.13", "libnvrtc-builtins.so.13.0"] {
+            std::fs::write(lib.join(name), b"").unwrap();
+        }
+        std::fs::write(lib.join("libnvrtc-builtins.alt.so.13.0"), b"").unwrap();
+        assert_eq!(locate::nvrtc_in(&lib), Some(lib.join("libnvrtc.so.13")));
+        assert_eq!(locate::builtins_in(&lib), vec![lib.join("libnvrtc-builtins.so.13.0")]);
+        assert_eq!(locate::wheel_dirs(&dir)[0], lib);
+        assert_eq!(locate::nvrtc_in(&dir), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

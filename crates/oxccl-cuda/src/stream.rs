@@ -19,7 +19,29 @@ pub struct Stream {
     ctx: Arc<CudaContext>,
     raw: sys::CUstream,
     /// Keeps an owned (or cudarc-held) stream alive; `None` for borrowed handles.
-    _keep: Option<Arc<CudaStream>>,
+    _keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+/// A stream this crate created, destroyed when dropped (cuStreamDestroy
+/// returns at once; the driver frees the stream once its work is done).
+struct OwnedStream {
+    ctx: Arc<CudaContext>,
+    raw: sys::CUstream,
+}
+
+// SAFETY: a CUstream handle is usable from any thread (the driver API is
+// thread-safe); it is destroyed once, in Drop.
+unsafe impl Send for OwnedStream {}
+// SAFETY: as above; nothing mutates the handle.
+unsafe impl Sync for OwnedStream {}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: the stream was created by new_stream and is destroyed once, here.
+            let _ = unsafe { result::stream::destroy(self.raw) };
+        }
+    }
 }
 
 // SAFETY: a CUstream is a handle the driver API accepts from any thread (it
@@ -42,9 +64,17 @@ impl Device {
     }
 
     /// A new non-blocking stream, destroyed when the last clone is dropped.
+    ///
+    /// Created with `cuStreamCreate` directly, not cudarc's `new_stream`:
+    /// that one calls `cuCtxSynchronize` when the context's first cudarc
+    /// stream is made, which waits for every kernel in the context, a
+    /// collective's spinning kernel too (it would wait forever for a peer
+    /// thread stuck here).
     pub fn new_stream(&self) -> Result<Stream> {
-        let s = self.context().new_stream().map_err(drv("cuStreamCreate"))?;
-        Ok(Stream::from_cudarc(s))
+        bind(self.context())?;
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(drv("cuStreamCreate"))?;
+        let owned = Arc::new(OwnedStream { ctx: self.context().clone(), raw });
+        Ok(Stream { ctx: self.context().clone(), raw, _keep: Some(owned) })
     }
 
     /// Wraps a caller's stream handle (a `cudaStream_t` / `CUstream` from C,

@@ -214,7 +214,8 @@ fn ipc_child() {
         *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
     }
     let map = d.open_ipc(&handle).unwrap();
-    assert_eq!(map.len(), 1 << 20);
+    // The driver may map a larger block than was allocated (its granularity).
+    assert!(map.len() >= 1 << 20, "mapping of {} bytes for an allocation of 1 MiB", map.len());
     let s = d.new_stream().unwrap();
     let mut got = vec![0u8; 4096];
     let next = random_bytes(8, 4096);
