@@ -70,4 +70,82 @@ struct oxccl_coll_args {
     u32 pad1;
 };
 
+// ---------------------------------------------------------------------------
+// oxccl_program: one rank's program of oxccl-algo's IR (cuda/program.cu).
+
+#define OXCCL_MAX_CHANNELS 32
+// Blocks that share one channel's steps (a team).
+#define OXCCL_MAX_TEAM 16
+// A rank's program flag area: pf[peer][channel][8] u64 words (the OXCCL_PF_*
+// below), then team[channel][2] u64; zeroed at allocation.
+#define OXCCL_PF_WORDS 8
+#define OXCCL_PROG_FLAG_BYTES (OXCCL_MAX_RANKS * OXCCL_MAX_CHANNELS * OXCCL_PF_WORDS * 8 + OXCCL_MAX_CHANNELS * 16)
+// Written by the peer: pieces it posted into my FIFO; pieces of mine it
+// consumed from its FIFO (credits); signals it sent me.
+#define OXCCL_PF_HEAD 0
+#define OXCCL_PF_TAIL 1
+#define OXCCL_PF_SIG 2
+// Mine, kept across launches: pieces I posted to the peer, pieces of its I
+// consumed, signals I sent it, signals of its I waited for.
+#define OXCCL_PF_SENT 3
+#define OXCCL_PF_RECVD 4
+#define OXCCL_PF_SIGSENT 5
+#define OXCCL_PF_SIGSEEN 6
+
+// Step kinds (oxccl-algo's Step, in its order).
+#define OXCCL_PS_SEND 0
+#define OXCCL_PS_RECV 1
+#define OXCCL_PS_RECV_REDUCE 2
+#define OXCCL_PS_RECV_REDUCE_SEND 3
+#define OXCCL_PS_RECV_COPY_SEND 4
+#define OXCCL_PS_RECV_REDUCE_COPY_SEND 5
+#define OXCCL_PS_COPY 6
+#define OXCCL_PS_REDUCE 7
+#define OXCCL_PS_PUT 8
+#define OXCCL_PS_GET 9
+#define OXCCL_PS_GET_REDUCE 10
+#define OXCCL_PS_SIGNAL 11
+#define OXCCL_PS_WAIT 12
+
+// A slice: the buffer in bits 62-63 (0 input, 1 output, 2 scratch), the
+// first element in bits 0-61.
+#define OXCCL_SLICE_BUF_SHIFT 62
+
+// One step. Peers: `recv` is the peer received from, or the peer of a
+// one-sided step; `send` the peer sent to. Slices: `dst` local (a put's is
+// the peer's), `src` local (a get's and get-reduce's is the peer's),
+// `acc` get-reduce's local operand; a reduce's `nsrc` operands are
+// slices[src .. src + nsrc) of the program's slice table.
+struct oxccl_pstep {
+    u32 op;
+    u32 recv;
+    u32 send;
+    u32 nsrc;
+    u64 len;
+    u64 dst;
+    u64 src;
+    u64 acc;
+};
+
+struct oxccl_prog_args {
+    u64 bufs[OXCCL_MAX_RANKS][3];  // every rank's input, output, scratch as addressable here
+    u64 fifo[OXCCL_MAX_RANKS];     // every rank's FIFO area
+    u64 flags[OXCCL_MAX_RANKS];    // every rank's program flag area
+    u64 steps;                     // this rank's steps (oxccl_pstep, device memory)
+    u64 slices;                    // its slice table (u64, device memory)
+    u64 slot_bytes;                // bytes of one FIFO slot (a multiple of 16)
+    u64 timeout_ns;
+    u64 status;
+    u32 chan_first[OXCCL_MAX_CHANNELS];
+    u32 chan_steps[OXCCL_MAX_CHANNELS];
+    u32 nranks;
+    u32 rank;
+    u32 nchan;       // channels of this rank's program (grid: nchan * team blocks)
+    u32 fifo_chans;  // channels of every rank's FIFO layout (>= every rank's nchan)
+    u32 slots;       // slots per connection
+    u32 team;        // blocks per channel
+    u32 pad0;
+    u32 pad1;
+};
+
 #endif

@@ -59,6 +59,7 @@ inline u32 ox_cas_u32(u64 addr, u32 expect, u32 v) {
     return expect;
 }
 inline void ox_fence_sys() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void ox_atom_add_u64(u64 addr, u64 v) { __atomic_fetch_add((u64 *)addr, v, __ATOMIC_RELAXED); }
 inline u64 ox_ld_u64(u64 addr) { return __atomic_load_n((u64 *)addr, __ATOMIC_RELAXED); }
 inline void ox_st_u64(u64 addr, u64 v) { __atomic_store_n((u64 *)addr, v, __ATOMIC_RELAXED); }
 inline u64 ox_timer_ns() {

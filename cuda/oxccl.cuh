@@ -60,6 +60,11 @@ OX_DEV u32 ox_cas_u32(u64 addr, u32 expect, u32 v) {
     return old;
 }
 OX_DEV void ox_fence_sys() { asm volatile("fence.sc.sys;" ::: "memory"); }
+// Atomic add on a u64 in this GPU's memory (the program executor's team
+// barrier: blocks of one rank only).
+OX_DEV void ox_atom_add_u64(u64 addr, u64 v) {
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
 // Plain (device-local) u64 access for the per-block epoch counters.
 OX_DEV u64 ox_ld_u64(u64 addr) { return *(volatile u64 *)addr; }
 OX_DEV void ox_st_u64(u64 addr, u64 v) { *(volatile u64 *)addr = v; }

@@ -21,6 +21,17 @@
 //                                 answer "ok ELAPSED_MS nbytes". SKIP: a rank not launched
 //                                 (-1: none); ABORT: the host's abort word set before launch;
 //                                 REPEAT: launches in a row on the same windows and flags.
+//   prog DT OP N TEAM BLOCK SLOTS SLOT_BYTES FIFO_CHANS TIMEOUT_NS REPEAT PREMUL AVG SKIP ABORT
+//                                 oxccl_program for every rank; in per rank: u64 IN_N OUT_N
+//                                 SCRATCH_N IN_AT OUT_AT SHARED_N NCHAN NSTEPS NSLICES SCALE_BITS,
+//                                 u32 CHAN_FIRST[NCHAN] CHAN_STEPS[NCHAN], the steps
+//                                 (oxccl_pstep), u64 slices[NSLICES], IN_N input elements.
+//                                 SHARED_N != 0: input and output share one buffer of that
+//                                 many elements (input at IN_AT, output at OUT_AT). PREMUL:
+//                                 the input is first scaled into a copy (oxccl_reduce), AVG:
+//                                 the output divided by N after (oxccl_reduce), as oxccl does.
+//                                 Out per rank: u32 status[0], guards_ok, input_intact, 0,
+//                                 then its output; answer "ok ELAPSED_MS nbytes".
 //   stage MODE TIMEOUT_NS         wait_host with the word set (0), never set (1) or the
 //                                 abort word set (2) by a host thread 20 ms later, then
 //                                 signal_host; answer "ok STATUS WORD ELAPSED_MS 0"
@@ -28,6 +39,7 @@
 #include "../reduce.cu"
 #include "../collective.cu"
 #include "../stage.cu"
+#include "../program.cu"
 
 #include <pthread.h>
 
@@ -77,11 +89,16 @@ void *thread_main(void *arg) {
     return nullptr;
 }
 
-void launch(const std::vector<std::function<void()>> &kernels, u32 grid, u32 block) {
+// Every kernel with its own grid, all at once.
+void launch_grids(const std::vector<std::function<void()>> &kernels, const std::vector<u32> &grids, u32 block) {
     std::vector<std::unique_ptr<Block>> blocks;
     std::vector<Thread> threads;
-    threads.reserve((size_t)kernels.size() * grid * block);
-    for (const auto &k : kernels) {
+    size_t total = 0;
+    for (u32 g : grids) total += (size_t)g * block;
+    threads.reserve(total);
+    for (size_t i = 0; i < kernels.size(); i++) {
+        const auto &k = kernels[i];
+        const u32 grid = grids[i];
         for (u32 b = 0; b < grid; b++) {
             blocks.push_back(std::make_unique<Block>(block));
             for (u32 t = 0; t < block; t++) threads.push_back({&k, blocks.back().get(), b, t, grid, block, {}});
@@ -95,6 +112,10 @@ void launch(const std::vector<std::function<void()>> &kernels, u32 grid, u32 blo
     }
     for (auto &th : threads) pthread_join(th.id, nullptr);
     pthread_attr_destroy(&attr);
+}
+
+void launch(const std::vector<std::function<void()>> &kernels, u32 grid, u32 block) {
+    launch_grids(kernels, std::vector<u32>(kernels.size(), grid), block);
 }
 
 // ---------------------------------------------------------------------------
@@ -341,6 +362,150 @@ void job_coll(std::istringstream &in) {
     answer(std::to_string((u64)elapsed_ms), out);
 }
 
+// One rank's part of a "prog" job (see the header).
+struct ProgRank {
+    u64 in_n, out_n, scratch_n, in_at, out_at, shared_n, nchan, nsteps, nslices;
+    double scale;
+    std::vector<u32> chan_first, chan_steps;
+    std::vector<oxccl_pstep> steps;
+    std::vector<u64> slices;
+    std::vector<unsigned char> input;
+};
+
+template <class V> std::vector<V> read_vec(size_t n) {
+    std::vector<V> v(n);
+    const auto bytes = read_bytes(n * sizeof(V));
+    if (n) std::memcpy(v.data(), bytes.data(), n * sizeof(V));
+    return v;
+}
+
+void job_prog(std::istringstream &in) {
+    int dt, op, skip;
+    u32 n, team, block, slots, fifo_chans, premul, avg, abort_word, repeat;
+    u64 slot_bytes, timeout;
+    in >> dt >> op >> n >> team >> block >> slots >> slot_bytes >> fifo_chans >> timeout >> repeat >> premul >> avg >>
+        skip >> abort_word;
+    if (!in || n < 1 || n > OXCCL_MAX_RANKS) die("prog: bad header");
+    std::vector<unsigned char> out;
+    double elapsed_ms = 0;
+    with_type(dt, op, [&]<class T, int OP>() {
+        const u64 E = sizeof(typename T::S);
+        std::vector<ProgRank> ranks(n);
+        for (auto &pr : ranks) {
+            const auto head = read_vec<u64>(10);
+            pr.in_n = head[0], pr.out_n = head[1], pr.scratch_n = head[2], pr.in_at = head[3], pr.out_at = head[4];
+            pr.shared_n = head[5], pr.nchan = head[6], pr.nsteps = head[7], pr.nslices = head[8];
+            std::memcpy(&pr.scale, &head[9], 8);
+            if (pr.nchan > OXCCL_MAX_CHANNELS) die("prog: too many channels");
+            pr.chan_first = read_vec<u32>(pr.nchan);
+            pr.chan_steps = read_vec<u32>(pr.nchan);
+            pr.steps = read_vec<oxccl_pstep>(pr.nsteps);
+            pr.slices = read_vec<u64>(pr.nslices);
+            pr.input = read_bytes(pr.in_n * E);
+        }
+        // Buffers: input and output (one shared buffer when in place),
+        // scratch, the premul copy of the input, FIFO and flag areas.
+        std::vector<std::unique_ptr<Buf>> all;
+        auto buf = [&](size_t off, size_t len) {
+            all.push_back(std::make_unique<Buf>(off, len));
+            return all.back().get();
+        };
+        const u64 fifo_bytes = (u64)n * fifo_chans * slots * slot_bytes;
+        std::vector<oxccl_prog_args> args(n);
+        std::vector<u32> status(2 * n, 0);
+        std::vector<u64> input(n), output(n), pre(n);
+        std::vector<Buf *> flags(n);
+        for (u32 r = 0; r < n; r++) {
+            const ProgRank &pr = ranks[r];
+            if (pr.shared_n) {
+                const u64 base = buf(8, pr.shared_n * E)->addr();
+                input[r] = base + pr.in_at * E;
+                output[r] = base + pr.out_at * E;
+            } else {
+                input[r] = buf(8, pr.in_n * E)->addr();
+                output[r] = buf(24, pr.out_n * E)->addr();
+            }
+            pre[r] = premul ? buf(0, pr.in_n * E)->addr() : input[r];
+            const u64 scratch = buf(0, pr.scratch_n * E)->addr();
+            args[r].fifo[r] = buf(0, fifo_bytes)->addr();
+            flags[r] = buf(0, OXCCL_PROG_FLAG_BYTES);
+            std::memset(flags[r]->data(), 0, OXCCL_PROG_FLAG_BYTES);
+            args[r].bufs[r][0] = pre[r];
+            args[r].bufs[r][1] = output[r];
+            args[r].bufs[r][2] = scratch;
+        }
+        std::vector<std::vector<oxccl_pstep>> steps(n);
+        std::vector<std::vector<u64>> slices(n);
+        for (u32 r = 0; r < n; r++) {
+            oxccl_prog_args &a = args[r];
+            for (u32 q = 0; q < n; q++) {
+                for (int b = 0; b < 3; b++) a.bufs[q][b] = args[q].bufs[q][b];
+                a.fifo[q] = args[q].fifo[q];
+                a.flags[q] = flags[q]->addr();
+            }
+            steps[r] = ranks[r].steps;
+            slices[r] = ranks[r].slices;
+            a.steps = (u64)(uintptr_t)steps[r].data();
+            a.slices = (u64)(uintptr_t)slices[r].data();
+            a.slot_bytes = slot_bytes;
+            a.timeout_ns = timeout;
+            a.status = (u64)(uintptr_t)&status[2 * r];
+            for (u64 ch = 0; ch < ranks[r].nchan; ch++) {
+                a.chan_first[ch] = ranks[r].chan_first[ch];
+                a.chan_steps[ch] = ranks[r].chan_steps[ch];
+            }
+            a.nranks = n;
+            a.rank = r;
+            a.nchan = (u32)ranks[r].nchan;
+            a.fifo_chans = fifo_chans;
+            a.slots = slots;
+            a.team = team;
+            if (abort_word) status[2 * r + 1] = 1;
+        }
+        std::vector<std::function<void()>> kernels, pro, epi;
+        std::vector<u32> grids;
+        std::vector<oxccl_reduce_args> pre_args(n), avg_args(n);
+        for (u32 r = 0; r < n; r++) {
+            if ((int)r == skip) continue;
+            if (ranks[r].nchan != 0) {
+                kernels.push_back([&args, r] { ox_program_kernel<T, OP>(args[r]); });
+                grids.push_back((u32)ranks[r].nchan * team);
+            }
+            oxccl_reduce_args &p = pre_args[r];
+            p.srcs[0] = input[r], p.dsts[0] = pre[r], p.count = ranks[r].in_n, p.nsrcs = 1, p.ndsts = 1;
+            p.premul = 1, p.scale = ranks[r].scale;
+            if (premul) pro.push_back([&pre_args, r] { ox_reduce_kernel<T, OP>(pre_args[r]); });
+            oxccl_reduce_args &v = avg_args[r];
+            v.srcs[0] = v.dsts[0] = output[r], v.count = ranks[r].out_n, v.nsrcs = 1, v.ndsts = 1, v.avg_div = n;
+            if (avg) epi.push_back([&avg_args, r] { ox_reduce_kernel<T, OP>(avg_args[r]); });
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        for (u32 rep = 0; rep < repeat; rep++) {
+            for (u32 r = 0; r < n; r++) {
+                if (ranks[r].in_n) std::memcpy((void *)(uintptr_t)input[r], ranks[r].input.data(), ranks[r].in_n * E);
+            }
+            if (!pro.empty()) launch(pro, 2, block);
+            launch_grids(kernels, grids, block);
+            if (!epi.empty()) launch(epi, 2, block);
+        }
+        elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        bool guards = true;
+        for (auto &b : all) guards = guards && b->guards_ok();
+        for (u32 r = 0; r < n; r++) {
+            const ProgRank &pr = ranks[r];
+            const bool intact = pr.shared_n != 0 || pr.in_n == 0 ||
+                                std::memcmp((void *)(uintptr_t)input[r], pr.input.data(), pr.in_n * E) == 0;
+            put<u32>(out, status[2 * r]);
+            put<u32>(out, guards ? 1 : 0);
+            put<u32>(out, intact ? 1 : 0);
+            put<u32>(out, 0);
+            const unsigned char *p = (const unsigned char *)(uintptr_t)output[r];
+            out.insert(out.end(), p, p + pr.out_n * E);
+        }
+    });
+    answer(std::to_string((u64)elapsed_ms), out);
+}
+
 void job_stage(std::istringstream &in) {
     u32 mode;
     u64 timeout;
@@ -381,6 +546,8 @@ int main() {
             job_reduce(in);
         } else if (kind == "coll") {
             job_coll(in);
+        } else if (kind == "prog") {
+            job_prog(in);
         } else if (kind == "stage") {
             job_stage(in);
         } else {

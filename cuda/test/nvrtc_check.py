@@ -18,7 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 CUDA = os.path.dirname(HERE)
 # The order crates/oxccl-cuda concatenates them in.
-SOURCES = ["args.h", "oxccl.cuh", "reduce.cu", "collective.cu", "stage.cu"]
+SOURCES = ["args.h", "oxccl.cuh", "reduce.cu", "collective.cu", "stage.cu", "program.cu"]
 ENTRY_POINTS = ["oxccl_reduce", "oxccl_collective", "oxccl_signal_host", "oxccl_wait_host"]
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16",
           "f8e4m3", "f8e5m2"]

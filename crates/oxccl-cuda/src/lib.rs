@@ -71,6 +71,7 @@ mod device;
 mod error;
 pub mod kernels;
 mod memory;
+pub mod program;
 mod stream;
 
 pub use args::{

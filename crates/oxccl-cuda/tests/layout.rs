@@ -26,6 +26,19 @@ int main(void) {
     F(oxccl_coll_args, status) F(oxccl_coll_args, scale) F(oxccl_coll_args, nranks) F(oxccl_coll_args, rank)
     F(oxccl_coll_args, root) F(oxccl_coll_args, coll) F(oxccl_coll_args, premul) F(oxccl_coll_args, avg)
     F(oxccl_coll_args, pad0) F(oxccl_coll_args, pad1)
+    printf("oxccl_pstep %zu %zu\n", sizeof(struct oxccl_pstep), _Alignof(struct oxccl_pstep));
+    F(oxccl_pstep, op) F(oxccl_pstep, recv) F(oxccl_pstep, send) F(oxccl_pstep, nsrc) F(oxccl_pstep, len)
+    F(oxccl_pstep, dst) F(oxccl_pstep, src) F(oxccl_pstep, acc)
+    printf("oxccl_prog_args %zu %zu\n", sizeof(struct oxccl_prog_args), _Alignof(struct oxccl_prog_args));
+    F(oxccl_prog_args, bufs) F(oxccl_prog_args, fifo) F(oxccl_prog_args, flags) F(oxccl_prog_args, steps)
+    F(oxccl_prog_args, slices) F(oxccl_prog_args, slot_bytes) F(oxccl_prog_args, timeout_ns)
+    F(oxccl_prog_args, status) F(oxccl_prog_args, chan_first) F(oxccl_prog_args, chan_steps)
+    F(oxccl_prog_args, nranks) F(oxccl_prog_args, rank) F(oxccl_prog_args, nchan) F(oxccl_prog_args, fifo_chans)
+    F(oxccl_prog_args, slots) F(oxccl_prog_args, team) F(oxccl_prog_args, pad0) F(oxccl_prog_args, pad1)
+    C(OXCCL_MAX_CHANNELS) C(OXCCL_MAX_TEAM) C(OXCCL_PF_WORDS) C(OXCCL_PROG_FLAG_BYTES) C(OXCCL_SLICE_BUF_SHIFT)
+    C(OXCCL_PS_SEND) C(OXCCL_PS_RECV) C(OXCCL_PS_RECV_REDUCE) C(OXCCL_PS_RECV_REDUCE_SEND)
+    C(OXCCL_PS_RECV_COPY_SEND) C(OXCCL_PS_RECV_REDUCE_COPY_SEND) C(OXCCL_PS_COPY) C(OXCCL_PS_REDUCE)
+    C(OXCCL_PS_PUT) C(OXCCL_PS_GET) C(OXCCL_PS_GET_REDUCE) C(OXCCL_PS_SIGNAL) C(OXCCL_PS_WAIT)
     C(OXCCL_MAX_SRCS) C(OXCCL_MAX_RANKS) C(OXCCL_MAX_BLOCKS) C(OXCCL_FLAG_BYTES)
     C(OXCCL_STATUS_OK) C(OXCCL_STATUS_TIMEOUT) C(OXCCL_STATUS_ABORTED)
     C(OXCCL_COLL_ALL_REDUCE_ONE_SHOT) C(OXCCL_COLL_ALL_REDUCE_TWO_SHOT) C(OXCCL_COLL_REDUCE_SCATTER)
@@ -85,6 +98,53 @@ fn rust_mirrors_match_the_c_header() {
     rust.push(("oxccl_coll_args", vec![size_of::<CollArgs>() as u64, align_of::<CollArgs>() as u64]));
     rust.extend(fields!("oxccl_coll_args", CollArgs: window, flags, send, recv, count, window_bytes, timeout_ns,
         status, scale, nranks, rank, root, coll, premul, avg, pad0, pad1));
+    use oxccl_cuda::program::*;
+    rust.push(("oxccl_pstep", vec![size_of::<PStep>() as u64, align_of::<PStep>() as u64]));
+    rust.extend(fields!("oxccl_pstep", PStep: op, recv, send, nsrc, len, dst, src, acc));
+    rust.push(("oxccl_prog_args", vec![size_of::<ProgArgs>() as u64, align_of::<ProgArgs>() as u64]));
+    rust.extend(fields!("oxccl_prog_args", ProgArgs: bufs, fifo, flags, steps, slices, slot_bytes, timeout_ns,
+        status, chan_first, chan_steps, nranks, rank, nchan, fifo_chans, slots, team, pad0, pad1));
+    let ops = [
+        StepOp::Send,
+        StepOp::Recv,
+        StepOp::RecvReduce,
+        StepOp::RecvReduceSend,
+        StepOp::RecvCopySend,
+        StepOp::RecvReduceCopySend,
+        StepOp::Copy,
+        StepOp::Reduce,
+        StepOp::Put,
+        StepOp::Get,
+        StepOp::GetReduce,
+        StepOp::Signal,
+        StepOp::Wait,
+    ];
+    let names = [
+        "SEND",
+        "RECV",
+        "RECV_REDUCE",
+        "RECV_REDUCE_SEND",
+        "RECV_COPY_SEND",
+        "RECV_REDUCE_COPY_SEND",
+        "COPY",
+        "REDUCE",
+        "PUT",
+        "GET",
+        "GET_REDUCE",
+        "SIGNAL",
+        "WAIT",
+    ];
+    let op_names: Vec<String> = names.iter().map(|n| format!("OXCCL_PS_{n}")).collect();
+    for (name, op) in op_names.iter().zip(ops) {
+        rust.push((name.as_str(), vec![op as u64]));
+    }
+    rust.extend([
+        ("OXCCL_MAX_CHANNELS", vec![MAX_CHANNELS as u64]),
+        ("OXCCL_MAX_TEAM", vec![MAX_TEAM as u64]),
+        ("OXCCL_PF_WORDS", vec![PF_WORDS as u64]),
+        ("OXCCL_PROG_FLAG_BYTES", vec![PROG_FLAG_BYTES as u64]),
+        ("OXCCL_SLICE_BUF_SHIFT", vec![SLICE_BUF_SHIFT as u64]),
+    ]);
     let consts: [(&str, u64); 14] = [
         ("OXCCL_MAX_SRCS", MAX_SRCS as u64),
         ("OXCCL_MAX_RANKS", MAX_RANKS as u64),
