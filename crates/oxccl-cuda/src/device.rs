@@ -11,6 +11,7 @@ use oxccl_core::DataType;
 use crate::args::{CollArgs, ReduceArgs};
 use crate::error::{CudaError, Result, describe, drv, invalid};
 use crate::kernels::{self, ENTRY_POINTS, Image, KernelOp};
+use crate::program::ProgArgs;
 use crate::stream::Stream;
 
 /// Whether the CUDA driver can be used: libcuda loads and `cuInit`
@@ -236,7 +237,7 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
 pub struct Module {
     ctx: Arc<CudaContext>,
     module: sys::CUmodule,
-    functions: [sys::CUfunction; 4],
+    functions: [sys::CUfunction; ENTRY_POINTS.len()],
     arch: u32,
     dtype: DataType,
     op: KernelOp,
@@ -285,7 +286,8 @@ impl Module {
             }
             CudaError::Driver { call: "cuModuleLoadData", code }
         })?;
-        let mut m = Module { ctx: ctx.clone(), module, functions: [std::ptr::null_mut(); 4], arch, dtype, op };
+        let mut m =
+            Module { ctx: ctx.clone(), module, functions: [std::ptr::null_mut(); ENTRY_POINTS.len()], arch, dtype, op };
         for (i, name) in ENTRY_POINTS.iter().enumerate() {
             let cname = CString::new(*name).map_err(|_| invalid("entry point name contains NUL"))?;
             // SAFETY: `m.module` is a loaded module (unloaded only by m's Drop).
@@ -388,6 +390,28 @@ impl Module {
         let mut params = [args as *const CollArgs as *mut c_void];
         // SAFETY: oxccl_collective takes one oxccl_coll_args by value; `args` mirrors it.
         unsafe { self.launch(1, stream, grid, block, &mut params) }
+    }
+
+    /// Launches `oxccl_program` (after [`ProgArgs::validate`]): one rank's
+    /// program, `args.nchan * args.team` blocks of `block` threads.
+    ///
+    /// # Safety
+    /// Every buffer, FIFO and flag area in `args` must be valid
+    /// device-accessible memory of the sizes the program's slices and the
+    /// FIFO layout need, alive until the kernel has finished; `args.steps`
+    /// and `args.slices` must hold the program encoded by
+    /// [`crate::program::DeviceProgram`]; the flag areas must be zeroed once
+    /// at allocation and used by no other kernel meanwhile; every rank runs
+    /// its part of the same programs in the same order.
+    pub unsafe fn launch_program(&self, stream: &Stream, block: u32, args: &ProgArgs) -> Result<()> {
+        let grid = args.nchan * args.team;
+        args.validate(grid)?;
+        if grid == 0 {
+            return Ok(());
+        }
+        let mut params = [args as *const ProgArgs as *mut c_void];
+        // SAFETY: oxccl_program takes one oxccl_prog_args by value; `args` mirrors it.
+        unsafe { self.launch(4, stream, grid, block, &mut params) }
     }
 
     /// Enqueues `oxccl_signal_host`: after all earlier work on `stream`,

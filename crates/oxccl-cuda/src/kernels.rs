@@ -25,16 +25,18 @@ use crate::error::{CudaError, Result, invalid};
 
 /// The kernel sources in the order [`source`] concatenates them: (file name,
 /// text). `.cu` files include `oxccl.cuh` only without `OXCCL_NVRTC`.
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("args.h", include_str!("../../../cuda/args.h")),
     ("oxccl.cuh", include_str!("../../../cuda/oxccl.cuh")),
     ("reduce.cu", include_str!("../../../cuda/reduce.cu")),
     ("collective.cu", include_str!("../../../cuda/collective.cu")),
     ("stage.cu", include_str!("../../../cuda/stage.cu")),
+    ("program.cu", include_str!("../../../cuda/program.cu")),
 ];
 
 /// The kernels' entry points, present in every module.
-pub const ENTRY_POINTS: [&str; 4] = ["oxccl_reduce", "oxccl_collective", "oxccl_signal_host", "oxccl_wait_host"];
+pub const ENTRY_POINTS: [&str; 5] =
+    ["oxccl_reduce", "oxccl_collective", "oxccl_signal_host", "oxccl_wait_host", "oxccl_program"];
 
 /// The operator a module is built for (`OXCCL_OP`). `Avg` and `PreMulSum`
 /// run the `Sum` module with flags in the arguments ([`KernelOp::of`]).
