@@ -40,24 +40,33 @@ impl Communicator {
             // any pointers then).
             return Ok(());
         }
-        let dc = self.device_comm(if call.output.is_empty() { call.input } else { call.output })?;
         let names = if send.is_some() { ["the send buffer", "the receive buffer"] } else { ["the buffer"; 2] };
+        let named = |what: &str, e: Error| {
+            let why = match e {
+                Error::InvalidArgument(m) => m,
+                e => e.to_string(),
+            };
+            Error::invalid(format!("rank {}: {}: {what}: {why}", self.rank(), kind.name()))
+        };
+        for (what, b) in names.into_iter().zip([call.input, call.output]) {
+            crate::device::check_aligned(b.addr(), b.len(), dtype).map_err(|e| named(what, e))?;
+        }
+        let dc = self.device_comm(if call.output.is_empty() { call.input } else { call.output }, &call)?;
+        crate::device::check_stream(dc.process_ranks, stream).map_err(|e| match e {
+            Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {}: {}: {m}", self.rank(), kind.name())),
+            e => e,
+        })?;
         for (what, b) in names.into_iter().zip([call.input, call.output]) {
             if !b.is_empty() {
-                dc.dev.check(what, b).map_err(|e| {
-                    let why = match e {
-                        Error::InvalidArgument(m) => m,
-                        e => e.to_string(),
-                    };
-                    Error::invalid(format!("rank {}: {}: {what}: {why}", self.rank(), kind.name()))
-                })?;
+                dc.dev.check(what, b).map_err(|e| named(what, e))?;
             }
         }
         if dc.run_direct(&call, stream)? {
             return Ok(());
         }
         let plan = |c: &Call<Region>| self.collective_job(c, None);
-        for job in dc.stager.run(&plan, &call, stream)? {
+        let barrier = || self.boot().barrier();
+        for job in dc.stager.run(&plan, &barrier, &call, stream)? {
             self.submit(job);
         }
         Ok(())
@@ -95,7 +104,7 @@ impl Communicator {
 
     /// The device side, set up on first use (collective: every rank's first
     /// device call gets here in the same order).
-    fn device_comm(&self, buf: DeviceBuf) -> Result<Arc<DeviceComm>> {
+    fn device_comm(&self, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Result<Arc<DeviceComm>> {
         let mut slot = self.device_slot().lock();
         if let Some(dc) = &*slot {
             return Ok(dc.clone());
@@ -109,7 +118,7 @@ impl Communicator {
             one_shot: self.tuner().allows(CollKind::AllReduce, Algorithm::OneShot),
             two_shot: self.tuner().allows(CollKind::AllReduce, Algorithm::TwoShot),
         };
-        let dc = Arc::new(DeviceComm::open(&ctx, buf)?);
+        let dc = Arc::new(DeviceComm::open(&ctx, buf, first)?);
         self.hook_device(&dc);
         *slot = Some(dc.clone());
         Ok(dc)

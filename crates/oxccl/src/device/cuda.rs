@@ -3,10 +3,11 @@
 #![allow(unsafe_code)]
 
 use super::backend::{Backend, Marker, Pinned, Words};
-use super::direct::Direct;
+use super::direct::{self, Direct};
 use super::route::{self, Card, Route};
 use super::{Ctx, DeviceComm};
 use crate::buf::{CudaStream, DeviceBuf, Region};
+use crate::call::Call;
 use crate::config::DevicePath;
 use oxccl_core::{DataType, Error, Result};
 use oxccl_cuda::{Device, Event, HostMapped, KernelOp, Module, Stream};
@@ -84,14 +85,21 @@ pub(crate) struct Gpu {
     pub dev: Device,
     pub words: CudaWords,
     /// The module the type-free kernels (signal, wait, copies) come from.
-    bytes: Arc<Module>,
+    pub bytes: Arc<Module>,
 }
 
 impl Gpu {
-    fn open(ordinal: usize) -> Result<Gpu> {
+    /// Opens GPU `ordinal` and loads the byte module, with `also` (the
+    /// modules compile in parallel; a failure of `also` shows when it is
+    /// asked for again).
+    fn open(ordinal: usize, also: &[(DataType, KernelOp)]) -> Result<Gpu> {
         let dev = Device::open(ordinal)?;
         let words = CudaWords(dev.host_mapped(32)?);
-        let bytes = dev.module(DataType::Uint8, KernelOp::Sum)?;
+        let byte = (DataType::Uint8, KernelOp::Sum);
+        if dev.preload(&[&[byte], also].concat()).is_err() {
+            tracing::debug!("GPU {ordinal}: preloading {also:?} failed; the byte module alone then");
+        }
+        let bytes = dev.module(byte.0, byte.1)?;
         Ok(Gpu { dev, words, bytes })
     }
 
@@ -164,13 +172,28 @@ impl Backend for Gpu {
 }
 
 /// Sets up the device side of `comm` on the GPU that holds `buf`:
-/// collective (every rank's first device call runs it).
-pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf) -> Result<DeviceComm> {
+/// collective (every rank's first device call, `first`, runs it).
+///
+/// Everything that can wait for the GPU's queued work (module loading,
+/// allocations) happens here, before the exchanges that every rank must
+/// pass before any launches a kernel of this communicator: the byte module
+/// (staging kernels, byte collectives) and the module of the first call
+/// load before the card exchange. Later calls allocate nothing on the
+/// direct path; a later first use of another module waits for this rank's
+/// earlier kernels before loading it (`Direct::load_for`); the staged path
+/// grows its pinned pool only with none of its copies in flight (`stage`).
+/// Kernels of other communicators, or the application's, queued in the same
+/// context are outside oxccl's reach: a process that runs several ranks as
+/// threads must not load modules or allocate while such kernels wait for
+/// each other.
+pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Result<DeviceComm> {
     let who = ctx.who;
     oxccl_cuda::driver_available().map_err(|e| Error::Unavailable(format!("{who}: {e}")))?;
     let ordinal = oxccl_cuda::device_of(buf.addr())?;
-    let gpu = Arc::new(Gpu::open(ordinal)?);
     let cfg = ctx.cfg;
+    let (dtype, kop, _) = direct::module_of(first);
+    let also = if cfg.device_path == DevicePath::Staged { vec![] } else { vec![(dtype, kop)] };
+    let gpu = Arc::new(Gpu::open(ordinal, &also)?);
     // Everyone exchanges a card, even ranks that want the staged path, so
     // that all decide together.
     let window = if cfg.device_path == DevicePath::Staged {
@@ -178,6 +201,20 @@ pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf) -> Result<DeviceComm> {
     } else {
         gpu.dev.alloc_zeroed(oxccl_cuda::FLAG_BYTES + cfg.device_window).ok()
     };
+    // The first call's module, and how many blocks of the direct kernel the
+    // GPU holds at once; a failure here means no direct path.
+    let resident = match &window {
+        None => Ok(0),
+        Some(_) => gpu
+            .dev
+            .module(dtype, kop)
+            .map_err(Error::from)
+            .and_then(|m| Ok(direct::resident(&gpu, &m)?.min(direct::resident(&gpu, &gpu.bytes)?))),
+    };
+    let resident = resident.unwrap_or_else(|e| {
+        tracing::warn!("{who}: no direct device path on this rank: {e}");
+        0
+    });
     let handle = window.as_ref().and_then(|w| w.ipc_handle().ok());
     let card = Card {
         pid: std::process::id(),
@@ -186,8 +223,11 @@ pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf) -> Result<DeviceComm> {
         window: cfg.device_window as u64,
         blocks: cfg.device_blocks as u32,
         wants: cfg.device_path,
-        ready: window.is_some() && (handle.is_some() || ctx.nranks == 1),
+        ready: window.is_some() && resident > 0 && (handle.is_some() || ctx.nranks == 1),
+        mps: gpu.dev.mps_enabled(),
+        compute_mode: gpu.dev.compute_mode().min(255) as u8,
         handle: handle.unwrap_or([0; 64]),
+        resident,
     };
     let gathered = ctx.boot.all_gather(&card.encode())?;
     let cards = gathered
@@ -197,34 +237,60 @@ pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf) -> Result<DeviceComm> {
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(Error::Internal)?;
     let hosts: Vec<&str> = ctx.boot.peers().iter().map(|p| p.host.as_str()).collect();
+    let process_ranks = route::process_ranks(ctx.rank, &cards, &hosts);
     let route = route::decide(ctx.rank, &cards, &hosts).map_err(|e| Error::InvalidUsage(format!("{who}: {e}")))?;
+    let demanded = cards.iter().position(|c| c.wants == DevicePath::Direct);
+    let stager = super::stage::Stager::new(gpu.clone(), cfg.stage_chunk, cfg.timeout, who);
+    // The staging memory of the first call, when it is staged, is
+    // allocated here, before the last exchange (see `Stager::prepare`).
+    let prepare = |direct: bool| -> Result<()> {
+        if direct && super::direct_kind(first.kind) { Ok(()) } else { stager.prepare(first) }
+    };
     let direct = match (route, window) {
-        (Route::Direct { blocks, window: bytes, peers }, Some(mem)) => {
-            let d = Direct::open(ctx, gpu.clone(), mem, &peers, blocks, bytes);
+        (Route::Direct { blocks, window: bytes, peers, on_gpu, capped, warning }, Some(mem)) => {
+            if let Some(w) = warning {
+                tracing::warn!("{who}: device path direct although {w}");
+            }
+            if let Some(c) = capped {
+                tracing::info!("{who}: device kernels of {c}");
+            }
+            let d = Direct::open(ctx, gpu.clone(), mem, &peers, (blocks, on_gpu), bytes);
+            let d = d.and_then(|d| prepare(true).map(|()| d));
             // Everyone must have opened every peer, or nobody goes direct.
             let ok = ctx.boot.all_gather(&[d.is_ok() as u8])?;
             match d {
                 Ok(d) if ok.iter().all(|b| b == &[1]) => Some(d),
-                Err(e) if cfg.device_path == DevicePath::Direct => return Err(e),
                 other => {
+                    // Our window and mappings, if any, are freed here,
+                    // before the barrier below.
                     let why = other.err().map_or_else(|| "a peer could not open the windows".into(), |e| e.to_string());
+                    if let Some(r) = demanded {
+                        return Err(Error::Unavailable(format!(
+                            "{who}: rank {r} asked for the direct device path (OXCCL_DEVICE_PATH=direct), but {why}"
+                        )));
+                    }
                     tracing::warn!("{who}: device path staged: {why}");
                     None
                 }
             }
         }
-        (Route::Staged(reason), _) => {
+        (Route::Staged(reason), window) => {
+            drop(window);
             tracing::info!("{who}: device path staged: {reason}");
             None
         }
         (Route::Direct { .. }, None) => return Err(Error::Internal("direct route without a window".into())),
     };
-    if direct.is_some() {
-        tracing::info!("{who}: device path direct on GPU {ordinal}");
+    match &direct {
+        Some(_) => tracing::info!("{who}: device path direct on GPU {ordinal}"),
+        None => {
+            // Freeing device memory and allocating pinned memory wait for the
+            // GPU's queued work: no rank may enqueue a staged call before
+            // every rank is past them.
+            let prepared = prepare(false);
+            ctx.boot.barrier()?;
+            prepared?;
+        }
     }
-    Ok(DeviceComm {
-        stager: super::stage::Stager::new(gpu.clone(), cfg.stage_chunk, cfg.timeout, who),
-        dev: gpu,
-        direct,
-    })
+    Ok(DeviceComm { stager, dev: gpu, direct, process_ranks })
 }

@@ -9,12 +9,23 @@ use crate::buf::{CudaStream, DeviceBuf};
 use crate::call::Call;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
-use oxccl_cuda::{Coll, CollArgs, DevMem, Event, FLAG_BYTES, IpcMapping, KernelOp, MAX_RANKS};
+use oxccl_cuda::{Coll, CollArgs, CudaError, DevMem, Event, FLAG_BYTES, IpcMapping, KernelOp, MAX_RANKS, Module};
 use parking_lot::Mutex;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Threads per block of the collective kernel.
-const THREADS: u32 = 512;
+pub(super) const THREADS: u32 = 512;
+
+/// The module a call runs (collectives that only move bytes run the byte
+/// module) and the count it is given.
+pub(super) fn module_of(call: &Call<DeviceBuf>) -> (DataType, KernelOp, usize) {
+    if call.kind.reduces() {
+        (call.dtype, KernelOp::of(call.op), call.count)
+    } else {
+        (DataType::Uint8, KernelOp::Sum, call.count * call.dtype.size())
+    }
+}
 
 /// All-reduces up to this size (per rank) read every peer's whole input
 /// (one-shot: one step, fewer barriers); larger ones reduce a slice each
@@ -34,6 +45,10 @@ pub(crate) struct Direct {
     flags: [u64; MAX_RANKS],
     window_bytes: u64,
     blocks: u32,
+    /// Ranks whose kernels share this GPU (with `blocks`, what must be
+    /// resident at once).
+    on_gpu: u32,
+    timeout: Duration,
     rank: usize,
     nranks: usize,
     timeout_ns: u64,
@@ -53,7 +68,7 @@ impl Direct {
         gpu: Arc<Gpu>,
         mem: DevMem,
         peers: &[Reach],
-        blocks: u32,
+        (blocks, on_gpu): (u32, u32),
         window_bytes: u64,
     ) -> Result<Direct> {
         let (mut windows, mut flags) = ([0u64; MAX_RANKS], [0u64; MAX_RANKS]);
@@ -82,6 +97,8 @@ impl Direct {
             flags,
             window_bytes,
             blocks,
+            on_gpu,
+            timeout: ctx.cfg.timeout,
             rank: ctx.rank,
             nranks: ctx.nranks,
             timeout_ns: super::cuda::nanos(ctx.cfg.timeout),
@@ -107,15 +124,39 @@ impl Direct {
         }
     }
 
-    /// Enqueues `call` on `stream`.
+    /// Whether the module `call` runs is not loaded yet in this process.
+    pub fn needs_load(&self, call: &Call<DeviceBuf>) -> bool {
+        let (dtype, kop, _) = module_of(call);
+        !self.gpu.dev.loaded(dtype, kop)
+    }
+
+    /// Loads the module `call` runs, after this rank's earlier kernels have
+    /// finished (the caller drains the staged path first): loading can
+    /// wait for every kernel queued in the context, and one of ours waiting
+    /// for a peer thread blocked behind that load would never finish (see
+    /// `Device::preload`). Set-up preloaded the first call's module; this
+    /// is for the first call of another type or operator. Also checks that
+    /// the module's kernel fits as many blocks as the grid was cut for.
+    pub fn load_for(&self, call: &Call<DeviceBuf>) -> Result<()> {
+        let (dtype, kop, _) = module_of(call);
+        if let Some((_, ev)) = &*self.order.lock() {
+            ev.synchronize(self.timeout).map_err(|e| match e {
+                CudaError::Timeout(m) => Error::Timeout(format!(
+                    "rank {}: before loading the {dtype} {kop} kernels, the previous direct call did not finish: {m}",
+                    self.rank
+                )),
+                e => e.into(),
+            })?;
+        }
+        let module = self.gpu.dev.module(dtype, kop)?;
+        check_resident(&self.gpu, &module, self.blocks, self.on_gpu)
+    }
+
+    /// Enqueues `call` on `stream`. The module it runs is loaded already
+    /// ([`Direct::load_for`]) or loads here, before anything is enqueued.
     pub fn run(&self, call: &Call<DeviceBuf>, stream: CudaStream) -> Result<()> {
         let coll = self.coll(call);
-        // Collectives that only move bytes run the byte module.
-        let (dtype, kop, count) = if call.kind.reduces() {
-            (call.dtype, KernelOp::of(call.op), call.count)
-        } else {
-            (DataType::Uint8, KernelOp::Sum, call.count * call.dtype.size())
-        };
+        let (dtype, kop, count) = module_of(call);
         let module = self.gpu.dev.module(dtype, kop)?;
         let (premul, scale) = match call.op {
             ReduceOp::PreMulSum { scalar } if call.kind.reduces() => (1, scalar),
@@ -163,4 +204,27 @@ impl Direct {
         *last = Some((raw, ev));
         Ok(())
     }
+}
+
+/// Blocks of the collective kernel of `module` the GPU holds at once.
+pub(super) fn resident(gpu: &Gpu, module: &Module) -> Result<u32> {
+    Ok(gpu.dev.sm_count() * module.max_active_blocks("oxccl_collective", THREADS)?)
+}
+
+/// An error unless `on_gpu` grids of `blocks` blocks of `module`'s
+/// collective kernel are resident at once on the GPU.
+pub(super) fn check_resident(gpu: &Gpu, module: &Module, blocks: u32, on_gpu: u32) -> Result<()> {
+    let holds = resident(gpu, module)?;
+    if blocks * on_gpu > holds {
+        return Err(Error::Unavailable(format!(
+            "the {} {} direct kernel fits {holds} blocks at once on GPU {}, fewer than the {blocks} blocks of each \
+             of the {on_gpu} ranks there (their kernels wait for each other, so all must be resident): set \
+             OXCCL_DEVICE_BLOCKS to at most {}",
+            module.dtype(),
+            module.op(),
+            gpu.dev.ordinal(),
+            holds / on_gpu.max(1)
+        )));
+    }
+    Ok(())
 }

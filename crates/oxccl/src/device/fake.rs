@@ -58,6 +58,22 @@ impl State {
 pub(crate) struct Fake {
     st: Arc<State>,
     streams: Mutex<HashMap<u64, mpsc::Sender<Work>>>,
+    /// Every marker handed out (to tell what is still queued).
+    markers: Mutex<Vec<Arc<AtomicBool>>>,
+    /// What fakes made by [`Fake::beside`] share (ranks on one device).
+    shared: Arc<Shared>,
+    /// Each staging allocation takes this long (to let others run ahead).
+    slow_pinned: Mutex<Duration>,
+}
+
+/// What several fakes record together.
+#[derive(Default)]
+pub(crate) struct Shared {
+    /// Markers made by any of them so far.
+    created: AtomicU64,
+    /// Each staging allocation: (bytes, markers of this fake not yet
+    /// passed then, markers made by any fake so far).
+    pinned: Mutex<Vec<(usize, usize, u64)>>,
 }
 
 struct FakePinned {
@@ -84,7 +100,31 @@ impl Marker for FakeMarker {
 
 impl Fake {
     pub fn new() -> Arc<Fake> {
-        Arc::new(Fake { st: Arc::default(), streams: Mutex::default() })
+        Fake::beside(&Arc::default())
+    }
+
+    /// A fake recording into `shared` with others (its memory, streams and
+    /// words are its own).
+    pub fn beside(shared: &Arc<Shared>) -> Arc<Fake> {
+        Arc::new(Fake {
+            st: Arc::default(),
+            streams: Mutex::default(),
+            markers: Mutex::default(),
+            shared: shared.clone(),
+            slow_pinned: Mutex::default(),
+        })
+    }
+
+    /// Each staging allocation so far, by this fake and those beside it:
+    /// (bytes, markers of the allocating fake not yet passed then, markers
+    /// made by all of them so far).
+    pub fn pinned_log(&self) -> Vec<(usize, usize, u64)> {
+        self.shared.pinned.lock().clone()
+    }
+
+    /// Makes each staging allocation take `d`.
+    pub fn slow_pinned(&self, d: Duration) {
+        *self.slow_pinned.lock() = d;
     }
 
     /// A zeroed device allocation of `len` bytes.
@@ -125,6 +165,14 @@ impl Backend for Fake {
     }
 
     fn pinned(&self, bytes: usize) -> Result<Box<dyn Pinned>> {
+        let pending = {
+            let mut markers = self.markers.lock();
+            markers.retain(|m| !m.load(Ordering::Acquire));
+            markers.len()
+        };
+        let created = self.shared.created.load(Ordering::Acquire);
+        self.shared.pinned.lock().push((bytes, pending, created));
+        std::thread::sleep(*self.slow_pinned.lock());
         let mut mem = Owned::zeroed(bytes);
         let region = mem.region();
         Ok(Box::new(FakePinned { _mem: mem, region }))
@@ -194,6 +242,8 @@ impl Backend for Fake {
     fn marker(&self, s: CudaStream) -> Result<Box<dyn Marker>> {
         let flag = Arc::new(AtomicBool::new(false));
         let f2 = flag.clone();
+        self.markers.lock().push(flag.clone());
+        self.shared.created.fetch_add(1, Ordering::AcqRel);
         self.enqueue(s, Box::new(move || f2.store(true, Ordering::Release)))?;
         Ok(Box::new(FakeMarker(flag)))
     }

@@ -18,6 +18,15 @@
 //!
 //! Gather, scatter and send/recv take the staged path everywhere.
 //!
+//! Ranks that are threads of one process share the GPU's context: each
+//! needs its own stream (the legacy default stream is refused then, see
+//! [`check_stream`]; one stream shared by two ranks of a thread deadlocks
+//! alike, which is not detected), and nothing that waits for the GPU's
+//! queued work (module loading, allocating or freeing memory) may run
+//! while a kernel of theirs waits for the other ranks: see `cuda::open`.
+//! Ranks that share a GPU from different processes take the staged path
+//! unless MPS is on (without it the GPU time-slices their kernels).
+//!
 //! Failure: every device wait has the communicator's timeout; a dead peer,
 //! an abort or a failed host step poisons the communicator and tells every
 //! kernel waiting for it to give up. `Communicator::device_synchronize`
@@ -103,19 +112,21 @@ pub(crate) struct DeviceComm {
     pub(crate) stager: Stager,
     #[cfg(feature = "cuda")]
     direct: Option<direct::Direct>,
+    /// Ranks of the communicator in this process (this one included).
+    pub(crate) process_ranks: usize,
 }
 
 impl DeviceComm {
     /// Sets up the device side on the GPU that holds `buf` (collective:
-    /// every rank's first device call runs it).
+    /// every rank's first device call, `first`, runs it).
     #[cfg(feature = "cuda")]
-    pub fn open(ctx: &Ctx<'_>, buf: DeviceBuf) -> Result<DeviceComm> {
-        cuda::open(ctx, buf)
+    pub fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Result<DeviceComm> {
+        cuda::open(ctx, buf, first)
     }
 
     /// Without the `cuda` feature there is no device.
     #[cfg(not(feature = "cuda"))]
-    pub fn open(ctx: &Ctx<'_>, _buf: DeviceBuf) -> Result<DeviceComm> {
+    pub fn open(ctx: &Ctx<'_>, _buf: DeviceBuf, _first: &Call<DeviceBuf>) -> Result<DeviceComm> {
         Err(Error::InvalidUsage(format!("{}: device buffers need oxccl built with the `cuda` feature", ctx.who)))
     }
 
@@ -127,6 +138,7 @@ impl DeviceComm {
             dev,
             #[cfg(feature = "cuda")]
             direct: None,
+            process_ranks: 1,
         }
     }
 
@@ -139,7 +151,15 @@ impl DeviceComm {
     #[cfg(feature = "cuda")]
     pub fn run_direct(&self, call: &Call<DeviceBuf>, stream: CudaStream) -> Result<bool> {
         match &self.direct {
-            Some(d) if direct_kind(call.kind) => d.run(call, stream).map(|()| true),
+            Some(d) if direct_kind(call.kind) => {
+                if d.needs_load(call) {
+                    // A first call of a new type or operator: nothing of
+                    // ours may be queued while its module loads.
+                    self.stager.drain()?;
+                    d.load_for(call)?;
+                }
+                d.run(call, stream).map(|()| true)
+            }
             _ => Ok(false),
         }
     }
@@ -163,4 +183,66 @@ fn direct_kind(kind: CollKind) -> bool {
             | CollKind::Reduce
             | CollKind::AllToAll
     )
+}
+
+/// An error unless a device buffer at `addr` is aligned to its element
+/// size `es`: kernels read elements at their natural alignment, and a
+/// misaligned one faults, which poisons the whole CUDA context.
+pub(crate) fn check_aligned(addr: u64, len: usize, dtype: oxccl_core::DataType) -> Result<()> {
+    let es = dtype.size() as u64;
+    if len > 0 && !addr.is_multiple_of(es) {
+        return Err(Error::invalid(format!(
+            "address {addr:#x} is not a multiple of {es} bytes, the size of a {dtype} element (a kernel \
+             would fault on it)"
+        )));
+    }
+    Ok(())
+}
+
+/// An error when `stream` is the legacy default stream (`0`, or its
+/// explicit handle `cudaStreamLegacy`, `1`) and this process runs several
+/// ranks of the communicator: their kernels, which wait for each other,
+/// would run one after another on that one stream (each rank's call is
+/// stuck behind a kernel waiting for it). Per-thread default streams
+/// (`cudaStreamPerThread`, `2`) and created streams are distinct per rank,
+/// if the application gives each rank its own.
+pub(crate) fn check_stream(process_ranks: usize, stream: CudaStream) -> Result<()> {
+    if process_ranks > 1 && stream.0 <= 1 {
+        return Err(Error::InvalidUsage(format!(
+            "the legacy default stream ({:#x}) cannot carry device collectives when this process runs {process_ranks} \
+             ranks of the communicator: their kernels wait for each other, and one stream runs them one after \
+             another (a deadlock); give each rank its own stream (cudaStreamCreate, or cudaStreamPerThread with \
+             one thread per rank)",
+            stream.0
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_core::DataType;
+
+    #[test]
+    fn misaligned_buffers_are_named_with_address_and_element_size() {
+        check_aligned(0x1000, 64, DataType::Float64).unwrap();
+        check_aligned(0x1001, 0, DataType::Float64).unwrap();
+        check_aligned(0x1001, 3, DataType::Uint8).unwrap();
+        let e = check_aligned(0x1002, 8, DataType::Float32).unwrap_err().to_string();
+        assert!(e.contains("0x1002") && e.contains("4 bytes") && e.contains("float element"), "{e}");
+    }
+
+    #[test]
+    fn the_legacy_stream_is_refused_to_several_ranks_of_one_process() {
+        check_stream(1, CudaStream::DEFAULT).unwrap();
+        check_stream(4, CudaStream(2)).unwrap();
+        check_stream(4, CudaStream(0x7f00_1234)).unwrap();
+        for legacy in [0, 1] {
+            let e = check_stream(2, CudaStream(legacy)).unwrap_err();
+            assert!(
+                matches!(&e, Error::InvalidUsage(m) if m.contains("legacy default stream") && m.contains("2 ranks"))
+            );
+        }
+    }
 }

@@ -14,8 +14,21 @@
 //! network time overlaps chunk `k+1`'s copy out and chunk `k-1`'s copy back,
 //! and every input byte is read before an output byte is written (in place
 //! works). The engine runs the host collectives in call order, like every
-//! other call. Staging memory comes from a pool and goes back to it once
-//! the stream has passed the call's end.
+//! other call.
+//!
+//! Staging memory: call `k` uses the buffer pair of slot `k mod
+//! MAX_IN_FLIGHT`, free again once the stream has passed the call `k -
+//! MAX_IN_FLIGHT` that used it before. Allocating page-locked memory (and
+//! freeing it) can wait for all work queued on the GPU, and a peer thread's
+//! kernel waiting for the host collective, which needs our copy, may be
+//! queued there. So a slot grows only at the same call on every rank (its
+//! size is the largest any rank needs for that call, and a slot's size
+//! depends only on the calls so far), with none of this rank's staged
+//! calls in flight, and before a barrier of every rank: no rank enqueues
+//! anything of that call before all have allocated, and what the ranks
+//! enqueued before finishes without us. A growth also fills, at that
+//! size, the next slots that are smaller, up to `GROW_BUDGET` bytes, so
+//! that calls of a new size do not drain the pipeline once per slot.
 
 use super::DevCounters;
 use super::backend::{Backend, Marker, Pinned, word};
@@ -33,6 +46,12 @@ use std::time::{Duration, Instant};
 /// the oldest to leave its stream.
 const MAX_IN_FLIGHT: usize = 8;
 
+/// Staging bytes a growth allocates at most beyond the slot that needs it.
+const GROW_BUDGET: usize = 64 << 20;
+
+/// The smallest staging buffer.
+const MIN_STAGE: usize = 64 << 10;
+
 /// Element ranges `[a, b)` of the chunks of a call: elementwise collectives
 /// in pieces of at most `chunk_bytes` (at least one element), the others
 /// whole; nothing for an empty call.
@@ -48,18 +67,37 @@ pub(crate) fn chunks(kind: CollKind, count: usize, es: usize, chunk_bytes: usize
     (0..count).step_by(step).map(|a| (a, (a + step).min(count))).collect()
 }
 
-struct InFlight {
-    bufs: [Box<dyn Pinned>; 2],
-    end: Box<dyn Marker>,
+/// Staging bytes (input, output) of `call` on the rank that needs the most:
+/// the same on every rank.
+pub(crate) fn staging_bytes(call: &Call<DeviceBuf>) -> [usize; 2] {
+    let coll = call.collective();
+    let es = call.dtype.size();
+    let most = |f: &dyn Fn(usize) -> usize| (0..call.nranks).map(f).max().unwrap_or(0) * es;
+    [most(&|r| coll.input_len(r)), most(&|r| coll.output_len(r))]
 }
 
-#[derive(Default)]
+/// A staging buffer for `bytes`: a power of two from `MIN_STAGE`.
+fn stage_size(bytes: usize) -> usize {
+    bytes.max(MIN_STAGE).next_power_of_two()
+}
+
+/// A slot's staging buffers (input, output).
+type Slot = [Box<dyn Pinned>; 2];
+
+/// Whether `slot` holds `need` bytes each way.
+fn fits(slot: &Option<Slot>, need: [usize; 2]) -> bool {
+    slot.as_ref().is_some_and(|[i, o]| i.region().len() >= need[0] && o.region().len() >= need[1])
+}
+
 struct Pool {
     /// Chunks staged so far (the counters' next values start above it).
     seq: u64,
-    in_flight: VecDeque<InFlight>,
-    free: Vec<Box<dyn Pinned>>,
-    /// The stream of the last call and its end.
+    /// Staged calls so far (call `k` uses slot `k % MAX_IN_FLIGHT`).
+    calls: u64,
+    /// The ends of the calls whose stream has not passed them, oldest first.
+    in_flight: VecDeque<Box<dyn Marker>>,
+    slots: Vec<Option<Slot>>,
+    /// The stream of the last call.
     last: Option<CudaStream>,
 }
 
@@ -75,7 +113,32 @@ pub(crate) struct Stager {
 impl Stager {
     pub fn new(dev: Arc<dyn Backend>, chunk: usize, timeout: Duration, who: &str) -> Stager {
         let counters = Arc::new(DevCounters { dev: dev.clone(), who: who.to_string() });
-        Stager { dev, counters, chunk: chunk.max(1), timeout, pool: Mutex::new(Pool::default()) }
+        let pool = Pool {
+            seq: 0,
+            calls: 0,
+            in_flight: VecDeque::new(),
+            slots: (0..MAX_IN_FLIGHT).map(|_| None).collect(),
+            last: None,
+        };
+        Stager { dev, counters, chunk: chunk.max(1), timeout, pool: Mutex::new(pool) }
+    }
+
+    /// Allocates the staging memory `first` (this communicator's first
+    /// staged call) needs, at set-up: the caller's set-up then waits for
+    /// every rank (a bootstrap exchange) before any rank enqueues a call,
+    /// which is the barrier a growth needs ([`Stager::run`] then finds the
+    /// memory there and grows, with its own barrier, only for larger calls).
+    pub fn prepare(&self, first: &Call<DeviceBuf>) -> Result<()> {
+        let mut pool = self.pool.lock();
+        let slot = (pool.calls % MAX_IN_FLIGHT as u64) as usize;
+        let need = staging_bytes(first);
+        if fits(&pool.slots[slot], need) { Ok(()) } else { self.grow(&mut pool, slot, need) }
+    }
+
+    /// Waits until the stream has passed every staged call (at most the
+    /// timeout): then none of this communicator's staging kernels is queued.
+    pub fn drain(&self) -> Result<()> {
+        self.wait_in_flight(&mut self.pool.lock(), 0)
     }
 
     /// The error a kernel recorded, if any.
@@ -86,10 +149,12 @@ impl Stager {
     /// Enqueues `call` on `stream` and returns the host jobs to queue, in
     /// order (each planned by `plan` from a host call on staging memory):
     /// the caller submits them and returns at once. Nothing is enqueued
-    /// when planning fails.
+    /// when planning fails. `barrier` waits for every rank (when the
+    /// staging memory grows; see the module's documentation).
     pub fn run(
         &self,
         plan: &dyn Fn(&Call<Region>) -> Result<Job>,
+        barrier: &dyn Fn() -> Result<()>,
         call: &Call<DeviceBuf>,
         stream: CudaStream,
     ) -> Result<Vec<Job>> {
@@ -99,15 +164,24 @@ impl Stager {
             return Ok(Vec::new());
         }
         let mut pool = self.pool.lock();
-        self.reap(&mut pool)?;
+        // The call that used this slot before must be done with it.
+        self.wait_in_flight(&mut pool, MAX_IN_FLIGHT - 1)?;
+        let slot = (pool.calls % MAX_IN_FLIGHT as u64) as usize;
+        let need = staging_bytes(call);
+        if !fits(&pool.slots[slot], need) {
+            // Every rank gets here at this call: all pass the barrier, even
+            // one whose allocation failed (its error then stops only it).
+            let grown = self.grow(&mut pool, slot, need);
+            barrier()?;
+            grown?;
+        }
         // Calls on different streams still reach the counters in call order.
         if let (Some(prev), Some(last)) = (pool.in_flight.back(), pool.last)
             && last != stream
         {
-            self.dev.enqueue_after(stream, prev.end.as_ref())?;
+            self.dev.enqueue_after(stream, prev.as_ref())?;
         }
-        let pin_in = take(&mut pool, &*self.dev, call.input.len())?;
-        let pin_out = take(&mut pool, &*self.dev, call.output.len())?;
+        let [pin_in, pin_out] = pool.slots[slot].as_ref().expect("fits after growing");
         let (hin, hout) = (pin_in.region().sub(0, call.input.len())?, pin_out.region().sub(0, call.output.len())?);
         let whole = ranges.len() == 1;
         let piece = |r: &Region, d: &DeviceBuf, (a, b): (usize, usize)| -> Result<(Region, DeviceBuf)> {
@@ -147,46 +221,74 @@ impl Stager {
             }
         }
         let end = self.dev.marker(stream)?;
-        pool.in_flight.push_back(InFlight { bufs: [pin_in, pin_out], end });
+        pool.in_flight.push_back(end);
+        pool.calls += 1;
         pool.last = Some(stream);
         Ok(jobs)
     }
 
-    /// Returns the staging memory of calls their streams have passed to
-    /// the pool; with too many calls in flight, waits for the oldest.
-    fn reap(&self, pool: &mut Pool) -> Result<()> {
+    /// Forgets the calls the stream has passed; waits (at most the
+    /// timeout) until at most `most` are left.
+    fn wait_in_flight(&self, pool: &mut Pool, most: usize) -> Result<()> {
         let start = Instant::now();
         loop {
-            while let Some(f) = pool.in_flight.front() {
-                if !f.end.done()? {
+            while let Some(end) = pool.in_flight.front() {
+                if !end.done()? {
                     break;
                 }
-                let f = pool.in_flight.pop_front().expect("checked");
-                pool.free.extend(f.bufs);
+                pool.in_flight.pop_front();
             }
-            if pool.in_flight.len() < MAX_IN_FLIGHT {
+            if pool.in_flight.len() <= most {
                 return Ok(());
             }
             if start.elapsed() > self.timeout {
                 return Err(Error::Timeout(format!(
-                    "{MAX_IN_FLIGHT} staged device calls still in flight after {:.0?} (OXCCL_TIMEOUT)",
+                    "{} staged device calls still in flight after {:.0?} (OXCCL_TIMEOUT)",
+                    pool.in_flight.len(),
                     self.timeout
                 )));
             }
             std::thread::sleep(Duration::from_micros(50));
         }
     }
-}
 
-/// Staging memory of at least `len` bytes: the smallest free one that fits,
-/// else a new one (a power of two from 64 KiB, so that it fits later calls).
-fn take(pool: &mut Pool, dev: &dyn Backend, len: usize) -> Result<Box<dyn Pinned>> {
-    let fits =
-        pool.free.iter().enumerate().filter(|(_, p)| p.region().len() >= len).min_by_key(|(_, p)| p.region().len());
-    if let Some((i, _)) = fits {
-        return Ok(pool.free.swap_remove(i));
+    /// Makes slot `slot` hold `need` bytes each way, with nothing of ours in
+    /// flight (see the module's documentation; the caller then waits for
+    /// every rank); the next slots that are smaller grow to the same size
+    /// while the budget lasts.
+    fn grow(&self, pool: &mut Pool, slot: usize, need: [usize; 2]) -> Result<()> {
+        self.wait_in_flight(pool, 0)?;
+        let need = need.map(stage_size);
+        let mut spent = 0;
+        for k in 0..MAX_IN_FLIGHT {
+            let s = (slot + k) % MAX_IN_FLIGHT;
+            if fits(&pool.slots[s], need) {
+                continue;
+            }
+            let had = pool.slots[s].as_ref().map_or([0, 0], |[i, o]| [i.region().len(), o.region().len()]);
+            let size = [need[0].max(had[0]), need[1].max(had[1])];
+            if k > 0 && spent + size[0] + size[1] > GROW_BUDGET {
+                break;
+            }
+            // A buffer that is too small goes first (freeing is as safe now
+            // as allocating); one that fits stays.
+            let [mut keep_in, mut keep_out] = match pool.slots[s].take() {
+                Some([i, o]) => [Some(i), Some(o)],
+                None => [None, None],
+            };
+            keep_in = keep_in.filter(|b| b.region().len() >= size[0]);
+            keep_out = keep_out.filter(|b| b.region().len() >= size[1]);
+            let mut fresh = |keep: Option<Box<dyn Pinned>>, bytes: usize| match keep {
+                Some(b) => Ok(b),
+                None => {
+                    spent += bytes;
+                    self.dev.pinned(bytes)
+                }
+            };
+            pool.slots[s] = Some([fresh(keep_in, size[0])?, fresh(keep_out, size[1])?]);
+        }
+        Ok(())
     }
-    dev.pinned(len.max(64 << 10).next_power_of_two())
 }
 
 #[cfg(test)]

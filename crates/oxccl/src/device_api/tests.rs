@@ -5,6 +5,7 @@ use crate::device::fake::Fake;
 use crate::{Communicator, Config, CudaStream, DeviceBuf};
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Error, ReduceOp};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Rank `r`'s input: small integers, exact in every type and any order.
@@ -141,14 +142,101 @@ fn bad_device_arguments_are_errors_that_change_nothing() {
 fn a_missing_peer_stops_the_stream_with_an_error_not_a_hang() {
     let config = Config { timeout: Some(Duration::from_millis(1500)), ..Config::default() };
     let comms = Communicator::init_threads_with(2, config).unwrap();
+    // A first call together (it sets up the staging memory, which waits
+    // for every rank), then rank 1 goes missing.
+    let fakes: Vec<Arc<Fake>> = (0..2).map(|_| Fake::new()).collect();
+    let bufs: Vec<DeviceBuf> = fakes.iter().map(|f| f.alloc(64)).collect();
+    std::thread::scope(|s| {
+        for ((c, fake), b) in comms.iter().zip(&fakes).zip(&bufs) {
+            s.spawn(move || {
+                c.use_device_backend(fake.clone(), 1 << 20);
+                c.all_reduce_device(None, *b, 16, DataType::Float32, ReduceOp::Sum, CudaStream(3)).unwrap();
+                c.device_synchronize(CudaStream(3)).unwrap();
+            });
+        }
+    });
     let c = &comms[0];
-    let fake = Fake::new();
-    c.use_device_backend(fake.clone(), 1 << 20);
-    let b = fake.alloc(64);
     let start = Instant::now();
-    c.all_reduce_device(None, b, 16, DataType::Float32, ReduceOp::Sum, CudaStream(3)).unwrap();
+    c.all_reduce_device(None, bufs[0], 16, DataType::Float32, ReduceOp::Sum, CudaStream(3)).unwrap();
     let r = c.device_synchronize(CudaStream(3));
     assert!(r.is_err(), "rank 1 never called, yet {r:?}");
     assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
     assert!(c.async_error().is_some());
+}
+
+#[test]
+fn misaligned_device_buffers_are_refused_before_anything_runs() {
+    let comms = Communicator::init_threads(1).unwrap();
+    let c = &comms[0];
+    let fake = Fake::new();
+    c.use_device_backend(fake.clone(), 64);
+    let b = fake.alloc(64);
+    fake.write(b, &[9; 64]);
+    let odd = DeviceBuf::new(b.addr() + 2, 32);
+    let e = c.all_reduce_device(None, odd, 8, DataType::Float32, ReduceOp::Sum, CudaStream(1)).unwrap_err();
+    let want = format!("{:#x}", b.addr() + 2);
+    assert!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("rank 0") && m.contains("all_reduce")
+            && m.contains("the buffer") && m.contains(&want) && m.contains("4 bytes")),
+        "{e:?}"
+    );
+    let e = c.all_reduce_device(Some(odd), b, 8, DataType::Float32, ReduceOp::Sum, CudaStream(1)).unwrap_err();
+    assert!(e.to_string().contains("the send buffer"), "{e}");
+    // Bytes have no alignment to keep.
+    c.all_reduce_device(None, DeviceBuf::new(b.addr() + 1, 8), 8, DataType::Uint8, ReduceOp::Max, CudaStream(1))
+        .unwrap();
+    c.device_synchronize(CudaStream(1)).unwrap();
+    assert_eq!(fake.read(b), vec![9; 64]);
+}
+
+#[test]
+fn staging_memory_grows_with_nothing_in_flight_at_the_same_call_on_every_rank() {
+    let comms = Communicator::init_threads(2).unwrap();
+    // Two ranks as if on one GPU: an allocation there can wait for the
+    // other rank's queued work, so none of a call may be queued before
+    // every rank has grown for it. Slow allocations let a rank run ahead.
+    let shared = Arc::default();
+    let fakes: Vec<Arc<Fake>> = (0..2).map(|_| Fake::beside(&shared)).collect();
+    fakes[0].slow_pinned(Duration::from_millis(10));
+    std::thread::scope(|s| {
+        for (c, fake) in comms.iter().zip(&fakes) {
+            s.spawn(move || {
+                c.use_device_backend(fake.clone(), 1 << 20);
+                let big = fake.alloc(400_000 * 4);
+                let small: Vec<DeviceBuf> = (0..30).map(|_| fake.alloc(400)).collect();
+                let (s1, s2) = (CudaStream(1), CudaStream(2));
+                let f32s = |b, n| c.all_reduce_device(None, b, n, DataType::Float32, ReduceOp::Sum, s1);
+                // Many small calls in flight, then larger ones.
+                for b in &small[..20] {
+                    f32s(*b, 100).unwrap();
+                }
+                f32s(big, 100_000).unwrap();
+                for b in &small[20..] {
+                    f32s(*b, 100).unwrap();
+                }
+                // All-gather: the output is twice the input on every rank.
+                let (half, whole) = (big.sub(0, 400_000).unwrap(), big.sub(400_000, 800_000).unwrap());
+                let u8s = DataType::Uint8;
+                c.collective_device(CollKind::AllGather, Some(half), whole, 400_000, u8s, ReduceOp::Sum, 0, s2)
+                    .unwrap();
+                f32s(big, 400_000).unwrap();
+                c.device_synchronize(s1).unwrap();
+                c.device_synchronize(s2).unwrap();
+            });
+        }
+    });
+    let log = fakes[0].pinned_log();
+    // Each rank's own calls were all passed when it allocated.
+    assert!(log.iter().all(|&(_, pending, _)| pending == 0), "allocated with calls in flight: {log:?}");
+    // Calls 0, 20, 31 and 32 grew (one end marker per call and rank): no
+    // rank had enqueued its growing call when any rank allocated for it.
+    let at: std::collections::BTreeSet<u64> = log.iter().map(|&(_, _, created)| created).collect();
+    assert_eq!(at, [0, 40, 62, 64].into(), "{log:?}");
+    // Both ranks grew alike: 64 KiB in every slot, then 512 KiB (the budget
+    // allows all eight), then 1 MiB outputs only, then 2 MiB.
+    let sizes: Vec<usize> = log.iter().map(|&(b, _, _)| b).collect();
+    let count = |b: usize| sizes.iter().filter(|&&x| x == b).count();
+    let want = [(64 << 10, 32), (512 << 10, 32), (1 << 20, 16), (2 << 20, 32)];
+    assert_eq!(want.map(|(b, _)| (b, count(b))), want, "{sizes:?}");
+    assert_eq!(sizes.len(), 112);
 }
