@@ -6,18 +6,54 @@
 //! Every test here needs a CUDA GPU and is `#[ignore]`d; on the GPU machine:
 //! `test-device_gpu --ignored --test-threads=1`. Without one, `no_gpu_is_an_error_value`
 //! runs everywhere.
+//!
+//! Nothing here can hang a run: communicators have a short `OXCCL_TIMEOUT`
+//! (a kernel waiting for a peer gives up with an error), and children are
+//! waited for with a deadline (then killed). Each rank allocates its device
+//! buffers and stream once: freeing device memory (and some allocations)
+//! waits for every kernel queued on the GPU, a peer thread's too, which
+//! may be waiting for this rank's next call.
 
 use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DevicePath, ReduceOp};
 use oxccl_algo::collective::Collective;
 use oxccl_cuda::Device;
-use oxccl_e2e::child::{self, fresh_id, output, spawn};
+use oxccl_cuda::{DevMem, Stream};
+use oxccl_e2e::child::{self, await_line, fresh_id, output_within, spawn};
 use std::time::{Duration, Instant};
+
+/// How long a device wait may take in these tests (a hang becomes an error).
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long a child process may run.
+const CHILD_LIMIT: Duration = Duration::from_secs(300);
+
+/// One rank's device buffers and stream, made once and reused by every case.
+struct Bufs {
+    send: DevMem,
+    recv: DevMem,
+    whole: DevMem,
+    stream: Stream,
+}
+
+impl Bufs {
+    /// Room for every case of [`matrix`] up to `max_count` elements on `n` ranks.
+    fn new(dev: &Device, n: usize, max_count: usize) -> Result<Bufs, String> {
+        let bytes = max_count.max(1) * n * 8 + 64;
+        let alloc = || dev.alloc_zeroed(bytes).map_err(|e| e.to_string());
+        Ok(Bufs {
+            send: alloc()?,
+            recv: alloc()?,
+            whole: alloc()?,
+            stream: dev.new_stream().map_err(|e| e.to_string())?,
+        })
+    }
+}
 
 /// One call on device buffers, in or out of place, against the host path.
 #[allow(clippy::too_many_arguments)]
 fn check(
     c: &Communicator,
-    dev: &Device,
+    bufs: &Bufs,
     kind: CollKind,
     count: usize,
     dtype: DataType,
@@ -36,11 +72,11 @@ fn check(
     let op = oxccl_e2e::rank_op(op, rank);
     let mut want = vec![0u8; no * es];
     c.collective_bytes(kind, Some(&send), &mut want, count, dtype, op, root).map_err(|e| e.to_string())?;
-    let stream = dev.new_stream().map_err(|e| e.to_string())?;
-    let s = CudaStream::from_raw(stream.raw() as usize as u64);
+    let s = CudaStream::from_raw(bufs.stream.raw() as usize as u64);
     let got = if in_place {
         let l = coll.in_place_layout(rank);
-        let whole = dev.alloc_zeroed(l.len * es + 1).map_err(|e| e.to_string())?;
+        let whole = &bufs.whole;
+        whole.write(0, &vec![0u8; l.len * es]).map_err(|e| e.to_string())?;
         whole.write(l.input_at * es, &send).map_err(|e| e.to_string())?;
         c.collective_device(kind, None, DeviceBuf::new(whole.addr(), l.len * es), count, dtype, op, root, s)
             .map_err(|e| e.to_string())?;
@@ -49,7 +85,8 @@ fn check(
         whole.read(l.output_at * es, &mut out).map_err(|e| e.to_string())?;
         out
     } else {
-        let (ds, dr) = (dev.alloc_zeroed(ni * es + 1).unwrap(), dev.alloc_zeroed(no * es + 1).unwrap());
+        let (ds, dr) = (&bufs.send, &bufs.recv);
+        dr.write(0, &vec![0u8; no * es]).map_err(|e| e.to_string())?;
         ds.write(0, &send).map_err(|e| e.to_string())?;
         let (bs, br) = (DeviceBuf::new(ds.addr(), ni * es), DeviceBuf::new(dr.addr(), no * es));
         c.collective_device(kind, Some(bs), br, count, dtype, op, root, s).map_err(|e| e.to_string())?;
@@ -70,6 +107,7 @@ fn check(
 /// Every collective × type × operator on one rank (the others run the same).
 fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
     let dev = Device::open(0).map_err(|e| e.to_string())?;
+    let bufs = Bufs::new(&dev, c.size(), counts.iter().copied().max().unwrap_or(0))?;
     let mut cases = 0;
     for kind in oxccl_e2e::kinds() {
         let dtypes: &[DataType] = if kind.reduces() { &DataType::ALL } else { &[DataType::Float32, DataType::Int8] };
@@ -77,7 +115,7 @@ fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
             for op in oxccl_e2e::ops(kind, dtype) {
                 for &count in counts {
                     for in_place in [false, true] {
-                        check(c, &dev, kind, count, dtype, op, c.size() - 1, in_place)?;
+                        check(c, &bufs, kind, count, dtype, op, c.size() - 1, in_place)?;
                         cases += 1;
                     }
                 }
@@ -88,7 +126,8 @@ fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
 }
 
 fn threads(n: usize, path: DevicePath) {
-    let cfg = Config { device_path: Some(path), device_window: Some(256 << 10), ..Config::default() };
+    let cfg =
+        Config { device_path: Some(path), device_window: Some(256 << 10), timeout: Some(TIMEOUT), ..Config::default() };
     let comms = Communicator::init_threads_with(n, cfg).unwrap();
     std::thread::scope(|s| {
         for c in &comms {
@@ -143,7 +182,7 @@ fn threads_staged_2_ranks() {
 #[ignore = "a rank's body, started by the process tests"]
 fn child() {
     let Some((mode, id, rank, size)) = child::rank_env() else { return };
-    let cfg = Config { device_window: Some(256 << 10), timeout: Some(Duration::from_secs(20)), ..Config::default() };
+    let cfg = Config { device_window: Some(256 << 10), timeout: Some(TIMEOUT), ..Config::default() };
     let comm = Communicator::init(&id, size, rank, cfg).unwrap();
     let result = match mode.as_str() {
         "matrix" => matrix(&comm, &[0, 7, 100_003]).map(|n| println!("CASES {n}")),
@@ -170,11 +209,17 @@ fn child() {
     child::report(result);
 }
 
+/// The variables of a child: its path, and a short timeout.
+fn child_env(path: &str) -> [(&str, &str); 2] {
+    [("OXCCL_DEVICE_PATH", path), ("OXCCL_TIMEOUT", "20")]
+}
+
 fn processes(n: usize, path: &str) {
     let id = fresh_id();
-    let kids: Vec<_> = (0..n).map(|r| spawn(&[], &id, n, r, "matrix", &[("OXCCL_DEVICE_PATH", path)])).collect();
+    let kids: Vec<_> = (0..n).map(|r| spawn(&[], &id, n, r, "matrix", &child_env(path))).collect();
+    let start = Instant::now();
     for (r, k) in kids.into_iter().enumerate() {
-        let (ok, text) = output(k);
+        let (ok, text) = output_within(k, CHILD_LIMIT.saturating_sub(start.elapsed()));
         assert!(ok && text.contains("\nOK"), "rank {r} ({path}):\n{text}");
     }
 }
@@ -195,16 +240,20 @@ fn processes_staged_through_shared_memory() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_killed_rank_is_an_error_on_the_others_not_a_hang() {
-    use std::io::{BufRead, BufReader};
     for path in ["direct", "staged"] {
         let id = fresh_id();
-        let mut kids: Vec<_> = (0..3).map(|r| spawn(&[], &id, 3, r, "loop", &[("OXCCL_DEVICE_PATH", path)])).collect();
-        let mut lines = BufReader::new(kids[1].stdout.take().unwrap()).lines();
-        assert!(lines.any(|l| l.unwrap().contains("READY")), "rank 1 never got going");
+        let mut kids: Vec<_> = (0..3).map(|r| spawn(&[], &id, 3, r, "loop", &child_env(path))).collect();
+        let ready = await_line(&mut kids[1], "READY", Duration::from_secs(120));
         kids[1].kill().unwrap();
+        let _ = kids[1].wait();
         let start = Instant::now();
+        let mut texts = Vec::new();
         for r in [0, 2] {
-            let (_, text) = output(kids.remove(if r == 0 { 0 } else { 1 }));
+            let (_, text) = output_within(kids.remove(if r == 0 { 0 } else { 1 }), Duration::from_secs(60));
+            texts.push(text);
+        }
+        assert!(ready, "{path}: rank 1 never got going; the others said {texts:?}");
+        for (r, text) in [0, 2].iter().zip(&texts) {
             assert!(text.contains("ERROR"), "rank {r} ({path}): {text}");
         }
         assert!(start.elapsed() < Duration::from_secs(15), "{path}: took {:?}", start.elapsed());

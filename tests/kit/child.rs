@@ -177,3 +177,52 @@ pub fn output(c: Child) -> (bool, String) {
     let out = c.wait_with_output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).to_string())
 }
+
+/// [`output`], waiting at most `limit`: a child still running then is
+/// killed, and reported as failed with a line saying so (a test fails
+/// instead of hanging the run).
+pub fn output_within(mut c: Child, limit: Duration) -> (bool, String) {
+    let mut out = c.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(o) = out.as_mut() {
+            let _ = o.read_to_string(&mut text);
+        }
+        text
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = c.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > limit {
+            let _ = c.kill();
+            let _ = c.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = reader.join().unwrap_or_default();
+    match status {
+        Some(st) => (st.success(), text),
+        None => (false, format!("{text}\n(killed by the test: still running after {limit:?})")),
+    }
+}
+
+/// Waits at most `limit` for a line of the child's stdout that contains
+/// `pat`; the rest of its stdout is read and dropped. `false` if the child
+/// ended or `limit` passed first.
+pub fn await_line(c: &mut Child, pat: &str, limit: Duration) -> bool {
+    let out = c.stdout.take().expect("a piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pat = pat.to_string();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if line.contains(&pat) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(limit).is_ok()
+}
