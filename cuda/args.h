@@ -77,9 +77,11 @@ struct oxccl_coll_args {
 // Blocks that share one channel's steps (a team).
 #define OXCCL_MAX_TEAM 16
 // A rank's program flag area: pf[peer][channel][8] u64 words (the OXCCL_PF_*
-// below), then team[channel][2] u64; zeroed at allocation.
+// below), then team[channel][2] u64, then the address exchange: the launch
+// it is for, and the rank's input and output of the last two launches
+// (addr[seq % 2][2]); zeroed at allocation.
 #define OXCCL_PF_WORDS 8
-#define OXCCL_PROG_FLAG_BYTES (OXCCL_MAX_RANKS * OXCCL_MAX_CHANNELS * OXCCL_PF_WORDS * 8 + OXCCL_MAX_CHANNELS * 16)
+#define OXCCL_PROG_FLAG_BYTES (OXCCL_MAX_RANKS * OXCCL_MAX_CHANNELS * OXCCL_PF_WORDS * 8 + OXCCL_MAX_CHANNELS * 16 + 64)
 // Written by the peer: pieces it posted into my FIFO; pieces of mine it
 // consumed from its FIFO (credits); signals it sent me.
 #define OXCCL_PF_HEAD 0
@@ -144,8 +146,13 @@ struct oxccl_prog_args {
     u32 fifo_chans;  // channels of every rank's FIFO layout (>= every rank's nchan)
     u32 slots;       // slots per connection
     u32 team;        // blocks per channel
-    u32 pad0;
-    u32 pad1;
+    // Ranks whose input and output this program reaches one-sidedly but
+    // whose addresses are not in `bufs` (they change from call to call):
+    // every rank publishes its own in its flag area at the start of launch
+    // `seq`, and this rank reads those of the ranks in the mask (bit q).
+    // Only for ranks whose pointers are valid here (threads of one process).
+    u32 exchange;
+    u64 seq;
 };
 
 #endif

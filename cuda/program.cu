@@ -30,11 +30,13 @@
 // Block-shared state: the plan being run, the current step, the channel's
 // counters per peer (every member keeps its own copy), a failure code.
 struct ox_psmem {
+    u64 bufs[OXCCL_MAX_RANKS][3];  // every rank's buffers (args.bufs, exchanged ones filled in)
     ox_plan plan;
     oxccl_pstep st;
     u64 sent[OXCCL_MAX_RANKS], recvd[OXCCL_MAX_RANKS], sigsent[OXCCL_MAX_RANKS], sigseen[OXCCL_MAX_RANKS];
     u64 team_at;  // the team barrier's target so far
-    u32 fail;
+    u32 fail;     // a wait's failure (written by thread 0 before a barrier, read after it)
+    u32 bad;      // the current step is malformed (likewise)
 };
 
 struct ox_pctx {
@@ -49,12 +51,61 @@ OX_DEV u64 ox_pf_off(u32 peer, u32 chan, u32 word) {
 OX_DEV u64 ox_team_off(u32 chan, u32 word) {
     return (u64)OXCCL_MAX_RANKS * OXCCL_MAX_CHANNELS * OXCCL_PF_WORDS * 8 + ((u64)chan * 2 + word) * 8;
 }
+// Thread 0: fence, then the release store that publishes it to a peer.
+OX_DEV void ox_publish(u64 addr, u64 v) {
+    ox_fence_sys();
+    ox_st_release_sys(addr, v);
+}
+
+// The address exchange: word 0 the launch, then addr[seq % 2][input, output].
+OX_DEV u64 ox_xchg_off(u32 word) {
+    return (u64)OXCCL_MAX_RANKS * OXCCL_MAX_CHANNELS * OXCCL_PF_WORDS * 8 + (u64)OXCCL_MAX_CHANNELS * 16 + word * 8;
+}
 
 // The address of `slice` (element offset `from` into it) in rank q's buffers.
-OX_DEV u64 ox_slice_addr(const oxccl_prog_args &a, const ox_pctx &c, u32 q, u64 slice, u64 from) {
+OX_DEV u64 ox_slice_addr(const ox_psmem &sh, const ox_pctx &c, u32 q, u64 slice, u64 from) {
     const u32 buf = (u32)(slice >> OXCCL_SLICE_BUF_SHIFT);
     const u64 off = slice & ((1ull << OXCCL_SLICE_BUF_SHIFT) - 1);
-    return a.bufs[q][buf] + (off + from) * c.E;
+    return sh.bufs[q][buf] + (off + from) * c.E;
+}
+
+// Every block: its copy of the ranks' buffers; with an exchange, block 0
+// first publishes this rank's input and output for launch `seq`, and every
+// block reads those of the ranks in the mask once they are published for
+// this launch. (A peer overwrites its slot of launch `seq` only at `seq + 2`,
+// after launch `seq + 1`, which it cannot end before this rank, which
+// touches its buffers in `seq`, has signalled it is done with them: the
+// verifier's rule that nothing touches a rank's buffers after it returns.)
+OX_DEV bool ox_load_bufs(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c) {
+    if (c.tid < c.n) {
+        for (u32 b = 0; b < 3; b++) sh.bufs[c.tid][b] = a.bufs[c.tid][b];
+    }
+    if (c.tid == 0) {
+        for (u32 q = c.nthr; q < c.n; q++) {
+            for (u32 b = 0; b < 3; b++) sh.bufs[q][b] = a.bufs[q][b];
+        }
+        sh.fail = 0;
+    }
+    __syncthreads();
+    if (c.tid == 0) {
+        if (a.exchange != 0) {
+            const u64 own = a.flags[c.r], slot = 1 + (a.seq & 1) * 2;
+            if (blockIdx.x == 0) {
+                ox_st_u64(own + ox_xchg_off(slot), a.bufs[c.r][0]);
+                ox_st_u64(own + ox_xchg_off(slot + 1), a.bufs[c.r][1]);
+                ox_publish(own + ox_xchg_off(0), a.seq);
+            }
+            for (u32 q = 0; q < c.n && sh.fail == 0; q++) {
+                if (q == c.r || ((a.exchange >> q) & 1) == 0) continue;
+                const u64 theirs = a.flags[q];
+                sh.fail = ox_wait_geq(theirs + ox_xchg_off(0), a.seq, a.status, a.timeout_ns);
+                sh.bufs[q][0] = ox_ld_u64(theirs + ox_xchg_off(slot));
+                sh.bufs[q][1] = ox_ld_u64(theirs + ox_xchg_off(slot + 1));
+            }
+        }
+    }
+    __syncthreads();
+    return sh.fail == 0;
 }
 
 // Slot k of connection (sender q -> receiver to, channel c) in `to`'s FIFO.
@@ -86,12 +137,6 @@ OX_DEV bool ox_team_sync(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &
     }
     __syncthreads();
     return sh.fail == 0;
-}
-
-// Thread 0: fence, then the release store that publishes it to a peer.
-OX_DEV void ox_publish(u64 addr, u64 v) {
-    ox_fence_sys();
-    ox_st_release_sys(addr, v);
 }
 
 // Runs the plan thread 0 filled over this member's n elements (all threads).
@@ -128,9 +173,9 @@ OX_DEV bool ox_pmessage(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c
             sh.fail = fail;
             ox_plan &p = sh.plan;
             u32 ns = 0, nd = 0;
-            if (has_src) p.src[ns++] = ox_slice_addr(a, c, c.r, st.src, off + lo);
+            if (has_src) p.src[ns++] = ox_slice_addr(sh, c, c.r, st.src, off + lo);
             if (rx) p.src[ns++] = ox_slot(a, c, c.r, from, sh.recvd[from]) + lo * c.E;
-            if (has_dst) p.dst[nd++] = ox_slice_addr(a, c, c.r, st.dst, off + lo);
+            if (has_dst) p.dst[nd++] = ox_slice_addr(sh, c, c.r, st.dst, off + lo);
             if (tx) p.dst[nd++] = ox_slot(a, c, to, c.r, sh.sent[to]) + lo * c.E;
             p.nsrc = ns;
             p.ndst = nd;
@@ -188,27 +233,27 @@ OX_DEV bool ox_plocal(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c, 
         p.avg = 0;
         switch (op) {
         case OXCCL_PS_COPY:
-            p.src[0] = ox_slice_addr(a, c, c.r, st.src, lo);
-            p.dst[0] = ox_slice_addr(a, c, c.r, st.dst, lo);
+            p.src[0] = ox_slice_addr(sh, c, c.r, st.src, lo);
+            p.dst[0] = ox_slice_addr(sh, c, c.r, st.dst, lo);
             break;
         case OXCCL_PS_REDUCE:
             p.nsrc = st.nsrc;
-            for (u32 s = 0; s < st.nsrc; s++) p.src[s] = ox_slice_addr(a, c, c.r, ((const u64 *)a.slices)[st.src + s], lo);
-            p.dst[0] = ox_slice_addr(a, c, c.r, st.dst, lo);
+            for (u32 s = 0; s < st.nsrc; s++) p.src[s] = ox_slice_addr(sh, c, c.r, ((const u64 *)a.slices)[st.src + s], lo);
+            p.dst[0] = ox_slice_addr(sh, c, c.r, st.dst, lo);
             break;
         case OXCCL_PS_PUT:
-            p.src[0] = ox_slice_addr(a, c, c.r, st.src, lo);
-            p.dst[0] = ox_slice_addr(a, c, q, st.dst, lo);
+            p.src[0] = ox_slice_addr(sh, c, c.r, st.src, lo);
+            p.dst[0] = ox_slice_addr(sh, c, q, st.dst, lo);
             break;
         case OXCCL_PS_GET:
-            p.src[0] = ox_slice_addr(a, c, q, st.src, lo);
-            p.dst[0] = ox_slice_addr(a, c, c.r, st.dst, lo);
+            p.src[0] = ox_slice_addr(sh, c, q, st.src, lo);
+            p.dst[0] = ox_slice_addr(sh, c, c.r, st.dst, lo);
             break;
         default:  // OXCCL_PS_GET_REDUCE: dst = acc + peer's src
             p.nsrc = 2;
-            p.src[0] = ox_slice_addr(a, c, c.r, st.acc, lo);
-            p.src[1] = ox_slice_addr(a, c, q, st.src, lo);
-            p.dst[0] = ox_slice_addr(a, c, c.r, st.dst, lo);
+            p.src[0] = ox_slice_addr(sh, c, c.r, st.acc, lo);
+            p.src[1] = ox_slice_addr(sh, c, q, st.src, lo);
+            p.dst[0] = ox_slice_addr(sh, c, c.r, st.dst, lo);
             break;
         }
         // A copy onto itself moves nothing.
@@ -271,17 +316,18 @@ OX_DEV void ox_program_kernel(const oxccl_prog_args &a) {
         }
         sh.team_at = ox_ld_u64(pf + ox_team_off(c.c, 1));
     }
+    if (!ox_load_bufs(a, sh, c)) return;
     const typename T::A one = T::scale(1.0);
     const oxccl_pstep *steps = (const oxccl_pstep *)a.steps;
     for (u32 i = 0; i < a.chan_steps[c.c]; i++) {
         __syncthreads();
         if (c.tid == 0) {
             sh.st = steps[a.chan_first[c.c] + i];
-            sh.fail = ox_step_ok(a, sh.st) ? 0 : OXCCL_STATUS_INVALID;
-            if (sh.fail != 0) ox_set_status(a.status, OXCCL_STATUS_INVALID);
+            sh.bad = ox_step_ok(a, sh.st) ? 0 : 1;
+            if (sh.bad != 0) ox_set_status(a.status, OXCCL_STATUS_INVALID);
         }
         __syncthreads();
-        if (sh.fail != 0) return;
+        if (sh.bad != 0) return;
         const bool ok = sh.st.op <= OXCCL_PS_RECV_REDUCE_COPY_SEND ? ox_pmessage<T, OP>(a, sh, c, one)
                                                                     : ox_plocal<T, OP>(a, sh, c, one);
         if (!ok) return;

@@ -21,7 +21,7 @@
 //                                 answer "ok ELAPSED_MS nbytes". SKIP: a rank not launched
 //                                 (-1: none); ABORT: the host's abort word set before launch;
 //                                 REPEAT: launches in a row on the same windows and flags.
-//   prog DT OP N TEAM BLOCK SLOTS SLOT_BYTES FIFO_CHANS TIMEOUT_NS REPEAT PREMUL AVG SKIP ABORT
+//   prog DT OP N TEAM BLOCK SLOTS SLOT_BYTES FIFO_CHANS TIMEOUT_NS REPEAT PREMUL AVG SKIP ABORT EXCHANGE
 //                                 oxccl_program for every rank; in per rank: u64 IN_N OUT_N
 //                                 SCRATCH_N IN_AT OUT_AT SHARED_N NCHAN NSTEPS NSLICES SCALE_BITS,
 //                                 u32 CHAN_FIRST[NCHAN] CHAN_STEPS[NCHAN], the steps
@@ -30,6 +30,8 @@
 //                                 many elements (input at IN_AT, output at OUT_AT). PREMUL:
 //                                 the input is first scaled into a copy (oxccl_reduce), AVG:
 //                                 the output divided by N after (oxccl_reduce), as oxccl does.
+//                                 EXCHANGE: peers' input and output addresses are not in the
+//                                 arguments; the kernels exchange them (launch k has seq k).
 //                                 Out per rank: u32 status[0], guards_ok, input_intact, 0,
 //                                 then its output; answer "ok ELAPSED_MS nbytes".
 //   stage MODE TIMEOUT_NS         wait_host with the word set (0), never set (1) or the
@@ -381,10 +383,10 @@ template <class V> std::vector<V> read_vec(size_t n) {
 
 void job_prog(std::istringstream &in) {
     int dt, op, skip;
-    u32 n, team, block, slots, fifo_chans, premul, avg, abort_word, repeat;
+    u32 n, team, block, slots, fifo_chans, premul, avg, abort_word, repeat, exchange;
     u64 slot_bytes, timeout;
     in >> dt >> op >> n >> team >> block >> slots >> slot_bytes >> fifo_chans >> timeout >> repeat >> premul >> avg >>
-        skip >> abort_word;
+        skip >> abort_word >> exchange;
     if (!in || n < 1 || n > OXCCL_MAX_RANKS) die("prog: bad header");
     std::vector<unsigned char> out;
     double elapsed_ms = 0;
@@ -439,7 +441,9 @@ void job_prog(std::istringstream &in) {
         for (u32 r = 0; r < n; r++) {
             oxccl_prog_args &a = args[r];
             for (u32 q = 0; q < n; q++) {
-                for (int b = 0; b < 3; b++) a.bufs[q][b] = args[q].bufs[q][b];
+                // Exchanged: peers' input and output come from their flag areas.
+                for (int b = 0; b < 3; b++) a.bufs[q][b] = exchange && q != r && b < 2 ? 0 : args[q].bufs[q][b];
+                if (exchange && q != r) a.exchange |= 1u << q;
                 a.fifo[q] = args[q].fifo[q];
                 a.flags[q] = flags[q]->addr();
             }
@@ -484,6 +488,7 @@ void job_prog(std::istringstream &in) {
             for (u32 r = 0; r < n; r++) {
                 if (ranks[r].in_n) std::memcpy((void *)(uintptr_t)input[r], ranks[r].input.data(), ranks[r].in_n * E);
             }
+            for (u32 r = 0; r < n; r++) args[r].seq = rep + 1;
             if (!pro.empty()) launch(pro, 2, block);
             launch_grids(kernels, grids, block);
             if (!epi.empty()) launch(epi, 2, block);

@@ -19,7 +19,7 @@ pub const MAX_TEAM: usize = 16;
 /// `OXCCL_PF_WORDS`: u64 words per (peer, channel) in a program flag area.
 pub const PF_WORDS: usize = 8;
 /// `OXCCL_PROG_FLAG_BYTES`: bytes of each rank's program flag area (zeroed once).
-pub const PROG_FLAG_BYTES: usize = MAX_RANKS * MAX_CHANNELS * PF_WORDS * 8 + MAX_CHANNELS * 16;
+pub const PROG_FLAG_BYTES: usize = MAX_RANKS * MAX_CHANNELS * PF_WORDS * 8 + MAX_CHANNELS * 16 + 64;
 /// `OXCCL_SLICE_BUF_SHIFT`: a slice's buffer sits in the bits above this.
 pub const SLICE_BUF_SHIFT: u32 = 62;
 
@@ -101,10 +101,14 @@ pub struct ProgArgs {
     pub slots: u32,
     /// Blocks per channel, 1..=16.
     pub team: u32,
-    /// Padding (keep 0).
-    pub pad0: u32,
-    /// Padding (keep 0).
-    pub pad1: u32,
+    /// Ranks (bit q) whose input and output the program reaches
+    /// one-sidedly and whose addresses it takes from their flag areas at
+    /// the start of the launch rather than from `bufs` (ranks that are
+    /// threads of one process: the addresses change from call to call).
+    pub exchange: u32,
+    /// This launch's number on the communicator (1, 2, …; the same on
+    /// every rank): the address exchange's key.
+    pub seq: u64,
 }
 
 impl Default for ProgArgs {
@@ -126,8 +130,8 @@ impl Default for ProgArgs {
             fifo_chans: 0,
             slots: 0,
             team: 0,
-            pad0: 0,
-            pad1: 0,
+            exchange: 0,
+            seq: 0,
         }
     }
 }
@@ -166,6 +170,9 @@ impl ProgArgs {
         }
         if self.timeout_ns == 0 {
             return bad("timeout_ns is 0; every wait needs a deadline".into());
+        }
+        if self.exchange != 0 && (self.seq == 0 || self.exchange >> n != 0) {
+            return bad(format!("address exchange with ranks {:#x} at launch {}", self.exchange, self.seq));
         }
         if self.status == 0 || !self.status.is_multiple_of(4) {
             return bad(format!("status address {:#x} is null or not 4-byte aligned", self.status));
@@ -366,7 +373,7 @@ mod tests {
     #[test]
     fn sizes_are_those_of_the_header() {
         assert_eq!(std::mem::size_of::<PStep>(), 48);
-        assert_eq!(std::mem::size_of::<ProgArgs>(), (48 + 16 + 16 + 5) * 8 + 64 * 4 + 8 * 4);
+        assert_eq!(std::mem::size_of::<ProgArgs>(), (48 + 16 + 16 + 5) * 8 + 64 * 4 + 8 * 4 + 8);
     }
 
     #[test]

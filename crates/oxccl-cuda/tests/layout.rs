@@ -34,7 +34,7 @@ int main(void) {
     F(oxccl_prog_args, slices) F(oxccl_prog_args, slot_bytes) F(oxccl_prog_args, timeout_ns)
     F(oxccl_prog_args, status) F(oxccl_prog_args, chan_first) F(oxccl_prog_args, chan_steps)
     F(oxccl_prog_args, nranks) F(oxccl_prog_args, rank) F(oxccl_prog_args, nchan) F(oxccl_prog_args, fifo_chans)
-    F(oxccl_prog_args, slots) F(oxccl_prog_args, team) F(oxccl_prog_args, pad0) F(oxccl_prog_args, pad1)
+    F(oxccl_prog_args, slots) F(oxccl_prog_args, team) F(oxccl_prog_args, exchange) F(oxccl_prog_args, seq)
     C(OXCCL_MAX_CHANNELS) C(OXCCL_MAX_TEAM) C(OXCCL_PF_WORDS) C(OXCCL_PROG_FLAG_BYTES) C(OXCCL_SLICE_BUF_SHIFT)
     C(OXCCL_PS_SEND) C(OXCCL_PS_RECV) C(OXCCL_PS_RECV_REDUCE) C(OXCCL_PS_RECV_REDUCE_SEND)
     C(OXCCL_PS_RECV_COPY_SEND) C(OXCCL_PS_RECV_REDUCE_COPY_SEND) C(OXCCL_PS_COPY) C(OXCCL_PS_REDUCE)
@@ -103,7 +103,7 @@ fn rust_mirrors_match_the_c_header() {
     rust.extend(fields!("oxccl_pstep", PStep: op, recv, send, nsrc, len, dst, src, acc));
     rust.push(("oxccl_prog_args", vec![size_of::<ProgArgs>() as u64, align_of::<ProgArgs>() as u64]));
     rust.extend(fields!("oxccl_prog_args", ProgArgs: bufs, fifo, flags, steps, slices, slot_bytes, timeout_ns,
-        status, chan_first, chan_steps, nranks, rank, nchan, fifo_chans, slots, team, pad0, pad1));
+        status, chan_first, chan_steps, nranks, rank, nchan, fifo_chans, slots, team, exchange, seq));
     let ops = [
         StepOp::Send,
         StepOp::Recv,

@@ -33,6 +33,8 @@ struct Shape {
     skip: Option<usize>,
     abort: bool,
     timeout_ms: u64,
+    /// Peers' input and output addresses exchanged by the kernels.
+    exchange: bool,
 }
 
 impl Default for Shape {
@@ -47,6 +49,7 @@ impl Default for Shape {
             skip: None,
             abort: false,
             timeout_ms: 20_000,
+            exchange: false,
         }
     }
 }
@@ -102,7 +105,7 @@ fn encode_job(case: &Case) -> (Vec<u8>, Vec<usize>) {
     let need = progs.iter().map(|p| p.slots_needed(module_size(dt), s.slot_bytes as usize)).max().unwrap_or(1);
     let s = Shape { slots: s.slots.max(need as u32), ..s };
     let mut job = format!(
-        "prog {dt} {op} {n} {} {} {} {} {fifo_chans} {} {} {} {} {} {}\n",
+        "prog {dt} {op} {n} {} {} {} {} {fifo_chans} {} {} {} {} {} {} {}\n",
         s.team,
         s.block,
         s.slots,
@@ -112,7 +115,8 @@ fn encode_job(case: &Case) -> (Vec<u8>, Vec<usize>) {
         pre as u32,
         avg as u32,
         s.skip.map_or(-1, |r| r as i64),
-        s.abort as u32
+        s.abort as u32,
+        s.exchange as u32
     )
     .into_bytes();
     let mut outs = Vec::new();
@@ -253,6 +257,7 @@ fn all_algorithm_cases(ranks: std::ops::RangeInclusive<usize>) -> Vec<Case> {
                     slots: [2, 4, 1][i % 3],
                     slot_bytes: [64, 256, 16][(i / 4) % 3],
                     in_place: p.in_place && i % 2 == 1,
+                    exchange: i % 5 < 2,
                     ..Shape::default()
                 };
                 let what = format!("{algo} {c} {op:?} {shape:?}");
@@ -310,7 +315,7 @@ fn relaunches_continue_from_the_counters_the_last_launch_left() {
     ] {
         let c = Collective::new(kind, 4, 77);
         let p = build(algo, &c, &BuildOptions { chunk_bytes: 64, max_chunks: 8 }).unwrap();
-        let shape = Shape { repeat: 3, team: 2, slots: 3, ..Shape::default() };
+        let shape = Shape { repeat: 3, team: 2, slots: 3, exchange: true, ..Shape::default() };
         cases.push(case(&mut rng, format!("{algo} {c} ×3"), p, ReduceOp::Sum, shape));
     }
     check(&cases);

@@ -74,6 +74,12 @@ pub struct Answer {
 /// Runs a batch of jobs (header lines with their input bytes) in one harness
 /// process.
 pub fn run_jobs(exe: &Path, input: Vec<u8>) -> Vec<Answer> {
+    if let Ok(dir) = std::env::var("OXCCL_EMULATE_DUMP") {
+        // Debugging: keep the jobs to feed the harness by hand.
+        let path = Path::new(&dir).join(format!("jobs-{}-{:?}", std::process::id(), std::thread::current().id()));
+        std::fs::write(&path, &input).expect("writing the dump");
+        eprintln!("jobs written to {}", path.display());
+    }
     let mut child = Command::new(exe)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
