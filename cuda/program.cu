@@ -37,6 +37,7 @@ struct ox_psmem {
     u64 team_at;  // the team barrier's target so far
     u32 fail;     // a wait's failure (written by thread 0 before a barrier, read after it)
     u32 bad;      // the current step is malformed (likewise)
+    u32 team_fail;  // the team barrier's failure (its own word: read after it, rewritten only in the next one)
 };
 
 struct ox_pctx {
@@ -133,10 +134,10 @@ OX_DEV bool ox_team_sync(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &
         ox_fence_sys();
         ox_atom_add_u64(word, 1);
         sh.team_at += c.W;
-        sh.fail = ox_wait_geq(word, sh.team_at, a.status, a.timeout_ns);
+        sh.team_fail = ox_wait_geq(word, sh.team_at, a.status, a.timeout_ns);
     }
     __syncthreads();
-    return sh.fail == 0;
+    return sh.team_fail == 0;
 }
 
 // Runs the plan thread 0 filled over this member's n elements (all threads).
