@@ -14,7 +14,8 @@
 //! waits for every kernel queued on the GPU, a peer thread's too, which
 //! may be waiting for this rank's next call.
 
-use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DevicePath, ReduceOp};
+use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DeviceExec, DevicePath, ReduceOp};
+use oxccl_algo::algos::Algorithm;
 use oxccl_algo::collective::Collective;
 use oxccl_cuda::Device;
 use oxccl_cuda::{DevMem, Stream};
@@ -170,6 +171,59 @@ fn no_gpu_is_an_error_value() {
 fn threads_direct_2_and_4_ranks_on_one_gpu() {
     threads(2, DevicePath::Direct);
     threads(4, DevicePath::Direct);
+}
+
+/// Every algorithm of oxccl-algo for every collective it implements,
+/// through the device executor (`OXCCL_DEVICE_EXEC=program`: a program it
+/// cannot run is an error, so nothing falls back to the hand-written
+/// kernel unseen), `n` ranks as threads on one GPU, against the host path.
+fn executor_threads(n: usize) {
+    for algo in Algorithm::ALL {
+        let cfg = Config {
+            device_path: Some(DevicePath::Direct),
+            device_exec: Some(DeviceExec::Program),
+            algo: Some(algo.name().into()),
+            device_window: Some(4 << 20),
+            timeout: Some(TIMEOUT),
+            ..Config::default()
+        };
+        let comms = Communicator::init_threads_with(n, cfg).unwrap();
+        let kinds: Vec<CollKind> = algo.kinds().iter().copied().filter(|k| *k != CollKind::SendRecv).collect();
+        std::thread::scope(|s| {
+            for c in &comms {
+                let kinds = &kinds;
+                s.spawn(move || {
+                    let dev = Device::open(0).unwrap();
+                    let bufs = Bufs::new(&dev, n, 70_001).unwrap();
+                    for &kind in kinds {
+                        for (dtype, op) in [
+                            (DataType::Float32, ReduceOp::Sum),
+                            (DataType::Bfloat16, ReduceOp::Avg),
+                            (DataType::Int32, ReduceOp::Max),
+                            (DataType::Float64, ReduceOp::PreMulSum { scalar: 0.5 }),
+                        ] {
+                            if !kind.reduces() && dtype != DataType::Float32 {
+                                continue;
+                            }
+                            for count in [1, 1000, 70_001] {
+                                for in_place in [false, true] {
+                                    check(c, &bufs, kind, count, dtype, op, n - 1, in_place)
+                                        .unwrap_or_else(|e| panic!("{algo}: {e}"));
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_algorithm_through_the_device_executor_2_and_4_threads() {
+    executor_threads(2);
+    executor_threads(4);
 }
 
 #[test]

@@ -45,6 +45,17 @@ pub struct Config {
     /// Bytes per pipelined chunk of the staged path (`OXCCL_STAGE_CHUNK`;
     /// default 4 MiB).
     pub stage_chunk: Option<usize>,
+    /// What runs a collective on the direct path (`OXCCL_DEVICE_EXEC`):
+    /// `auto` (default: the hand-written kernel, but the device executor
+    /// for gather and scatter and wherever `OXCCL_ALGO` or a program file
+    /// names the algorithm), `program` (the executor for every collective
+    /// on the direct path; a program it cannot run is an error saying why)
+    /// or `kernel`.
+    pub device_exec: Option<DeviceExec>,
+    /// Bytes of every device FIFO connection of the executor
+    /// (`OXCCL_DEVICE_FIFO`; default 512 KiB, 8 slots): a program's
+    /// messages may be half of it. The same on every rank.
+    pub device_fifo: Option<usize>,
     /// Researchers' programs this communicator may run
     /// ([`crate::programs`]), besides those `OXCCL_ALGO_FILE` names
     /// (comma-separated JSON files, loaded and verified at init).
@@ -107,6 +118,32 @@ pub enum DevicePath {
     Staged,
 }
 
+/// What runs collectives on the direct device path (see
+/// [`Config::device_exec`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceExec {
+    /// The hand-written kernel, the executor where an algorithm is named
+    /// or the kernel has none.
+    #[default]
+    Auto,
+    /// The device executor wherever it can run the program.
+    Program,
+    /// The hand-written kernel only.
+    Kernel,
+}
+
+impl std::str::FromStr for DeviceExec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<DeviceExec> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(DeviceExec::Auto),
+            "program" | "executor" => Ok(DeviceExec::Program),
+            "kernel" => Ok(DeviceExec::Kernel),
+            _ => Err(Error::invalid(format!("OXCCL_DEVICE_EXEC={s:?}: expected auto, program or kernel"))),
+        }
+    }
+}
+
 impl std::str::FromStr for DevicePath {
     type Err = Error;
     fn from_str(s: &str) -> Result<DevicePath> {
@@ -148,6 +185,10 @@ pub struct Resolved {
     pub device_blocks: usize,
     /// See [`Config::stage_chunk`].
     pub stage_chunk: usize,
+    /// See [`Config::device_exec`].
+    pub device_exec: DeviceExec,
+    /// See [`Config::device_fifo`] (a multiple of 128).
+    pub device_fifo: usize,
     /// [`Config::programs`] and those of `OXCCL_ALGO_FILE`.
     pub programs: Vec<ProgramId>,
     /// See [`Config::cma`].
@@ -333,6 +374,12 @@ impl Config {
         if !(1..=64).contains(&device_blocks) {
             return Err(Error::invalid(format!("device blocks {device_blocks} must be 1 to 64")));
         }
+        let device_exec = match self.device_exec {
+            Some(e) => e,
+            None => env("OXCCL_DEVICE_EXEC").map(|v| v.parse()).transpose()?.unwrap_or_default(),
+        };
+        let device_fifo = size_setting(self.device_fifo, "OXCCL_DEVICE_FIFO", 512 << 10)?;
+        in_range("device FIFO", "OXCCL_DEVICE_FIFO", self.device_fifo.is_some(), device_fifo, 4 << 10, 64 << 20)?;
         let stage_chunk = size_setting(self.stage_chunk, "OXCCL_STAGE_CHUNK", 4 << 20)?;
         in_range("stage chunk", "OXCCL_STAGE_CHUNK", self.stage_chunk.is_some(), stage_chunk, 1, usize::MAX)?;
         let mut programs = self.programs.clone();
@@ -364,6 +411,8 @@ impl Config {
             device_window: device_window / 256 * 256,
             device_blocks,
             stage_chunk,
+            device_exec,
+            device_fifo: device_fifo / 128 * 128,
             timeout,
             transport,
             socket_ifname: self.socket_ifname.clone().or_else(|| env("OXCCL_SOCKET_IFNAME")),

@@ -3,7 +3,8 @@
 use crate::buf::{CudaStream, DeviceBuf, Region};
 use crate::call::Call;
 use crate::comm::Communicator;
-use crate::device::{Ctx, DeviceComm};
+use crate::config::DeviceExec;
+use crate::device::{Ctx, DeviceComm, Source};
 use oxccl_algo::algos::Algorithm;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
@@ -61,7 +62,25 @@ impl Communicator {
                 dc.dev.check(what, b).map_err(|e| named(what, e))?;
             }
         }
-        if dc.run_direct(&call, stream)? {
+        // The device executor runs the tuner's program where the user
+        // named the algorithm (or asked for the executor), and for the
+        // collectives the hand-written kernel lacks.
+        let coll = call.collective();
+        let exec = self.resolved().device_exec;
+        let named = self.tuner().names_algorithm(kind);
+        let wants = match exec {
+            DeviceExec::Program => true,
+            DeviceExec::Kernel => false,
+            DeviceExec::Auto => named || matches!(kind, CollKind::Gather | CollKind::Scatter),
+        };
+        let choice = if wants && dc.is_direct() { Some(self.tuner().pick(&coll)?) } else { None };
+        let build = |chunk: usize| match choice {
+            Some(c) => self.tuner().build_chunked(c, &coll, chunk),
+            None => Err(Error::Internal("no program chosen".into())),
+        };
+        let required = exec == DeviceExec::Program;
+        let src = choice.map(|c| Source { name: c.to_string(), build: &build, named, required });
+        if dc.run_direct(&call, stream, src.as_ref())? {
             return Ok(());
         }
         let plan = |c: &Call<Region>| self.collective_job(c, None);

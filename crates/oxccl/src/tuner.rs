@@ -220,6 +220,18 @@ impl Tuner {
         self.filter.allows(kind, Choice::Builtin(algo))
     }
 
+    /// Whether the user named what runs `kind`: `OXCCL_ALGO` has a list
+    /// for it, or a list for all collectives that names one of its
+    /// algorithms, or a program of that kind was loaded.
+    pub fn names_algorithm(&self, kind: CollKind) -> bool {
+        if self.filter.per.contains_key(&kind) {
+            return true;
+        }
+        let candidates = self.candidates(kind);
+        let listed = self.filter.all.as_ref().is_some_and(|(_, list)| list.iter().any(|c| candidates.contains(c)));
+        listed || candidates.iter().any(|c| matches!(c, Choice::Program(_)))
+    }
+
     /// The algorithm for `coll`, or an error when the filter leaves none.
     /// A list for all collectives (`OXCCL_ALGO=tree`) applies to those it
     /// names an algorithm of; the others keep every algorithm (a tree-only
@@ -279,11 +291,15 @@ impl Tuner {
 
     /// The program of `c` for `coll`.
     pub fn build(&self, c: Choice, coll: &Collective) -> Result<Program> {
+        self.build_chunked(c, coll, self.chunk_bytes())
+    }
+
+    /// The program of `c` for `coll`, built-in algorithms pipelined in
+    /// chunks of at most `chunk_bytes` (the device executor's FIFOs are
+    /// not the host's).
+    pub fn build_chunked(&self, c: Choice, coll: &Collective, chunk_bytes: usize) -> Result<Program> {
         match c {
-            Choice::Builtin(a) => {
-                let opts = BuildOptions { chunk_bytes: self.chunk_bytes(), max_chunks: usize::MAX };
-                build(a, coll, &opts)
-            }
+            Choice::Builtin(a) => build(a, coll, &BuildOptions { chunk_bytes, max_chunks: usize::MAX }),
             Choice::Program(id) => programs::instantiate(id, coll),
         }
     }

@@ -199,7 +199,11 @@ pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Re
     let window = if cfg.device_path == DevicePath::Staged {
         None
     } else {
-        gpu.dev.alloc_zeroed(oxccl_cuda::FLAG_BYTES + cfg.device_window).ok()
+        gpu.dev
+            .alloc_zeroed(
+                oxccl_cuda::FLAG_BYTES + cfg.device_window + super::exec::extra_bytes(ctx.nranks, cfg.device_fifo),
+            )
+            .ok()
     };
     // The first call's module, and how many blocks of the direct kernel the
     // GPU holds at once; a failure here means no direct path.
@@ -254,7 +258,8 @@ pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Re
             if let Some(c) = capped {
                 tracing::info!("{who}: device kernels of {c}");
             }
-            let d = Direct::open(ctx, gpu.clone(), mem, &peers, (blocks, on_gpu), bytes);
+            let uniform = cards.iter().all(|c| c.window == cfg.device_window as u64);
+            let d = Direct::open(ctx, gpu.clone(), mem, &peers, (blocks, on_gpu), bytes, uniform);
             let d = d.and_then(|d| prepare(true).map(|()| d));
             // Everyone must have opened every peer, or nobody goes direct.
             let ok = ctx.boot.all_gather(&[d.is_ok() as u8])?;

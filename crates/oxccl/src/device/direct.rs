@@ -2,9 +2,10 @@
 //! every rank shares with the others (cuda/README.md has the protocol).
 #![allow(unsafe_code)]
 
-use super::Ctx;
 use super::cuda::Gpu;
+use super::exec::Exec;
 use super::route::Reach;
+use super::{Ctx, Source};
 use crate::buf::{CudaStream, DeviceBuf};
 use crate::call::Call;
 use oxccl_algo::collective::CollKind;
@@ -54,6 +55,9 @@ pub(crate) struct Direct {
     timeout_ns: u64,
     one_shot: bool,
     two_shot: bool,
+    /// The device executor (programs of oxccl-algo); none when the ranks'
+    /// windows differ in size (its areas follow each window).
+    exec: Option<Exec>,
     /// Launches in call order (the kernels' barrier epochs depend on it),
     /// and the stream of the last launch with an event recorded after it:
     /// a call on another stream waits for it, because every call uses the
@@ -70,6 +74,7 @@ impl Direct {
         peers: &[Reach],
         (blocks, on_gpu): (u32, u32),
         window_bytes: u64,
+        uniform_windows: bool,
     ) -> Result<Direct> {
         let (mut windows, mut flags) = ([0u64; MAX_RANKS], [0u64; MAX_RANKS]);
         let mut maps = Vec::new();
@@ -89,7 +94,20 @@ impl Direct {
             flags[q] = base;
             windows[q] = base + FLAG_BYTES as u64;
         }
+        let same_process = peers.iter().all(|p| !matches!(p, Reach::Ipc(_)));
+        let timeout_ns = super::cuda::nanos(ctx.cfg.timeout);
+        let exec = uniform_windows.then(|| {
+            Exec::new(
+                windows,
+                window_bytes as usize,
+                ctx.cfg.device_fifo,
+                same_process,
+                (ctx.rank, ctx.nranks),
+                timeout_ns,
+            )
+        });
         Ok(Direct {
+            exec,
             gpu,
             _mem: mem,
             _maps: maps,
@@ -181,7 +199,47 @@ impl Direct {
             pad0: 0,
             pad1: 0,
         };
-        let raw = stream;
+        self.ordered(stream, |stream| {
+            // SAFETY: every address in `args` is device memory of the right
+            // size: the caller's buffers were checked against the driver's
+            // allocation ranges, the windows and flag areas are this
+            // communicator's allocations (own, same-process or IPC-mapped,
+            // alive as long as `self`), the status pair is our host-mapped
+            // memory; every rank launches the same grid in the same order.
+            unsafe { module.launch_collective(stream, self.blocks, THREADS, &args) }?;
+            Ok(true)
+        })
+        .map(|_| ())
+    }
+
+    /// Enqueues `call` as the program `src` gives through the device
+    /// executor: `Ok(false)` (nothing enqueued) when it cannot run here.
+    pub fn run_program(&self, call: &Call<DeviceBuf>, stream: CudaStream, src: &Source<'_>) -> Result<bool> {
+        let Some(exec) = &self.exec else {
+            if src.required {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {}: OXCCL_DEVICE_EXEC=program, but the device executor is off: the ranks' \
+                     OXCCL_DEVICE_WINDOW differ",
+                    self.rank
+                )));
+            }
+            if src.named {
+                tracing::warn!(
+                    "rank {}: the device executor is off: the ranks' OXCCL_DEVICE_WINDOW differ; {} runs as the \
+                     hand-written kernel or staged",
+                    self.rank,
+                    src.name
+                );
+            }
+            return Ok(false);
+        };
+        self.ordered(stream, |s| exec.run(&self.gpu, s, call, src, self.blocks, self.on_gpu))
+    }
+
+    /// Runs `launch` on the caller's stream in call order: after the last
+    /// direct launch, on whatever stream it was (every call uses the same
+    /// windows and flags). `launch` says whether it enqueued anything.
+    fn ordered(&self, raw: CudaStream, launch: impl FnOnce(&oxccl_cuda::Stream) -> Result<bool>) -> Result<bool> {
         let stream = self.gpu.stream(raw);
         let mut last = self.order.lock();
         if let Some((prev, ev)) = &*last
@@ -189,20 +247,16 @@ impl Direct {
         {
             stream.wait_event(ev)?;
         }
-        // SAFETY: every address in `args` is device memory of the right
-        // size: the caller's buffers were checked against the driver's
-        // allocation ranges, the windows and flag areas are this
-        // communicator's allocations (own, same-process or IPC-mapped,
-        // alive as long as `self`), the status pair is our host-mapped
-        // memory; every rank launches the same grid in the same order.
-        unsafe { module.launch_collective(&stream, self.blocks, THREADS, &args) }?;
+        if !launch(&stream)? {
+            return Ok(false);
+        }
         let ev = match last.take() {
             Some((_, ev)) => ev,
             None => self.gpu.dev.new_event()?,
         };
         ev.record(&stream)?;
         *last = Some((raw, ev));
-        Ok(())
+        Ok(true)
     }
 }
 

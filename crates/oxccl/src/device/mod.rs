@@ -43,6 +43,8 @@ pub(crate) mod backend;
 mod cuda;
 #[cfg(feature = "cuda")]
 mod direct;
+#[cfg(feature = "cuda")]
+mod exec;
 #[cfg(test)]
 pub(crate) mod fake;
 mod route;
@@ -71,6 +73,21 @@ pub(crate) fn status_error(who: &str, status: u32) -> Error {
         }
         s => Error::Internal(format!("{who}: a device kernel reported status {s}")),
     }
+}
+
+/// Where a call's program for the device executor comes from (the
+/// communicator's tuner).
+pub(crate) struct Source<'a> {
+    /// The algorithm's name, for the cache and messages.
+    pub name: String,
+    /// Builds the program with pipeline chunks of at most the given bytes.
+    pub build: &'a dyn Fn(usize) -> Result<oxccl_algo::ir::Program>,
+    /// The user named the algorithm: a program that cannot run here is
+    /// a warning, not a quiet fallback.
+    pub named: bool,
+    /// `OXCCL_DEVICE_EXEC=program`: a program that cannot run here is an
+    /// error (with why), not a fallback.
+    pub required: bool,
 }
 
 /// What the device set-up needs of its communicator.
@@ -147,26 +164,44 @@ impl DeviceComm {
         self.stager.failure()
     }
 
-    /// Enqueues `call` on the direct path if it takes it: `Ok(true)`.
+    /// Whether `call` may take the direct path (then the communicator
+    /// offers it a program when the executor should run it).
+    pub fn is_direct(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.direct.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// Enqueues `call` on the direct path if it takes it: `Ok(true)`. With
+    /// a program `src`, the device executor runs it if it can; else the
+    /// hand-written kernel for the collectives it has.
     #[cfg(feature = "cuda")]
-    pub fn run_direct(&self, call: &Call<DeviceBuf>, stream: CudaStream) -> Result<bool> {
-        match &self.direct {
-            Some(d) if direct_kind(call.kind) => {
-                if d.needs_load(call) {
-                    // A first call of a new type or operator: nothing of
-                    // ours may be queued while its module loads.
-                    self.stager.drain()?;
-                    d.load_for(call)?;
-                }
-                d.run(call, stream).map(|()| true)
-            }
-            _ => Ok(false),
+    pub fn run_direct(&self, call: &Call<DeviceBuf>, stream: CudaStream, src: Option<&Source<'_>>) -> Result<bool> {
+        let Some(d) = &self.direct else { return Ok(false) };
+        if src.is_none() && !direct_kind(call.kind) {
+            return Ok(false);
         }
+        if d.needs_load(call) {
+            // A first call of a new type or operator: nothing of ours may
+            // be queued while its module loads.
+            self.stager.drain()?;
+            d.load_for(call)?;
+        }
+        if let Some(src) = src
+            && d.run_program(call, stream, src)?
+        {
+            return Ok(true);
+        }
+        if !direct_kind(call.kind) {
+            return Ok(false);
+        }
+        d.run(call, stream).map(|()| true)
     }
 
     /// Without the `cuda` feature nothing is direct.
     #[cfg(not(feature = "cuda"))]
-    pub fn run_direct(&self, _call: &Call<DeviceBuf>, _stream: CudaStream) -> Result<bool> {
+    pub fn run_direct(&self, _call: &Call<DeviceBuf>, _stream: CudaStream, _src: Option<&Source<'_>>) -> Result<bool> {
         Ok(false)
     }
 }

@@ -1,0 +1,405 @@
+//! The device executor on the direct path: a program of oxccl-algo (a
+//! built-in algorithm's or a researcher's, verified) run by
+//! `oxccl_program` (cuda/program.cu) over the ranks' device memory.
+//!
+//! Every rank's window allocation carries, after the window, the
+//! executor's flag area and its FIFOs ([`extra_bytes`]): `FIFO_CHANS`
+//! channels × `SLOTS` slots from every rank, `OXCCL_DEVICE_FIFO` bytes a
+//! connection. The window is the programs' scratch (every rank reaches the
+//! others'), followed by the premul copy of the input when the operator
+//! asks for one. A program for a (collective, algorithm) is encoded and
+//! uploaded once, on the caller's stream, and cached with the verdict of
+//! whether it can run here: a program that does not fit (channels, scratch,
+//! messages larger than half a FIFO, one-sided access to peers' input or
+//! output across processes) falls back to the hand-written kernel or the
+//! staged path, the same way on every rank (the verdict depends only on
+//! the program, the configuration and the route, which all ranks share).
+#![allow(unsafe_code)]
+
+use super::Source;
+use super::cuda::Gpu;
+use crate::buf::DeviceBuf;
+use crate::call::Call;
+use oxccl_algo::collective::Collective;
+use oxccl_algo::ir::{Buf, Program, Step};
+use oxccl_core::{DataType, Error, ReduceOp, Result};
+use oxccl_cuda::program::{DeviceProgram, MAX_TEAM, PROG_FLAG_BYTES, ProgArgs, fifo_bytes};
+use oxccl_cuda::{DevMem, MAX_RANKS, Module, ReduceArgs, Stream};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Channels of every rank's FIFO layout: programs with more do not run here.
+pub(super) const FIFO_CHANS: usize = 4;
+/// Slots per connection.
+pub(super) const SLOTS: usize = 8;
+/// Threads per block of `oxccl_program` and of the premul/avg launches.
+const THREADS: u32 = 512;
+
+/// Bytes of one FIFO slot for `fifo` bytes a connection.
+fn slot_bytes(fifo: usize) -> usize {
+    (fifo / SLOTS) / 16 * 16
+}
+
+/// Bytes the executor adds after a rank's window: its flag area, then its
+/// FIFOs.
+pub(super) fn extra_bytes(nranks: usize, fifo: usize) -> usize {
+    PROG_FLAG_BYTES + fifo_bytes(nranks, FIFO_CHANS, SLOTS, slot_bytes(fifo))
+}
+
+/// The largest pipeline chunk of a program the FIFOs carry: two messages
+/// to a connection (what the verifier proves deadlock-free) at most.
+pub(super) fn chunk_bytes(fifo: usize) -> usize {
+    slot_bytes(fifo) * SLOTS / 2
+}
+
+/// A program uploaded for one collective, or why it cannot run.
+enum Plan {
+    Ready(Box<Ready>),
+    /// Cannot run here: why (said once, when the plan was made).
+    Unfit(String),
+}
+
+struct Ready {
+    /// Steps, then the slice table.
+    mem: DevMem,
+    /// What was uploaded (kept until the communicator goes: the copy is
+    /// asynchronous).
+    _host: Vec<u8>,
+    slices_at: u64,
+    prog: DeviceProgram,
+    /// Channels of the busiest rank.
+    nchan_max: usize,
+    /// Ranks whose input or output this rank reaches one-sidedly.
+    exchange: u32,
+    /// Byte offset of the premul copy of the input in the window.
+    premul_at: u64,
+    /// The program is correct with input and output aliased (NCCL's layouts).
+    in_place: bool,
+}
+
+/// The executor's part of a communicator's direct path.
+pub(super) struct Exec {
+    flags: [u64; MAX_RANKS],
+    fifo: [u64; MAX_RANKS],
+    windows: [u64; MAX_RANKS],
+    window_bytes: usize,
+    slot_bytes: usize,
+    /// Pipeline chunk of built-in algorithms' programs.
+    chunk: usize,
+    /// Every rank is a thread of this process (pointers reach everything).
+    same_process: bool,
+    rank: usize,
+    nranks: usize,
+    timeout_ns: u64,
+    cache: Mutex<HashMap<(String, Collective), Arc<Plan>>>,
+    /// Program launches so far (the address exchange's key).
+    seq: AtomicU64,
+}
+
+impl Exec {
+    /// The executor over the windows `windows` (each followed by its flag
+    /// area and FIFOs, as addressable here).
+    pub fn new(
+        windows: [u64; MAX_RANKS],
+        window_bytes: usize,
+        fifo: usize,
+        same_process: bool,
+        (rank, nranks): (usize, usize),
+        timeout_ns: u64,
+    ) -> Exec {
+        let (mut flags, mut fifos) = ([0; MAX_RANKS], [0; MAX_RANKS]);
+        for q in 0..nranks {
+            flags[q] = windows[q] + window_bytes as u64;
+            fifos[q] = flags[q] + PROG_FLAG_BYTES as u64;
+        }
+        Exec {
+            flags,
+            fifo: fifos,
+            windows,
+            window_bytes,
+            slot_bytes: slot_bytes(fifo),
+            chunk: chunk_bytes(fifo),
+            same_process,
+            rank,
+            nranks,
+            timeout_ns,
+            cache: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// The plan for `call` (built, checked and uploaded on first use).
+    fn plan(&self, gpu: &Gpu, stream: &Stream, call: &Call<DeviceBuf>, src: &Source<'_>) -> Result<Arc<Plan>> {
+        let coll = call.collective();
+        let key = (src.name.clone(), coll);
+        if let Some(p) = self.cache.lock().get(&key) {
+            return Ok(p.clone());
+        }
+        let program = (src.build)(self.chunk)?;
+        let plan = match self.fit(&program, call) {
+            Ok(ready) => Plan::Ready(Box::new(self.upload(gpu, stream, ready)?)),
+            Err(why) => {
+                let msg = format!("the device executor cannot run {} for {coll}: {why}", src.name);
+                if src.named {
+                    tracing::warn!("rank {}: {msg}", self.rank);
+                } else {
+                    tracing::info!("rank {}: {msg}", self.rank);
+                }
+                Plan::Unfit(msg)
+            }
+        };
+        let plan = Arc::new(plan);
+        self.cache.lock().insert(key, plan.clone());
+        Ok(plan)
+    }
+
+    /// Whether `program` runs here, the same verdict on every rank; the
+    /// encoded program of this rank if so.
+    fn fit(&self, program: &Program, call: &Call<DeviceBuf>) -> std::result::Result<Unloaded, String> {
+        let c = program.collective;
+        let (_, _, unit) = unit_of(call);
+        let es = call.dtype.size();
+        let mut chans = 0;
+        let mut scratch = 0;
+        let mut exchange = 0u32;
+        let mut mine = None;
+        for (r, rp) in program.ranks.iter().enumerate() {
+            let d = DeviceProgram::encode(rp, r, self.nranks, unit).map_err(|e| e.to_string())?;
+            if d.channels.len() > FIFO_CHANS {
+                return Err(format!("rank {r} has {} channels; the FIFOs have {FIFO_CHANS}", d.channels.len()));
+            }
+            let need = d.slots_needed(es / unit, self.slot_bytes);
+            if need > SLOTS {
+                return Err(format!(
+                    "its longest message ({} bytes) needs {need} FIFO slots of {} bytes, there are {SLOTS} \
+                     (OXCCL_DEVICE_FIFO)",
+                    d.max_message() as usize * (es / unit),
+                    self.slot_bytes
+                ));
+            }
+            chans = chans.max(d.channels.len());
+            // The premul copy, or the copy an in-place call makes of its
+            // input for a program that does not claim in-place safety.
+            let premul = if premul_of(call).is_some() || !program.in_place { c.input_len(r) * es } else { 0 };
+            scratch = scratch.max((d.scratch * (es / unit)).next_multiple_of(256) + premul);
+            let reach = peer_buffers(rp);
+            if reach != 0 && !self.same_process {
+                return Err("it reads or writes peers' input or output directly, which ranks of different \
+                            processes cannot (only their windows are mapped)"
+                    .into());
+            }
+            if r == self.rank {
+                exchange = reach;
+                mine = Some(d);
+            }
+        }
+        if scratch > self.window_bytes {
+            return Err(format!(
+                "it needs {scratch} bytes of scratch on a rank, the window has {} (OXCCL_DEVICE_WINDOW)",
+                self.window_bytes
+            ));
+        }
+        let prog = mine.ok_or("no program for this rank")?;
+        let premul_at = (prog.scratch * (es / unit)).next_multiple_of(256) as u64;
+        Ok(Unloaded { prog, nchan_max: chans, exchange, premul_at, in_place: program.in_place })
+    }
+
+    /// Uploads the encoded program on `stream` (asynchronously: the host
+    /// copy stays with the plan).
+    fn upload(&self, gpu: &Gpu, stream: &Stream, u: Unloaded) -> Result<Ready> {
+        let mut host = u.prog.step_bytes();
+        let slices_at = host.len() as u64;
+        host.extend_from_slice(&u.prog.slice_bytes());
+        let mem = gpu.dev.alloc(host.len().max(16))?;
+        if !host.is_empty() {
+            // SAFETY: `mem` holds `host.len()` bytes; `host` lives in the
+            // plan, as long as the communicator, past the copy.
+            unsafe { stream.memcpy_htod(mem.addr(), host.as_ptr(), host.len()) }?;
+        }
+        Ok(Ready {
+            mem,
+            _host: host,
+            slices_at,
+            prog: u.prog,
+            nchan_max: u.nchan_max,
+            exchange: u.exchange,
+            premul_at: u.premul_at,
+            in_place: u.in_place,
+        })
+    }
+
+    /// Enqueues `call` as a program on `stream` (the caller orders direct
+    /// launches): `Ok(false)` when the program cannot run here.
+    pub fn run(
+        &self,
+        gpu: &Gpu,
+        stream: &Stream,
+        call: &Call<DeviceBuf>,
+        src: &Source<'_>,
+        blocks: u32,
+        on_gpu: u32,
+    ) -> Result<bool> {
+        let plan = self.plan(gpu, stream, call, src)?;
+        let r = match &*plan {
+            Plan::Ready(r) => r,
+            Plan::Unfit(msg) if src.required => return Err(Error::InvalidUsage(format!("rank {}: {msg}", self.rank))),
+            Plan::Unfit(_) => return Ok(false),
+        };
+        let (dtype, kop, _) = unit_of(call);
+        let module = gpu.dev.module(dtype, kop)?;
+        let team = self.team(gpu, &module, r.nchan_max, blocks, on_gpu)?;
+        let me = self.rank;
+        let mut input = call.input.addr();
+        let (i, o) = (&call.input, &call.output);
+        let aliased = !i.is_empty()
+            && !o.is_empty()
+            && i.addr() < o.addr() + o.len() as u64
+            && o.addr() < i.addr() + i.len() as u64;
+        let premul = premul_of(call);
+        if premul.is_some() || (aliased && !r.in_place) {
+            // Scaled, or kept aside from the output the program writes.
+            let pre = self.windows[me] + r.premul_at;
+            let (flag, scale) = premul.map_or((0, 1.0), |s| (1, s));
+            // In the module's elements (bytes for data movement).
+            let n = call.collective().input_len(me) * unit_of(call).2;
+            self.reduce(&module, stream, blocks, (input, pre), n, (flag, scale, 0))?;
+            input = pre;
+        }
+        let mut a = ProgArgs {
+            steps: r.mem.addr(),
+            slices: r.mem.addr() + r.slices_at,
+            slot_bytes: self.slot_bytes as u64,
+            timeout_ns: self.timeout_ns,
+            status: gpu.status_addr(),
+            nranks: self.nranks as u32,
+            rank: me as u32,
+            fifo_chans: FIFO_CHANS as u32,
+            slots: SLOTS as u32,
+            team,
+            exchange: r.exchange,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+            ..ProgArgs::default()
+        };
+        for q in 0..self.nranks {
+            a.bufs[q][2] = self.windows[q];
+            a.fifo[q] = self.fifo[q];
+            a.flags[q] = self.flags[q];
+        }
+        a.bufs[me][0] = input;
+        a.bufs[me][1] = call.output.addr();
+        r.prog.fill(&mut a);
+        // SAFETY: the steps and slices are this plan's upload (alive with
+        // the communicator), encoded for this rank; every buffer address is
+        // the caller's checked buffer, a window of this communicator or an
+        // address a peer of this process publishes for this launch; the
+        // FIFOs and flag areas follow every rank's window in its allocation
+        // (zeroed once); every rank launches its part of the same programs
+        // in the same order (the launch order is the caller's).
+        unsafe { module.launch_program(stream, THREADS, &a) }?;
+        if call.kind.reduces() && call.op == ReduceOp::Avg {
+            let out = call.output.addr();
+            let n = call.collective().output_len(me);
+            self.reduce(&module, stream, blocks, (out, out), n, (0, 1.0, self.nranks as u32))?;
+        }
+        Ok(true)
+    }
+
+    /// Blocks per channel: the grid budget over the busiest rank's
+    /// channels, within what the GPU holds for every rank on it at once.
+    fn team(&self, gpu: &Gpu, module: &Module, nchan: usize, blocks: u32, on_gpu: u32) -> Result<u32> {
+        let nchan = nchan.max(1) as u32;
+        let holds = gpu.dev.sm_count() * module.max_active_blocks("oxccl_program", THREADS)?;
+        let fit = holds / (on_gpu.max(1) * nchan);
+        if fit == 0 {
+            return Err(Error::Unavailable(format!(
+                "rank {}: {on_gpu} ranks' programs of {nchan} channels do not fit on GPU {} at once ({holds} blocks)",
+                self.rank,
+                gpu.dev.ordinal()
+            )));
+        }
+        Ok((blocks / nchan).clamp(1, MAX_TEAM as u32).min(fit))
+    }
+
+    /// One `oxccl_reduce` of `count` elements `dst ← src` with (premul,
+    /// scale, avg divisor).
+    fn reduce(
+        &self,
+        module: &Module,
+        stream: &Stream,
+        blocks: u32,
+        (src, dst): (u64, u64),
+        count: usize,
+        (premul, scale, avg_div): (u32, f64, u32),
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let mut a =
+            ReduceArgs { count: count as u64, scale, nsrcs: 1, ndsts: 1, premul, avg_div, ..Default::default() };
+        (a.srcs[0], a.dsts[0]) = (src, dst);
+        // SAFETY: `src` is the caller's input or output and `dst` the
+        // caller's output or this rank's window, each of `count` elements
+        // (the window was checked to hold the premul copy).
+        Ok(unsafe { module.launch_reduce(stream, blocks, THREADS, &a) }?)
+    }
+}
+
+/// An encoded program not yet uploaded.
+struct Unloaded {
+    prog: DeviceProgram,
+    nchan_max: usize,
+    exchange: u32,
+    premul_at: u64,
+    in_place: bool,
+}
+
+/// The module a call's program runs in and its encoding unit: reductions
+/// in their type, data movement in bytes.
+fn unit_of(call: &Call<DeviceBuf>) -> (DataType, oxccl_cuda::KernelOp, usize) {
+    let (dtype, kop, _) = super::direct::module_of(call);
+    let unit = if call.kind.reduces() { 1 } else { call.dtype.size() };
+    (dtype, kop, unit)
+}
+
+/// The premul scalar, when the call scales its input first.
+fn premul_of(call: &Call<DeviceBuf>) -> Option<f64> {
+    match call.op {
+        ReduceOp::PreMulSum { scalar } if call.kind.reduces() => Some(scalar),
+        _ => None,
+    }
+}
+
+/// Ranks (bit q) whose input or output `rp` reads or writes one-sidedly.
+fn peer_buffers(rp: &oxccl_algo::ir::RankProgram) -> u32 {
+    let user = |b: Buf| b != Buf::Scratch;
+    rp.steps().fold(0, |m, s| match s {
+        Step::Put { peer, dst, .. } if user(dst.buf) => m | 1 << peer,
+        Step::Get { peer, src, .. } | Step::GetReduce { peer, src, .. } if user(src.buf) => m | 1 << peer,
+        _ => m,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oxccl_algo::algos::{Algorithm, BuildOptions, build};
+    use oxccl_algo::collective::CollKind;
+
+    #[test]
+    fn the_layout_leaves_room_for_every_connection() {
+        assert_eq!(slot_bytes(512 << 10), 64 << 10);
+        assert_eq!(chunk_bytes(512 << 10), 256 << 10);
+        assert_eq!(extra_bytes(4, 512 << 10), PROG_FLAG_BYTES + 4 * FIFO_CHANS * (512 << 10));
+    }
+
+    #[test]
+    fn one_sided_programs_name_the_peers_whose_buffers_they_reach() {
+        let c = Collective::new(CollKind::AllReduce, 3, 30);
+        let p = build(Algorithm::OneShot, &c, &BuildOptions::default()).unwrap();
+        assert_eq!(peer_buffers(&p.ranks[1]), 0b101);
+        let p = build(Algorithm::Ring, &c, &BuildOptions::default()).unwrap();
+        assert_eq!(peer_buffers(&p.ranks[1]), 0);
+    }
+}
