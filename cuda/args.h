@@ -155,4 +155,29 @@ struct oxccl_prog_args {
     u64 seq;
 };
 
+
+// oxccl_p2p: a group of sends and receives (bytes) of one rank.
+#define OXCCL_MAX_P2P 64
+struct oxccl_p2p_args {
+    u64 fifo[OXCCL_MAX_RANKS];   // every rank's FIFO area (as for oxccl_program)
+    u64 flags[OXCCL_MAX_RANKS];  // every rank's program flag area
+    u64 addr[OXCCL_MAX_P2P];     // the operations' buffers, lane after lane
+    u64 len[OXCCL_MAX_P2P];      // their bytes
+    u64 slot_bytes;
+    u64 timeout_ns;
+    u64 status;
+    u32 lane_first[OXCCL_MAX_CHANNELS];  // first operation of each lane
+    u32 lane_ops[OXCCL_MAX_CHANNELS];    // operations of each lane
+    u32 lane_peer[OXCCL_MAX_CHANNELS];   // the lane's peer
+    u32 lane_send[OXCCL_MAX_CHANNELS];   // 1: it sends, 0: it receives
+    u32 nranks;
+    u32 rank;
+    u32 nlanes;  // grid: nlanes * team blocks
+    u32 fifo_chans;
+    u32 slots;
+    u32 team;
+    u32 pad0;
+    u32 pad1;
+};
+
 #endif

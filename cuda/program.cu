@@ -42,6 +42,7 @@ struct ox_psmem {
 
 struct ox_pctx {
     u32 tid, nthr, n, r, c, m, W;
+    u32 w;   // the FIFO channel of the lane's connections (a program's channel; 0 for send/recv)
     u64 E, VE;
     u64 pe;  // elements per FIFO slot
 };
@@ -109,9 +110,11 @@ OX_DEV bool ox_load_bufs(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &
     return sh.fail == 0;
 }
 
-// Slot k of connection (sender q -> receiver to, channel c) in `to`'s FIFO.
-OX_DEV u64 ox_slot(const oxccl_prog_args &a, const ox_pctx &c, u32 to, u32 q, u64 seq) {
-    return a.fifo[to] + (((u64)q * a.fifo_chans + c.c) * a.slots + seq % a.slots) * a.slot_bytes;
+// Slot k of connection (sender q -> receiver to, FIFO channel c.w) in `to`'s
+// FIFO. (A: oxccl_prog_args or oxccl_p2p_args, which share these fields.)
+template <class A>
+OX_DEV u64 ox_slot(const A &a, const ox_pctx &c, u32 to, u32 q, u64 seq) {
+    return a.fifo[to] + (((u64)q * a.fifo_chans + c.w) * a.slots + seq % a.slots) * a.slot_bytes;
 }
 
 // This member's part [lo, hi) of len elements.
@@ -126,7 +129,8 @@ OX_DEV void ox_member_range(const ox_pctx &c, u64 len, u64 &lo, u64 &hi) {
 // Every thread of every member block calls it: all the team's writes so far
 // are done and visible system-wide. False: a wait failed (status[0] holds
 // the code), the block must return.
-OX_DEV bool ox_team_sync(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c) {
+template <class A>
+OX_DEV bool ox_team_sync(const A &a, ox_psmem &sh, const ox_pctx &c) {
     __syncthreads();
     if (c.W == 1) return true;
     if (c.tid == 0) {
@@ -147,8 +151,8 @@ OX_DEV void ox_prun(ox_psmem &sh, const ox_pctx &c, u64 n, typename T::A one) {
 }
 
 // A two-sided step: its message piece by piece. Returns false on failure.
-template <class T, int OP>
-OX_DEV bool ox_pmessage(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c, typename T::A one) {
+template <class T, int OP, class A>
+OX_DEV bool ox_pmessage(const A &a, ox_psmem &sh, const ox_pctx &c, typename T::A one) {
     const oxccl_pstep &st = sh.st;
     const u32 op = st.op;
     const bool rx = op != OXCCL_PS_SEND;
@@ -165,10 +169,10 @@ OX_DEV bool ox_pmessage(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c
         ox_member_range(c, pe, lo, hi);
         if (c.tid == 0) {
             u32 fail = 0;
-            if (rx) fail = ox_wait_geq(a.flags[c.r] + ox_pf_off(from, c.c, OXCCL_PF_HEAD), sh.recvd[from] + 1, a.status,
+            if (rx) fail = ox_wait_geq(a.flags[c.r] + ox_pf_off(from, c.w, OXCCL_PF_HEAD), sh.recvd[from] + 1, a.status,
                                        a.timeout_ns);
             if (tx && fail == 0 && sh.sent[to] + 1 > a.slots) {
-                fail = ox_wait_geq(a.flags[c.r] + ox_pf_off(to, c.c, OXCCL_PF_TAIL), sh.sent[to] + 1 - a.slots,
+                fail = ox_wait_geq(a.flags[c.r] + ox_pf_off(to, c.w, OXCCL_PF_TAIL), sh.sent[to] + 1 - a.slots,
                                    a.status, a.timeout_ns);
             }
             sh.fail = fail;
@@ -190,11 +194,11 @@ OX_DEV bool ox_pmessage(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c
         if (c.tid == 0) {
             if (rx) {
                 sh.recvd[from]++;
-                if (c.m == 0) ox_publish(a.flags[from] + ox_pf_off(c.r, c.c, OXCCL_PF_TAIL), sh.recvd[from]);
+                if (c.m == 0) ox_publish(a.flags[from] + ox_pf_off(c.r, c.w, OXCCL_PF_TAIL), sh.recvd[from]);
             }
             if (tx) {
                 sh.sent[to]++;
-                if (c.m == 0) ox_publish(a.flags[to] + ox_pf_off(c.r, c.c, OXCCL_PF_HEAD), sh.sent[to]);
+                if (c.m == 0) ox_publish(a.flags[to] + ox_pf_off(c.r, c.w, OXCCL_PF_HEAD), sh.sent[to]);
             }
         }
     }
@@ -211,14 +215,14 @@ OX_DEV bool ox_plocal(const oxccl_prog_args &a, ox_psmem &sh, const ox_pctx &c, 
         // every step) and visible: the fence in ox_publish.
         if (c.tid == 0) {
             sh.sigsent[q]++;
-            if (c.m == 0) ox_publish(a.flags[q] + ox_pf_off(c.r, c.c, OXCCL_PF_SIG), sh.sigsent[q]);
+            if (c.m == 0) ox_publish(a.flags[q] + ox_pf_off(c.r, c.w, OXCCL_PF_SIG), sh.sigsent[q]);
         }
         return true;
     }
     if (op == OXCCL_PS_WAIT) {
         if (c.tid == 0) {
             sh.sigseen[q]++;
-            sh.fail = ox_wait_geq(a.flags[c.r] + ox_pf_off(q, c.c, OXCCL_PF_SIG), sh.sigseen[q], a.status,
+            sh.fail = ox_wait_geq(a.flags[c.r] + ox_pf_off(q, c.w, OXCCL_PF_SIG), sh.sigseen[q], a.status,
                                   a.timeout_ns);
         }
         __syncthreads();
@@ -290,6 +294,7 @@ OX_DEV void ox_program_kernel(const oxccl_prog_args &a) {
     c.VE = 16 / c.E;
     c.c = c.W != 0 ? blockIdx.x / c.W : 0;
     c.m = c.W != 0 ? blockIdx.x % c.W : 0;
+    c.w = c.c;
     c.pe = a.slot_bytes / c.E;
     const bool bad = c.n == 0 || c.n > OXCCL_MAX_RANKS || c.r >= c.n || a.nchan > OXCCL_MAX_CHANNELS ||
                      a.nchan > a.fifo_chans || c.W == 0 || c.W > OXCCL_MAX_TEAM || gridDim.x != a.nchan * c.W ||
@@ -329,7 +334,7 @@ OX_DEV void ox_program_kernel(const oxccl_prog_args &a) {
         }
         __syncthreads();
         if (sh.bad != 0) return;
-        const bool ok = sh.st.op <= OXCCL_PS_RECV_REDUCE_COPY_SEND ? ox_pmessage<T, OP>(a, sh, c, one)
+        const bool ok = sh.st.op <= OXCCL_PS_RECV_REDUCE_COPY_SEND ? ox_pmessage<T, OP, oxccl_prog_args>(a, sh, c, one)
                                                                     : ox_plocal<T, OP>(a, sh, c, one);
         if (!ok) return;
     }
@@ -356,9 +361,75 @@ OX_DEV void ox_program_kernel(const oxccl_prog_args &a) {
     }
 }
 
+
+// oxccl_p2p: a group of sends and receives of one rank. Lane l (a team of
+// blocks, as a program's channel) carries the operations with one peer in
+// one direction, in order, over FIFO channel 0 of that connection: every
+// connection has one lane at each end, so all of them progress at once and
+// messages between two ranks stay in order, whatever the grouping.
+template <class T, int OP>
+OX_DEV void ox_p2p_kernel(const oxccl_p2p_args &a) {
+    OX_SHARED(ox_psmem, sh);
+    ox_pctx c;
+    c.tid = threadIdx.x;
+    c.nthr = blockDim.x;
+    c.n = a.nranks;
+    c.r = a.rank;
+    c.W = a.team;
+    c.E = sizeof(typename T::S);
+    c.VE = 16 / c.E;
+    c.c = c.W != 0 ? blockIdx.x / c.W : 0;
+    c.m = c.W != 0 ? blockIdx.x % c.W : 0;
+    c.w = 0;
+    c.pe = a.slot_bytes / c.E;
+    bool bad = c.n == 0 || c.n > OXCCL_MAX_RANKS || c.r >= c.n || a.nlanes > OXCCL_MAX_CHANNELS || c.W == 0 ||
+               c.W > OXCCL_MAX_TEAM || gridDim.x != a.nlanes * c.W || a.slots == 0 || a.slot_bytes == 0 ||
+               (a.slot_bytes & 15) != 0 || a.fifo_chans == 0;
+    const u32 q = bad ? 0 : a.lane_peer[c.c];
+    const bool tx = !bad && a.lane_send[c.c] != 0;
+    bad = bad || q >= c.n || q == c.r || a.lane_first[c.c] + a.lane_ops[c.c] > OXCCL_MAX_P2P;
+    if (bad) {
+        if (c.tid == 0) ox_set_status(a.status, OXCCL_STATUS_INVALID);
+        return;
+    }
+    const u64 pf = a.flags[c.r];
+    if (c.tid == 0) {
+        sh.sent[q] = ox_ld_u64(pf + ox_pf_off(q, 0, OXCCL_PF_SENT));
+        sh.recvd[q] = ox_ld_u64(pf + ox_pf_off(q, 0, OXCCL_PF_RECVD));
+        sh.team_at = ox_ld_u64(pf + ox_team_off(c.c, 1));
+    }
+    const typename T::A one = T::scale(1.0);
+    for (u32 i = 0; i < a.lane_ops[c.c]; i++) {
+        __syncthreads();
+        if (c.tid == 0) {
+            const u32 k = a.lane_first[c.c] + i;
+            sh.bufs[c.r][0] = sh.bufs[c.r][1] = a.addr[k];
+            sh.st.op = tx ? OXCCL_PS_SEND : OXCCL_PS_RECV;
+            sh.st.recv = sh.st.send = q;
+            sh.st.len = a.len[k] / c.E;
+            sh.st.src = 0;                                 // input[0..]
+            sh.st.dst = 1ull << OXCCL_SLICE_BUF_SHIFT;     // output[0..]
+        }
+        __syncthreads();
+        if (!ox_pmessage<T, OP, oxccl_p2p_args>(a, sh, c, one)) return;
+    }
+    __syncthreads();
+    // Only this lane's counter: the lane of the other direction keeps its own.
+    if (c.m == 0 && c.tid == 0) {
+        if (tx) ox_st_u64(pf + ox_pf_off(q, 0, OXCCL_PF_SENT), sh.sent[q]);
+        if (!tx) ox_st_u64(pf + ox_pf_off(q, 0, OXCCL_PF_RECVD), sh.recvd[q]);
+        ox_st_u64(pf + ox_team_off(c.c, 1), sh.team_at);
+    }
+}
+
 #if defined(OXCCL_DTYPE) && defined(OXCCL_OP)
 extern "C" __global__ void __launch_bounds__(512) oxccl_program(oxccl_prog_args a) {
     ox_program_kernel<ox_dtype<OXCCL_DTYPE>::type, OXCCL_OP>(a);
+}
+
+// Moves bytes: every module has it, the byte module runs it.
+extern "C" __global__ void __launch_bounds__(512) oxccl_p2p(oxccl_p2p_args a) {
+    ox_p2p_kernel<ox_dtype<1>::type, OXCCL_OP_SUM>(a);
 }
 #endif
 

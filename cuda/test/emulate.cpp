@@ -34,6 +34,12 @@
 //                                 arguments; the kernels exchange them (launch k has seq k).
 //                                 Out per rank: u32 status[0], guards_ok, input_intact, 0,
 //                                 then its output; answer "ok ELAPSED_MS nbytes".
+//   p2p N TEAM BLOCK SLOTS SLOT_BYTES FIFO_CHANS TIMEOUT_NS REPEAT SKIP
+//                                 oxccl_p2p for every rank; in per rank: u64 NLANES NOPS, u32
+//                                 LANE_FIRST LANE_OPS LANE_PEER LANE_SEND [NLANES each], u64
+//                                 LEN[NOPS] (lane order), then every send's bytes (lane order).
+//                                 Out per rank: u32 status[0], guards_ok, then every receive's
+//                                 bytes (lane order); answer "ok 0 nbytes".
 //   stage MODE TIMEOUT_NS         wait_host with the word set (0), never set (1) or the
 //                                 abort word set (2) by a host thread 20 ms later, then
 //                                 signal_host; answer "ok STATUS WORD ELAPSED_MS 0"
@@ -511,6 +517,94 @@ void job_prog(std::istringstream &in) {
     answer(std::to_string((u64)elapsed_ms), out);
 }
 
+// A "p2p" job: every rank's group of sends and receives (see the header).
+void job_p2p(std::istringstream &in) {
+    u32 n, team, block, slots, fifo_chans, repeat;
+    int skip;
+    u64 slot_bytes, timeout;
+    in >> n >> team >> block >> slots >> slot_bytes >> fifo_chans >> timeout >> repeat >> skip;
+    if (!in || n < 1 || n > OXCCL_MAX_RANKS) die("p2p: bad header");
+    std::vector<oxccl_p2p_args> args(n);
+    std::vector<std::vector<std::unique_ptr<Buf>>> bufs(n);
+    std::vector<std::vector<std::vector<unsigned char>>> data(n);
+    std::vector<u32> status(2 * n, 0);
+    std::vector<std::unique_ptr<Buf>> areas;
+    const u64 fifo_bytes = (u64)n * fifo_chans * slots * slot_bytes;
+    for (u32 r = 0; r < n; r++) {
+        oxccl_p2p_args &a = args[r];
+        a = oxccl_p2p_args{};
+        const auto head = read_vec<u64>(2);
+        a.nlanes = (u32)head[0];
+        const u64 nops = head[1];
+        if (a.nlanes > OXCCL_MAX_CHANNELS || nops > OXCCL_MAX_P2P) die("p2p: too many lanes or operations");
+        const auto first = read_vec<u32>(a.nlanes), ops = read_vec<u32>(a.nlanes), peer = read_vec<u32>(a.nlanes),
+                   send = read_vec<u32>(a.nlanes);
+        for (u32 l = 0; l < a.nlanes; l++) {
+            a.lane_first[l] = first[l], a.lane_ops[l] = ops[l], a.lane_peer[l] = peer[l], a.lane_send[l] = send[l];
+        }
+        const auto len = read_vec<u64>(nops);
+        data[r].resize(nops);
+        for (u32 l = 0; l < a.nlanes; l++) {
+            for (u32 i = 0; i < ops[l]; i++) {
+                const u32 k = first[l] + i;
+                bufs[r].push_back(std::make_unique<Buf>(k % 16, len[k]));
+                a.addr[k] = bufs[r].back()->addr();
+                a.len[k] = len[k];
+                if (send[l]) {
+                    data[r][k] = read_bytes(len[k]);
+                } else {
+                    std::memset(bufs[r].back()->data(), 0, len[k]);
+                }
+            }
+        }
+        areas.push_back(std::make_unique<Buf>(0, fifo_bytes));
+        a.fifo[r] = areas.back()->addr();
+        areas.push_back(std::make_unique<Buf>(0, OXCCL_PROG_FLAG_BYTES));
+        std::memset(areas.back()->data(), 0, OXCCL_PROG_FLAG_BYTES);
+        a.flags[r] = areas.back()->addr();
+        a.slot_bytes = slot_bytes, a.timeout_ns = timeout, a.status = (u64)(uintptr_t)&status[2 * r];
+        a.nranks = n, a.rank = r, a.fifo_chans = fifo_chans, a.slots = slots, a.team = team;
+    }
+    for (u32 r = 0; r < n; r++) {
+        for (u32 q = 0; q < n; q++) args[r].fifo[q] = args[q].fifo[q], args[r].flags[q] = args[q].flags[q];
+    }
+    std::vector<std::function<void()>> kernels;
+    std::vector<u32> grids;
+    for (u32 r = 0; r < n; r++) {
+        if ((int)r == skip || args[r].nlanes == 0) continue;
+        kernels.push_back([&args, r] { ox_p2p_kernel<ox_u8, 0>(args[r]); });
+        grids.push_back(args[r].nlanes * team);
+    }
+    for (u32 rep = 0; rep < repeat; rep++) {
+        for (u32 r = 0; r < n; r++) {
+            for (u32 k = 0; k < data[r].size(); k++) {
+                if (!data[r][k].empty()) std::memcpy((void *)(uintptr_t)args[r].addr[k], data[r][k].data(), data[r][k].size());
+            }
+        }
+        launch_grids(kernels, grids, block);
+    }
+    std::vector<unsigned char> out;
+    bool guards = true;
+    for (auto &b : areas) guards = guards && b->guards_ok();
+    for (u32 r = 0; r < n; r++) {
+        for (auto &b : bufs[r]) guards = guards && b->guards_ok();
+    }
+    for (u32 r = 0; r < n; r++) {
+        put<u32>(out, status[2 * r]);
+        put<u32>(out, guards ? 1 : 0);
+        const oxccl_p2p_args &a = args[r];
+        for (u32 l = 0; l < a.nlanes; l++) {
+            if (a.lane_send[l]) continue;
+            for (u32 i = 0; i < a.lane_ops[l]; i++) {
+                const u32 k = a.lane_first[l] + i;
+                const unsigned char *p = (const unsigned char *)(uintptr_t)a.addr[k];
+                out.insert(out.end(), p, p + a.len[k]);
+            }
+        }
+    }
+    answer("0", out);
+}
+
 void job_stage(std::istringstream &in) {
     u32 mode;
     u64 timeout;
@@ -553,6 +647,8 @@ int main() {
             job_coll(in);
         } else if (kind == "prog") {
             job_prog(in);
+        } else if (kind == "p2p") {
+            job_p2p(in);
         } else if (kind == "stage") {
             job_stage(in);
         } else {

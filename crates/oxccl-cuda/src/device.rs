@@ -11,7 +11,7 @@ use oxccl_core::DataType;
 use crate::args::{CollArgs, ReduceArgs};
 use crate::error::{CudaError, Result, describe, drv, invalid};
 use crate::kernels::{self, ENTRY_POINTS, Image, KernelOp};
-use crate::program::ProgArgs;
+use crate::program::{MAX_TEAM, P2pArgs, ProgArgs};
 use crate::stream::Stream;
 
 /// Whether the CUDA driver can be used: libcuda loads and `cuInit`
@@ -412,6 +412,30 @@ impl Module {
         let mut params = [args as *const ProgArgs as *mut c_void];
         // SAFETY: oxccl_program takes one oxccl_prog_args by value; `args` mirrors it.
         unsafe { self.launch(4, stream, grid, block, &mut params) }
+    }
+
+    /// Launches `oxccl_p2p` (byte module): one rank's group of sends and
+    /// receives, `args.nlanes * args.team` blocks of `block` threads.
+    ///
+    /// # Safety
+    /// Every buffer in `args` must be device memory of its length, alive
+    /// until the kernel has finished; the FIFO and flag areas as for
+    /// [`Module::launch_program`]; the peers launch the matching receives
+    /// and sends.
+    pub unsafe fn launch_p2p(&self, stream: &Stream, block: u32, args: &P2pArgs) -> Result<()> {
+        let grid = args.nlanes * args.team;
+        if args.nlanes as usize > crate::program::MAX_CHANNELS || args.team == 0 || args.team as usize > MAX_TEAM {
+            return Err(invalid(format!("p2p: {} lanes × team {}", args.nlanes, args.team)));
+        }
+        if args.timeout_ns == 0 || args.status == 0 || args.slots == 0 || args.slot_bytes == 0 {
+            return Err(invalid("p2p: a timeout, a status word and FIFO slots are needed"));
+        }
+        if grid == 0 {
+            return Ok(());
+        }
+        let mut params = [args as *const P2pArgs as *mut c_void];
+        // SAFETY: oxccl_p2p takes one oxccl_p2p_args by value; `args` mirrors it.
+        unsafe { self.launch(5, stream, grid, block, &mut params) }
     }
 
     /// Enqueues `oxccl_signal_host`: after all earlier work on `stream`,

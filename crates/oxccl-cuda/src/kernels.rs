@@ -35,8 +35,8 @@ pub const SOURCES: [(&str, &str); 6] = [
 ];
 
 /// The kernels' entry points, present in every module.
-pub const ENTRY_POINTS: [&str; 5] =
-    ["oxccl_reduce", "oxccl_collective", "oxccl_signal_host", "oxccl_wait_host", "oxccl_program"];
+pub const ENTRY_POINTS: [&str; 6] =
+    ["oxccl_reduce", "oxccl_collective", "oxccl_signal_host", "oxccl_wait_host", "oxccl_program", "oxccl_p2p"];
 
 /// The operator a module is built for (`OXCCL_OP`). `Avg` and `PreMulSum`
 /// run the `Sum` module with flags in the arguments ([`KernelOp::of`]).

@@ -186,6 +186,142 @@ impl ProgArgs {
     }
 }
 
+/// `OXCCL_MAX_P2P`: sends and receives of one `oxccl_p2p` launch.
+pub const MAX_P2P: usize = 64;
+
+/// `struct oxccl_p2p_args`: one rank's group of sends and receives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct P2pArgs {
+    /// Every rank's FIFO area (as for [`ProgArgs`]).
+    pub fifo: [u64; MAX_RANKS],
+    /// Every rank's program flag area.
+    pub flags: [u64; MAX_RANKS],
+    /// The operations' buffers, lane after lane.
+    pub addr: [u64; MAX_P2P],
+    /// Their bytes.
+    pub len: [u64; MAX_P2P],
+    /// Bytes of one FIFO slot.
+    pub slot_bytes: u64,
+    /// A single wait gives up after this long.
+    pub timeout_ns: u64,
+    /// Address of the status pair.
+    pub status: u64,
+    /// First operation of each lane.
+    pub lane_first: [u32; MAX_CHANNELS],
+    /// Operations of each lane.
+    pub lane_ops: [u32; MAX_CHANNELS],
+    /// Each lane's peer.
+    pub lane_peer: [u32; MAX_CHANNELS],
+    /// 1: the lane sends; 0: it receives.
+    pub lane_send: [u32; MAX_CHANNELS],
+    /// Ranks.
+    pub nranks: u32,
+    /// This rank.
+    pub rank: u32,
+    /// Lanes (the grid is `nlanes * team` blocks).
+    pub nlanes: u32,
+    /// Channels of every rank's FIFO layout.
+    pub fifo_chans: u32,
+    /// Slots per connection.
+    pub slots: u32,
+    /// Blocks per lane.
+    pub team: u32,
+    /// Padding (keep 0).
+    pub pad0: u32,
+    /// Padding (keep 0).
+    pub pad1: u32,
+}
+
+impl Default for P2pArgs {
+    fn default() -> P2pArgs {
+        P2pArgs {
+            fifo: [0; MAX_RANKS],
+            flags: [0; MAX_RANKS],
+            addr: [0; MAX_P2P],
+            len: [0; MAX_P2P],
+            slot_bytes: 0,
+            timeout_ns: 0,
+            status: 0,
+            lane_first: [0; MAX_CHANNELS],
+            lane_ops: [0; MAX_CHANNELS],
+            lane_peer: [0; MAX_CHANNELS],
+            lane_send: [0; MAX_CHANNELS],
+            nranks: 0,
+            rank: 0,
+            nlanes: 0,
+            fifo_chans: 0,
+            slots: 0,
+            team: 0,
+            pad0: 0,
+            pad1: 0,
+        }
+    }
+}
+
+// SAFETY: #[repr(C)] plain-old-data laid out exactly as `struct
+// oxccl_p2p_args` (tests/layout.rs checks every offset), passed by value.
+unsafe impl cudarc::driver::DeviceRepr for P2pArgs {}
+
+/// One send or receive of a group (bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pOp {
+    /// A send (else a receive).
+    pub send: bool,
+    /// The other rank.
+    pub peer: usize,
+    /// Device address of the buffer.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+impl P2pArgs {
+    /// The lanes of `ops`, one rank's group in call order: one lane per
+    /// (peer, direction), its operations in order (messages between two
+    /// ranks stay in order, and every connection progresses at once).
+    /// Returns the arguments (lane tables, buffers) and, for each slot of
+    /// `addr`, the index of its operation in `ops`. Errors name the
+    /// operation.
+    pub fn group(ops: &[P2pOp], rank: usize, nranks: usize) -> Result<(P2pArgs, Vec<usize>)> {
+        if nranks == 0 || nranks > MAX_RANKS || rank >= nranks {
+            return Err(invalid(format!("send/recv: rank {rank} of {nranks} ranks (the device runs 1..={MAX_RANKS})")));
+        }
+        if ops.len() > MAX_P2P {
+            return Err(invalid(format!(
+                "a group of {} sends and receives on device buffers; one launch carries at most {MAX_P2P}",
+                ops.len()
+            )));
+        }
+        let mut lanes: Vec<(usize, bool, Vec<usize>)> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            if op.peer >= nranks || op.peer == rank {
+                let what = if op.send { "send to" } else { "receive from" };
+                return Err(invalid(format!(
+                    "operation {i} of the group: rank {rank} cannot {what} rank {} ({nranks} ranks)",
+                    op.peer
+                )));
+            }
+            match lanes.iter_mut().find(|(p, s, _)| *p == op.peer && *s == op.send) {
+                Some((_, _, v)) => v.push(i),
+                None => lanes.push((op.peer, op.send, vec![i])),
+            }
+        }
+        let mut a =
+            P2pArgs { nranks: nranks as u32, rank: rank as u32, nlanes: lanes.len() as u32, ..Default::default() };
+        let mut order = Vec::with_capacity(ops.len());
+        for (l, (peer, send, idx)) in lanes.iter().enumerate() {
+            (a.lane_first[l], a.lane_ops[l]) = (order.len() as u32, idx.len() as u32);
+            (a.lane_peer[l], a.lane_send[l]) = (*peer as u32, *send as u32);
+            for &i in idx {
+                (a.addr[order.len()], a.len[order.len()]) = (ops[i].addr, ops[i].len);
+                order.push(i);
+            }
+        }
+        Ok((a, order))
+    }
+}
+
 /// One rank's program as the kernel reads it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceProgram {
@@ -411,6 +547,21 @@ mod tests {
         assert!(DeviceProgram::encode(&p, 0, 2, 1).unwrap_err().to_string().contains("peer 5"));
         p.channels = vec![vec![]; MAX_CHANNELS + 1];
         assert!(DeviceProgram::encode(&p, 0, 2, 1).unwrap_err().to_string().contains("33 channels"));
+    }
+
+    #[test]
+    fn a_group_has_one_lane_per_peer_and_direction_in_call_order() {
+        let op = |send, peer, addr| P2pOp { send, peer, addr, len: 8 };
+        let ops = [op(true, 2, 10), op(false, 2, 20), op(true, 1, 30), op(true, 2, 40), op(false, 1, 50)];
+        let (a, order) = P2pArgs::group(&ops, 0, 3).unwrap();
+        assert_eq!(a.nlanes, 4);
+        assert_eq!(order, vec![0, 3, 1, 2, 4]);
+        assert_eq!(&a.addr[..5], &[10, 40, 20, 30, 50]);
+        assert_eq!((&a.lane_first[..4], &a.lane_ops[..4]), (&[0, 2, 3, 4][..], &[2, 1, 1, 1][..]));
+        assert_eq!((&a.lane_peer[..4], &a.lane_send[..4]), (&[2, 2, 1, 1][..], &[1, 0, 1, 0][..]));
+        let e = P2pArgs::group(&[op(true, 0, 1)], 0, 3).unwrap_err().to_string();
+        assert!(e.contains("operation 0") && e.contains("send to rank 0"), "{e}");
+        assert!(P2pArgs::group(&vec![op(true, 1, 1); 65], 0, 3).unwrap_err().to_string().contains("65 sends"));
     }
 
     #[test]

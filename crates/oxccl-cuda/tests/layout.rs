@@ -35,6 +35,13 @@ int main(void) {
     F(oxccl_prog_args, status) F(oxccl_prog_args, chan_first) F(oxccl_prog_args, chan_steps)
     F(oxccl_prog_args, nranks) F(oxccl_prog_args, rank) F(oxccl_prog_args, nchan) F(oxccl_prog_args, fifo_chans)
     F(oxccl_prog_args, slots) F(oxccl_prog_args, team) F(oxccl_prog_args, exchange) F(oxccl_prog_args, seq)
+    printf("oxccl_p2p_args %zu %zu\n", sizeof(struct oxccl_p2p_args), _Alignof(struct oxccl_p2p_args));
+    F(oxccl_p2p_args, fifo) F(oxccl_p2p_args, flags) F(oxccl_p2p_args, addr) F(oxccl_p2p_args, len)
+    F(oxccl_p2p_args, slot_bytes) F(oxccl_p2p_args, timeout_ns) F(oxccl_p2p_args, status)
+    F(oxccl_p2p_args, lane_first) F(oxccl_p2p_args, lane_ops) F(oxccl_p2p_args, lane_peer)
+    F(oxccl_p2p_args, lane_send) F(oxccl_p2p_args, nranks) F(oxccl_p2p_args, rank) F(oxccl_p2p_args, nlanes)
+    F(oxccl_p2p_args, fifo_chans) F(oxccl_p2p_args, slots) F(oxccl_p2p_args, team) F(oxccl_p2p_args, pad0)
+    F(oxccl_p2p_args, pad1) C(OXCCL_MAX_P2P)
     C(OXCCL_MAX_CHANNELS) C(OXCCL_MAX_TEAM) C(OXCCL_PF_WORDS) C(OXCCL_PROG_FLAG_BYTES) C(OXCCL_SLICE_BUF_SHIFT)
     C(OXCCL_PS_SEND) C(OXCCL_PS_RECV) C(OXCCL_PS_RECV_REDUCE) C(OXCCL_PS_RECV_REDUCE_SEND)
     C(OXCCL_PS_RECV_COPY_SEND) C(OXCCL_PS_RECV_REDUCE_COPY_SEND) C(OXCCL_PS_COPY) C(OXCCL_PS_REDUCE)
@@ -104,6 +111,10 @@ fn rust_mirrors_match_the_c_header() {
     rust.push(("oxccl_prog_args", vec![size_of::<ProgArgs>() as u64, align_of::<ProgArgs>() as u64]));
     rust.extend(fields!("oxccl_prog_args", ProgArgs: bufs, fifo, flags, steps, slices, slot_bytes, timeout_ns,
         status, chan_first, chan_steps, nranks, rank, nchan, fifo_chans, slots, team, exchange, seq));
+    rust.push(("oxccl_p2p_args", vec![size_of::<P2pArgs>() as u64, align_of::<P2pArgs>() as u64]));
+    rust.extend(fields!("oxccl_p2p_args", P2pArgs: fifo, flags, addr, len, slot_bytes, timeout_ns, status,
+        lane_first, lane_ops, lane_peer, lane_send, nranks, rank, nlanes, fifo_chans, slots, team, pad0, pad1));
+    rust.push(("OXCCL_MAX_P2P", vec![MAX_P2P as u64]));
     let ops = [
         StepOp::Send,
         StepOp::Recv,
