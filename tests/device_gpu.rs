@@ -226,6 +226,78 @@ fn every_algorithm_through_the_device_executor_2_and_4_threads() {
     executor_threads(4);
 }
 
+/// Every rank sends two messages to every rank (itself included) and
+/// receives them, sends first in each group (both ends of a pair send
+/// before they receive), on device buffers; every byte checked.
+fn p2p_threads(n: usize, path: DevicePath) {
+    let cfg = Config { device_path: Some(path), timeout: Some(TIMEOUT), ..Config::default() };
+    let comms = Communicator::init_threads_with(n, cfg).unwrap();
+    let bytes = |from: usize, to: usize, k: usize, len: usize| -> Vec<u8> {
+        (0..len).map(|i| (from * 31 + to * 7 + k * 13 + i) as u8).collect()
+    };
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let dev = Device::open(0).unwrap();
+                let stream = dev.new_stream().unwrap();
+                let cs = CudaStream::from_raw(stream.raw() as usize as u64);
+                let me = c.rank();
+                // Buffers live to the end: freeing device memory waits for
+                // the GPU's queued work, a peer's waiting kernel too.
+                let mut keep = Vec::new();
+                for len in [1usize, 4096, 3 << 20] {
+                    let mut ops = Vec::new();
+                    for peer in 0..n {
+                        for k in 0..2 {
+                            let b = dev.alloc_zeroed(len).unwrap();
+                            b.write(0, &bytes(me, peer, k, len)).unwrap();
+                            ops.push(oxccl::DeviceP2p {
+                                send: true,
+                                peer,
+                                buf: DeviceBuf::new(b.addr(), len),
+                                dtype: DataType::Uint8,
+                            });
+                            keep.push(b);
+                        }
+                    }
+                    let mut recvs = Vec::new();
+                    for peer in (0..n).rev() {
+                        for k in 0..2 {
+                            let b = dev.alloc_zeroed(len).unwrap();
+                            ops.push(oxccl::DeviceP2p {
+                                send: false,
+                                peer,
+                                buf: DeviceBuf::new(b.addr(), len),
+                                dtype: DataType::Uint8,
+                            });
+                            recvs.push((peer, k, b));
+                        }
+                    }
+                    c.group_device(&ops, cs).unwrap();
+                    c.device_synchronize(cs).unwrap();
+                    for (peer, k, b) in &recvs {
+                        let mut got = vec![0u8; len];
+                        b.read(0, &mut got).unwrap();
+                        assert!(got == bytes(*peer, me, *k, len), "rank {me}: {len} bytes, message {k} from {peer}");
+                    }
+                    keep.extend(recvs.into_iter().map(|r| r.2));
+                }
+                // Every rank is past its kernels before any frees.
+                c.barrier().unwrap();
+                drop(keep);
+            });
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_send_recv_groups_direct_and_staged() {
+    p2p_threads(2, DevicePath::Direct);
+    p2p_threads(4, DevicePath::Direct);
+    p2p_threads(3, DevicePath::Staged);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn threads_staged_2_ranks() {

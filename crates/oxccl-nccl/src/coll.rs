@@ -132,10 +132,8 @@ pub fn p2p(send: bool, buf: usize, count: usize, dt: i32, peer: i32, comm: usize
         return Err(Error::invalid(format!("{what}: the buffer is NULL but count is {count}")));
     }
     if on_device(buf) {
-        return Err(Error::InvalidUsage(format!(
-            "{what} on device memory is not supported yet (oxccl's device path runs collectives only); \
-             use host buffers"
-        )));
+        let op = oxccl::DeviceP2p { send, peer, buf: DeviceBuf::new(buf as u64, len), dtype };
+        return group::submit(h, c, Pending::DeviceP2p(op, CudaStream::from_raw(stream as u64)));
     }
     host_stream(stream, what)?;
     let region = region(buf, len, !send);

@@ -40,6 +40,8 @@ pub enum Pending {
     Host(RawOp),
     /// On device memory.
     Device(DeviceCall),
+    /// `ncclSend`/`ncclRecv` on device memory, on a stream.
+    DeviceP2p(oxccl::DeviceP2p, CudaStream),
 }
 
 type Entry = (Arc<Comm>, Arc<Communicator>, Pending);
@@ -165,7 +167,7 @@ pub fn simulate_end() -> Result<f64> {
         let (kind, count, dtype, root) = match p {
             Pending::Host(RawOp::Collective(call)) => (call.kind, call.count, call.dtype, call.root),
             Pending::Device(d) => (d.kind, d.count, d.dtype, d.root),
-            Pending::Host(_) => continue,
+            Pending::Host(_) | Pending::DeviceP2p(..) => continue,
         };
         t += c.estimate(kind, count, dtype, root)?.unwrap_or(0.0);
     }
@@ -221,13 +223,23 @@ fn launch(ops: Vec<Entry>) -> Result<()> {
 /// One communicator's part of a launch.
 fn run_one(c: &Communicator, ops: Vec<Pending>) -> Result<()> {
     let mut host = Vec::new();
+    // Device sends and receives of the group launch together (one group
+    // per stream, after the collectives, which NCCL orders alike).
+    let mut p2p: Vec<(CudaStream, Vec<oxccl::DeviceP2p>)> = Vec::new();
     for p in ops {
         match p {
             Pending::Device(d) => {
                 c.collective_device(d.kind, d.send, d.recv, d.count, d.dtype, d.op, d.root, d.stream)?
             }
+            Pending::DeviceP2p(op, s) => match p2p.iter_mut().find(|(t, _)| *t == s) {
+                Some((_, v)) => v.push(op),
+                None => p2p.push((s, vec![op])),
+            },
             Pending::Host(op) => host.push(op),
         }
+    }
+    for (s, ops) in p2p {
+        c.group_device(&ops, s)?;
     }
     if host.is_empty() {
         return Ok(());

@@ -13,6 +13,20 @@ use std::sync::Arc;
 #[cfg(test)]
 mod tests;
 
+/// One send or receive of a group of device buffers (see
+/// [`Communicator::group_device`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceP2p {
+    /// A send (else a receive).
+    pub send: bool,
+    /// The other rank (this rank itself is allowed).
+    pub peer: usize,
+    /// The buffer: whole elements of `dtype`, aligned to them.
+    pub buf: DeviceBuf,
+    /// The element type (for the checks; the bytes move as they are).
+    pub dtype: DataType,
+}
+
 impl Communicator {
     /// Runs a collective on device buffers, ordered on `stream` (NCCL's
     /// `ncclAllReduce` … with device pointers): checks the arguments,
@@ -86,6 +100,83 @@ impl Communicator {
         let plan = |c: &Call<Region>| self.collective_job(c, None);
         let barrier = || self.boot().barrier();
         for job in dc.stager.run(&plan, &barrier, &call, stream)? {
+            self.submit(job);
+        }
+        Ok(())
+    }
+
+    /// Sends `buf` (whole `dtype` elements) to `peer`, ordered on `stream`
+    /// (NCCL's `ncclSend` on device memory): a group of one.
+    pub fn send_device(&self, buf: DeviceBuf, dtype: DataType, peer: usize, stream: CudaStream) -> Result<()> {
+        self.group_device(&[DeviceP2p { send: true, peer, buf, dtype }], stream)
+    }
+
+    /// Receives into `buf` from `peer`, ordered on `stream` (`ncclRecv`).
+    pub fn recv_device(&self, buf: DeviceBuf, dtype: DataType, peer: usize, stream: CudaStream) -> Result<()> {
+        self.group_device(&[DeviceP2p { send: false, peer, buf, dtype }], stream)
+    }
+
+    /// Sends and receives of device buffers launched together (NCCL's
+    /// `ncclGroupStart` … `ncclGroupEnd` of `ncclSend`/`ncclRecv`), ordered
+    /// on `stream`: matched sends and receives complete whatever their
+    /// order in each rank's group (both ranks may send first); messages
+    /// between two ranks arrive in the order they were sent. On the direct
+    /// path one kernel moves the whole group (at most 64 operations); on
+    /// the staged path it goes through host memory in pieces (at most 32
+    /// sends and 32 receives at once). A rank may send to itself: its sends
+    /// to itself land in its receives from itself, in order. Empty buffers
+    /// move nothing (on both ends). An error changes nothing.
+    pub fn group_device(&self, ops: &[DeviceP2p], stream: CudaStream) -> Result<()> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let rank = self.rank();
+        for (i, o) in ops.iter().enumerate() {
+            let what = if o.send { "send_device" } else { "recv_device" };
+            if o.peer >= self.size() {
+                return Err(Error::invalid(format!(
+                    "rank {rank}: {what} (operation {i} of the group): peer {} is out of range for {} ranks",
+                    o.peer,
+                    self.size()
+                )));
+            }
+            if o.buf.len() % o.dtype.size() != 0 {
+                return Err(Error::invalid(format!(
+                    "rank {rank}: {what} (operation {i}): a buffer of {} bytes is not whole {} elements",
+                    o.buf.len(),
+                    o.dtype
+                )));
+            }
+            crate::device::check_aligned(o.buf.addr(), o.buf.len(), o.dtype)
+                .map_err(|e| Error::invalid(format!("rank {rank}: {what} (operation {i}): {e}")))?;
+        }
+        let live: Vec<(bool, usize, DeviceBuf)> =
+            ops.iter().filter(|o| !o.buf.is_empty()).map(|o| (o.send, o.peer, o.buf)).collect();
+        let Some(&(_, _, first)) = live.first() else { return Ok(()) };
+        // A communicator's first device call sets the device side up; a
+        // byte broadcast of the first buffer stands for this group there.
+        let probe = Call::new(
+            CollKind::Broadcast,
+            first.len(),
+            DataType::Uint8,
+            ReduceOp::Sum,
+            0,
+            Some(first),
+            first,
+            rank,
+            self.size(),
+        )?;
+        let dc = self.device_comm(first, &probe)?;
+        crate::device::check_stream(dc.process_ranks, stream).map_err(|e| match e {
+            Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {rank}: send/recv: {m}")),
+            e => e,
+        })?;
+        for (i, (send, _, b)) in live.iter().enumerate() {
+            let what = if *send { "the send buffer" } else { "the receive buffer" };
+            dc.dev.check(what, *b).map_err(|e| Error::invalid(format!("rank {rank}: group operation {i}: {e}")))?;
+        }
+        let plan = |ops: Vec<crate::group::Op>| self.group_job(ops);
+        for job in dc.run_p2p(&plan, &live, stream)? {
             self.submit(job);
         }
         Ok(())

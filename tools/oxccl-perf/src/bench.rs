@@ -385,7 +385,16 @@ impl<'a> Bench<'a> {
         if let Some(g) = &self.gpu {
             let s = g.stream();
             let (kind, op) = (self.kind, st.op);
-            if in_place {
+            if kind == CollKind::SendRecv {
+                // As on host memory: in place, the buffers swap roles.
+                let (src, dst) = if in_place {
+                    (g.buf(true, at, sb), g.buf(false, at, rb))
+                } else {
+                    (g.buf(false, at, sb), g.buf(true, at, rb))
+                };
+                let p2p = |send, peer, buf| oxccl::DeviceP2p { send, peer, buf, dtype: c.dtype };
+                self.comm.group_device(&[p2p(true, (rank + 1) % n, src), p2p(false, (rank + n - 1) % n, dst)], s)?;
+            } else if in_place {
                 let buf = g.buf(true, at + st.slice_at, st.slice_len);
                 self.comm.collective_device(kind, None, buf, c.count, c.dtype, op, c.root, s)?;
             } else {

@@ -170,9 +170,6 @@ fn communicators(kind: CollKind, o: &Options, launch: Option<&Launch>) -> Result
 
 /// Runs the benchmark; the exit status.
 fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, String> {
-    if o.gpu && kind == CollKind::SendRecv {
-        return Err("sendrecv_perf runs on host memory only (-H host)".into());
-    }
     let launch = detect(|k| std::env::var(k).ok())?;
     let main_proc = launch.as_ref().is_none_or(|l| l.rank == 0);
     let mut reporter = if main_proc { Some(Reporter::new(prog, o, argv)?) } else { None };

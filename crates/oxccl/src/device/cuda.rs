@@ -248,7 +248,13 @@ pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Re
     // The staging memory of the first call, when it is staged, is
     // allocated here, before the last exchange (see `Stager::prepare`).
     let prepare = |direct: bool| -> Result<()> {
-        if direct && super::direct_kind(first.kind) { Ok(()) } else { stager.prepare(first) }
+        if direct && super::direct_kind(first.kind) {
+            return Ok(());
+        }
+        stager.prepare(first)?;
+        // Sends and receives of device buffers through host memory: their
+        // staging is allocated once, here, with everyone else's.
+        if direct { Ok(()) } else { stager.prepare_p2p() }
     };
     let direct = match (route, window) {
         (Route::Direct { blocks, window: bytes, peers, on_gpu, capped, warning }, Some(mem)) => {

@@ -236,6 +236,58 @@ impl Direct {
         self.ordered(stream, |s| exec.run(&self.gpu, s, call, src, self.blocks, self.on_gpu))
     }
 
+    /// Enqueues a group of sends and receives (call order) on `stream`:
+    /// one `oxccl_p2p` launch; a rank's sends to itself are copies onto its
+    /// receives from itself (in order, the same sizes).
+    pub fn run_p2p(&self, ops: &[super::stage::P2pOp], stream: CudaStream) -> Result<()> {
+        let Some(exec) = &self.exec else {
+            return Err(Error::InvalidUsage(format!(
+                "rank {}: sends and receives of device buffers on the direct path need the same \
+                 OXCCL_DEVICE_WINDOW on every rank",
+                self.rank
+            )));
+        };
+        let module = self.gpu.dev.module(DataType::Uint8, KernelOp::Sum)?;
+        let (own_s, own_r): (Vec<DeviceBuf>, Vec<DeviceBuf>) = (
+            ops.iter().filter(|o| o.0 && o.1 == self.rank).map(|o| o.2).collect(),
+            ops.iter().filter(|o| !o.0 && o.1 == self.rank).map(|o| o.2).collect(),
+        );
+        if own_s.len() != own_r.len() || own_s.iter().zip(&own_r).any(|(s, r)| s.len() != r.len()) {
+            return Err(Error::invalid(format!(
+                "rank {}: a group's sends to itself ({:?} bytes) do not match its receives from itself ({:?} bytes)",
+                self.rank,
+                own_s.iter().map(|b| b.len()).collect::<Vec<_>>(),
+                own_r.iter().map(|b| b.len()).collect::<Vec<_>>()
+            )));
+        }
+        let others: Vec<oxccl_cuda::program::P2pOp> = ops
+            .iter()
+            .filter(|o| o.1 != self.rank)
+            .map(|&(send, peer, b)| oxccl_cuda::program::P2pOp { send, peer, addr: b.addr(), len: b.len() as u64 })
+            .collect();
+        let (mut a, _) = oxccl_cuda::program::P2pArgs::group(&others, self.rank, self.nranks)?;
+        exec.fill_p2p(&mut a, self.gpu.status_addr());
+        a.team = (self.blocks / a.nlanes.max(1)).clamp(1, oxccl_cuda::program::MAX_TEAM as u32);
+        self.ordered(stream, |s| {
+            for (src, dst) in own_s.iter().zip(&own_r) {
+                if src.is_empty() || src.addr() == dst.addr() {
+                    continue;
+                }
+                let mut c =
+                    oxccl_cuda::ReduceArgs { count: src.len() as u64, nsrcs: 1, ndsts: 1, ..Default::default() };
+                (c.srcs[0], c.dsts[0]) = (src.addr(), dst.addr());
+                // SAFETY: both are the caller's checked device buffers of that length.
+                unsafe { module.launch_reduce(s, self.blocks, THREADS, &c) }?;
+            }
+            // SAFETY: every buffer is the caller's checked device memory of
+            // its length; the FIFOs and flag areas follow every rank's
+            // window; the peers launch the matching operations.
+            unsafe { module.launch_p2p(s, THREADS, &a) }?;
+            Ok(true)
+        })
+        .map(|_| ())
+    }
+
     /// Runs `launch` on the caller's stream in call order: after the last
     /// direct launch, on whatever stream it was (every call uses the same
     /// windows and flags). `launch` says whether it enqueued anything.

@@ -130,6 +130,17 @@ impl Exec {
         }
     }
 
+    /// The FIFOs, flag areas and limits of a send/receive launch.
+    pub fn fill_p2p(&self, a: &mut oxccl_cuda::program::P2pArgs, status: u64) {
+        a.fifo = self.fifo;
+        a.flags = self.flags;
+        a.slot_bytes = self.slot_bytes as u64;
+        a.timeout_ns = self.timeout_ns;
+        a.status = status;
+        a.fifo_chans = FIFO_CHANS as u32;
+        a.slots = SLOTS as u32;
+    }
+
     /// The plan for `call` (built, checked and uploaded on first use).
     fn plan(&self, gpu: &Gpu, stream: &Stream, call: &Call<DeviceBuf>, src: &Source<'_>) -> Result<Arc<Plan>> {
         let coll = call.collective();

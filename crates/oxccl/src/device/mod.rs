@@ -16,7 +16,13 @@
 //!   chunks go to page-locked host memory, through the host collectives over
 //!   TCP or shared memory, and back, pipelined ([`stage`]).
 //!
-//! Gather, scatter and send/recv take the staged path everywhere.
+//! On the direct path, the **device executor** ([`exec`], `oxccl_program`)
+//! runs any verified program of oxccl-algo, a built-in algorithm's or a
+//! researcher's, where `OXCCL_ALGO` or a program file names the algorithm,
+//! for gather and scatter (which the hand-written kernel lacks), and for
+//! everything under `OXCCL_DEVICE_EXEC=program`. Groups of sends and
+//! receives (`Communicator::group_device`) are one `oxccl_p2p` kernel on
+//! the direct path and pieces through host memory on the staged one.
 //!
 //! Ranks that are threads of one process share the GPU's context: each
 //! needs its own stream (the legacy default stream is refused then, see
@@ -197,6 +203,24 @@ impl DeviceComm {
             return Ok(false);
         }
         d.run(call, stream).map(|()| true)
+    }
+
+    /// Enqueues a group of sends and receives of device buffers on
+    /// `stream`: one kernel on the direct path, else through host memory;
+    /// the host jobs to queue (none on the direct path).
+    pub fn run_p2p(
+        &self,
+        plan: &dyn Fn(Vec<crate::group::Op>) -> Result<Option<crate::job::Job>>,
+        ops: &[stage::P2pOp],
+        stream: CudaStream,
+    ) -> Result<Vec<crate::job::Job>> {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &self.direct {
+            // The byte module was loaded at set-up.
+            d.run_p2p(ops, stream)?;
+            return Ok(Vec::new());
+        }
+        self.stager.run_p2p(plan, ops, stream)
     }
 
     /// Without the `cuda` feature nothing is direct.

@@ -52,6 +52,22 @@ const GROW_BUDGET: usize = 64 << 20;
 /// The smallest staging buffer.
 const MIN_STAGE: usize = 64 << 10;
 
+/// Sends and receives of device buffers go through host memory in pieces
+/// of this many bytes (both ends cut a message the same way: the same
+/// host messages, whatever each side's group holds).
+pub(crate) const P2P_CHUNK: usize = 128 << 10;
+
+/// Sends (and, apart, receives) of one staged group.
+pub(crate) const P2P_MAX_OPS: usize = 32;
+
+/// A send or receive of a staged group: (send, peer, buffer).
+pub(crate) type P2pOp = (bool, usize, DeviceBuf);
+
+/// Pieces of a message of `len` bytes: an empty message is one empty piece.
+fn pieces(len: usize) -> usize {
+    len.div_ceil(P2P_CHUNK).max(1)
+}
+
 /// Element ranges `[a, b)` of the chunks of a call: elementwise collectives
 /// in pieces of at most `chunk_bytes` (at least one element), the others
 /// whole; nothing for an empty call.
@@ -99,6 +115,10 @@ struct Pool {
     slots: Vec<Option<Slot>>,
     /// The stream of the last call.
     last: Option<CudaStream>,
+    /// The two staging slots of sends and receives (allocated once), and
+    /// the rounds staged so far (round `k` uses slot `k % 2`).
+    p2p: Option<[Slot; 2]>,
+    p2p_rounds: u64,
 }
 
 /// The staging path of one communicator.
@@ -119,6 +139,8 @@ impl Stager {
             in_flight: VecDeque::new(),
             slots: (0..MAX_IN_FLIGHT).map(|_| None).collect(),
             last: None,
+            p2p: None,
+            p2p_rounds: 0,
         };
         Stager { dev, counters, chunk: chunk.max(1), timeout, pool: Mutex::new(pool) }
     }
@@ -133,6 +155,120 @@ impl Stager {
         let slot = (pool.calls % MAX_IN_FLIGHT as u64) as usize;
         let need = staging_bytes(first);
         if fits(&pool.slots[slot], need) { Ok(()) } else { self.grow(&mut pool, slot, need) }
+    }
+
+    /// Allocates the staging memory of sends and receives (once; at
+    /// set-up on a GPU, where allocating later could wait for a peer's
+    /// queued kernel, see the module's documentation).
+    pub fn prepare_p2p(&self) -> Result<()> {
+        let mut pool = self.pool.lock();
+        if pool.p2p.is_none() {
+            let bytes = P2P_MAX_OPS * P2P_CHUNK;
+            let slot = || -> Result<Slot> { Ok([self.dev.pinned(bytes)?, self.dev.pinned(bytes)?]) };
+            pool.p2p = Some([slot()?, slot()?]);
+        }
+        Ok(())
+    }
+
+    /// Enqueues a group of sends and receives (`ops`, in call order) on
+    /// `stream` and returns the host jobs to queue, in order (`plan` makes
+    /// one from a host group). Every message moves in pieces of
+    /// [`P2P_CHUNK`] bytes; round `k` carries piece `k` of every message
+    /// that has one: the sends' pieces are copied out, the host group sends
+    /// and receives them all at once, the receives' pieces are copied back.
+    /// Rounds alternate between two staging slots, round `k + 1`'s copies
+    /// out enqueued before round `k`'s copies back, all in stream order.
+    /// Nothing is enqueued when planning fails.
+    pub fn run_p2p(
+        &self,
+        plan: &dyn Fn(Vec<crate::group::Op>) -> Result<Option<Job>>,
+        ops: &[P2pOp],
+        stream: CudaStream,
+    ) -> Result<Vec<Job>> {
+        let (nsend, nrecv) = (ops.iter().filter(|o| o.0).count(), ops.iter().filter(|o| !o.0).count());
+        if nsend.max(nrecv) > P2P_MAX_OPS {
+            return Err(Error::InvalidUsage(format!(
+                "a group of {nsend} sends and {nrecv} receives of device buffers through host memory; at most \
+                 {P2P_MAX_OPS} each way at once (split the group)"
+            )));
+        }
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.prepare_p2p()?;
+        let mut pool = self.pool.lock();
+        let rounds = ops.iter().map(|o| pieces(o.2.len())).max().unwrap_or(0);
+        let piece = |buf: &DeviceBuf, k: usize| -> Option<(usize, usize)> {
+            let (a, len) = (k * P2P_CHUNK, buf.len());
+            (a < len || (k == 0 && len == 0)).then(|| (a, (len - a).min(P2P_CHUNK)))
+        };
+        // Plan every round first: an error changes nothing.
+        let base = pool.seq;
+        let first = pool.p2p_rounds;
+        let mut jobs = Vec::with_capacity(rounds);
+        let mut copies = Vec::with_capacity(rounds);
+        {
+            let slots = pool.p2p.as_ref().expect("allocated above");
+            for k in 0..rounds {
+                let [pin_in, pin_out] = &slots[((first + k as u64) % 2) as usize];
+                let (hin, hout) = (pin_in.region(), pin_out.region());
+                let (mut host, mut outs, mut backs) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut si, mut ri) = (0, 0);
+                for &(send, peer, buf) in ops {
+                    let at = if send { &mut si } else { &mut ri };
+                    let slot_off = *at * P2P_CHUNK;
+                    *at += 1;
+                    let Some((a, len)) = piece(&buf, k) else { continue };
+                    let region = if send { hin.sub(slot_off, len)? } else { hout.sub(slot_off, len)? };
+                    let dev = buf.sub(a, len)?;
+                    if send {
+                        outs.push((region, dev))
+                    } else {
+                        backs.push((region, dev))
+                    }
+                    host.push(crate::group::Op::P2p { send, peer, region, dtype: oxccl_core::DataType::Uint8 });
+                }
+                let v = base + k as u64 + 1;
+                let mut job = plan(host)?.ok_or_else(|| Error::Internal("an empty staged round".into()))?;
+                job.pre.insert(0, Action::Await { dev: self.counters.clone(), word: word::D2H, value: v });
+                job.post.push(Action::Signal { dev: self.counters.clone(), word: word::H2D, value: v });
+                jobs.push(job);
+                copies.push((outs, backs));
+            }
+        }
+        // Calls on different streams still reach the counters in order.
+        if let (Some(prev), Some(last)) = (pool.in_flight.back(), pool.last)
+            && last != stream
+        {
+            self.dev.enqueue_after(stream, prev.as_ref())?;
+        }
+        pool.seq += rounds as u64;
+        pool.p2p_rounds += rounds as u64;
+        let back = |k: usize, backs: &[(Region, DeviceBuf)]| -> Result<()> {
+            self.dev.enqueue_wait(stream, word::H2D, base + k as u64 + 1, self.timeout)?;
+            for (h, d) in backs {
+                if !h.is_empty() {
+                    self.dev.enqueue_h2d(stream, *d, *h)?;
+                }
+            }
+            Ok(())
+        };
+        for (k, (outs, _)) in copies.iter().enumerate() {
+            for (h, d) in outs {
+                if !h.is_empty() {
+                    self.dev.enqueue_d2h(stream, *h, *d)?;
+                }
+            }
+            self.dev.enqueue_signal(stream, word::D2H, base + k as u64 + 1)?;
+            if k > 0 {
+                back(k - 1, &copies[k - 1].1)?;
+            }
+        }
+        back(rounds - 1, &copies[rounds - 1].1)?;
+        let end = self.dev.marker(stream)?;
+        pool.in_flight.push_back(end);
+        pool.last = Some(stream);
+        Ok(jobs)
     }
 
     /// Waits until the stream has passed every staged call (at most the
