@@ -186,6 +186,20 @@ impl Comm {
         py.detach(|| c.collective_device(kind, send, recv, count, dt, op, root, CudaStream::from_raw(stream))).py()
     }
 
+    /// Sends and receives of device buffers launched together on `stream`:
+    /// `(is_send, buffer, peer, dtype)` each, in call order.
+    fn run_device_p2p(&self, py: Python<'_>, ops: Vec<(bool, Span, usize, String)>, stream: u64) -> PyResult<()> {
+        let ops = ops
+            .into_iter()
+            .map(|(send, (a, n), peer, dt)| {
+                Ok(oxccl::DeviceP2p { send, peer, buf: DeviceBuf::new(a as u64, n), dtype: ops::dtype(&dt)? })
+            })
+            .collect::<oxccl::Result<Vec<_>>>()
+            .py()?;
+        let c = &*self.get()?;
+        py.detach(|| c.group_device(&ops, CudaStream::from_raw(stream))).py()
+    }
+
     /// Waits for `stream` and reports any error of the device path.
     fn device_synchronize(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
         let c = &*self.get()?;

@@ -153,10 +153,27 @@ class Communicator:
             _release(views)
 
     def _device(self, op, views):
-        if op[0] != "coll" or not all(v.device for v in views):
+        if op[0] not in ("coll", "send", "recv") or not all(v.device for v in views):
             raise InvalidUsage(f"rank {self.rank}: {op[0] if op[0] != 'coll' else op[1]}: device buffers are "
-                               "supported for collectives with every buffer on the device")
-        self._c.run_device(*op[1:], views[-1].stream)
+                               "supported for collectives, sends and receives with every buffer on the device")
+        if op[0] == "coll":
+            self._c.run_device(*op[1:], views[-1].stream)
+        else:
+            self._c.run_device_p2p([(op[0] == "send", op[1], op[2], op[3])], views[0].stream)
+
+    def _device_group(self, pending):
+        """A group on device buffers: its collectives in order, then its
+        sends and receives together, one group per stream."""
+        if not all(v.device for _, vs in pending for v in vs):
+            raise InvalidUsage(f"rank {self.rank}: a group mixes host and device buffers; make two groups")
+        p2p = {}
+        for op, vs in pending:
+            if op[0] in ("send", "recv"):
+                p2p.setdefault(vs[0].stream, []).append((op[0] == "send", op[1], op[2], op[3]))
+            else:
+                self._device(op, vs)
+        for stream, ops in p2p.items():
+            self._c.run_device_p2p(ops, stream)
 
     @contextlib.contextmanager
     def group(self):
@@ -177,8 +194,9 @@ class Communicator:
         try:
             if pending:
                 if any(v.device for _, vs in pending for v in vs):
-                    raise InvalidUsage(f"rank {self.rank}: groups of device operations are not supported yet")
-                self._c.run([op for op, _ in pending])
+                    self._device_group(pending)
+                else:
+                    self._c.run([op for op, _ in pending])
         finally:
             _release(v for _, vs in pending for v in vs)
 
