@@ -117,6 +117,24 @@ OX_DEV u64 ox_slot(const A &a, const ox_pctx &c, u32 to, u32 q, u64 seq) {
     return a.fifo[to] + (((u64)q * a.fifo_chans + c.w) * a.slots + seq % a.slots) * a.slot_bytes;
 }
 
+// A block's context: its lane (c) and place in the team (m) from its index.
+template <class T, class A>
+OX_DEV ox_pctx ox_make_ctx(const A &a) {
+    ox_pctx c;
+    c.tid = threadIdx.x;
+    c.nthr = blockDim.x;
+    c.n = a.nranks;
+    c.r = a.rank;
+    c.W = a.team;
+    c.E = sizeof(typename T::S);
+    c.VE = 16 / c.E;
+    c.c = c.W != 0 ? blockIdx.x / c.W : 0;
+    c.m = c.W != 0 ? blockIdx.x % c.W : 0;
+    c.w = c.c;
+    c.pe = a.slot_bytes / c.E;
+    return c;
+}
+
 // This member's part [lo, hi) of len elements.
 OX_DEV void ox_member_range(const ox_pctx &c, u64 len, u64 &lo, u64 &hi) {
     u64 per = (len + c.W - 1) / c.W;
@@ -284,18 +302,8 @@ OX_DEV bool ox_step_ok(const oxccl_prog_args &a, const oxccl_pstep &s) {
 template <class T, int OP>
 OX_DEV void ox_program_kernel(const oxccl_prog_args &a) {
     OX_SHARED(ox_psmem, sh);
-    ox_pctx c;
-    c.tid = threadIdx.x;
-    c.nthr = blockDim.x;
-    c.n = a.nranks;
-    c.r = a.rank;
-    c.W = a.team;
-    c.E = sizeof(typename T::S);
-    c.VE = 16 / c.E;
-    c.c = c.W != 0 ? blockIdx.x / c.W : 0;
-    c.m = c.W != 0 ? blockIdx.x % c.W : 0;
+    ox_pctx c = ox_make_ctx<T>(a);
     c.w = c.c;
-    c.pe = a.slot_bytes / c.E;
     const bool bad = c.n == 0 || c.n > OXCCL_MAX_RANKS || c.r >= c.n || a.nchan > OXCCL_MAX_CHANNELS ||
                      a.nchan > a.fifo_chans || c.W == 0 || c.W > OXCCL_MAX_TEAM || gridDim.x != a.nchan * c.W ||
                      a.slots == 0 || a.slot_bytes == 0 || (a.slot_bytes & 15) != 0;
@@ -370,18 +378,8 @@ OX_DEV void ox_program_kernel(const oxccl_prog_args &a) {
 template <class T, int OP>
 OX_DEV void ox_p2p_kernel(const oxccl_p2p_args &a) {
     OX_SHARED(ox_psmem, sh);
-    ox_pctx c;
-    c.tid = threadIdx.x;
-    c.nthr = blockDim.x;
-    c.n = a.nranks;
-    c.r = a.rank;
-    c.W = a.team;
-    c.E = sizeof(typename T::S);
-    c.VE = 16 / c.E;
-    c.c = c.W != 0 ? blockIdx.x / c.W : 0;
-    c.m = c.W != 0 ? blockIdx.x % c.W : 0;
+    ox_pctx c = ox_make_ctx<T>(a);
     c.w = 0;
-    c.pe = a.slot_bytes / c.E;
     bool bad = c.n == 0 || c.n > OXCCL_MAX_RANKS || c.r >= c.n || a.nlanes > OXCCL_MAX_CHANNELS || c.W == 0 ||
                c.W > OXCCL_MAX_TEAM || gridDim.x != a.nlanes * c.W || a.slots == 0 || a.slot_bytes == 0 ||
                (a.slot_bytes & 15) != 0 || a.fifo_chans == 0;

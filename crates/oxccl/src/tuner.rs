@@ -351,6 +351,20 @@ mod tests {
     }
 
     #[test]
+    fn a_named_algorithm_is_told_apart_from_the_default() {
+        // What decides whether device calls go through the executor
+        // (OXCCL_DEVICE_EXEC=auto).
+        assert!(!tuner(4, "").unwrap().names_algorithm(CollKind::AllReduce));
+        let t = tuner(4, "tree").unwrap();
+        assert!(t.names_algorithm(CollKind::AllReduce) && t.names_algorithm(CollKind::Broadcast));
+        // A list for all collectives names nothing for one it has no algorithm of.
+        assert!(!t.names_algorithm(CollKind::AllGather));
+        let t = tuner(4, "allgather:ring").unwrap();
+        assert!(t.names_algorithm(CollKind::AllGather) && !t.names_algorithm(CollKind::AllReduce));
+        assert!(tuner(4, "^ring").unwrap().names_algorithm(CollKind::AllReduce));
+    }
+
+    #[test]
     fn picks_by_cost_and_respects_filter() {
         let t = tuner(8, "").unwrap();
         // Few latencies for tiny messages, bandwidth-optimal algorithms

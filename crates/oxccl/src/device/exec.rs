@@ -93,7 +93,9 @@ pub(super) struct Exec {
     rank: usize,
     nranks: usize,
     timeout_ns: u64,
-    cache: Mutex<HashMap<(String, Collective), Arc<Plan>>>,
+    /// Plans by (algorithm, collective, whether the input is scaled first:
+    /// the window then holds the scaled copy too).
+    cache: Mutex<HashMap<(String, Collective, bool), Arc<Plan>>>,
     /// Program launches so far (the address exchange's key).
     seq: AtomicU64,
 }
@@ -144,7 +146,7 @@ impl Exec {
     /// The plan for `call` (built, checked and uploaded on first use).
     fn plan(&self, gpu: &Gpu, stream: &Stream, call: &Call<DeviceBuf>, src: &Source<'_>) -> Result<Arc<Plan>> {
         let coll = call.collective();
-        let key = (src.name.clone(), coll);
+        let key = (src.name.clone(), coll, premul_of(call).is_some());
         if let Some(p) = self.cache.lock().get(&key) {
             return Ok(p.clone());
         }
@@ -397,12 +399,63 @@ mod tests {
     use super::*;
     use oxccl_algo::algos::{Algorithm, BuildOptions, build};
     use oxccl_algo::collective::CollKind;
+    use oxccl_core::DataType;
 
     #[test]
     fn the_layout_leaves_room_for_every_connection() {
         assert_eq!(slot_bytes(512 << 10), 64 << 10);
         assert_eq!(chunk_bytes(512 << 10), 256 << 10);
         assert_eq!(extra_bytes(4, 512 << 10), PROG_FLAG_BYTES + 4 * FIFO_CHANS * (512 << 10));
+    }
+
+    /// An executor of rank 0 of `n` over fake window addresses.
+    fn exec(n: usize, window: usize, same_process: bool) -> Exec {
+        let mut w = [0; MAX_RANKS];
+        for (q, a) in w.iter_mut().enumerate().take(n) {
+            *a = 0x1000_0000 * (q as u64 + 1);
+        }
+        Exec::new(w, window, 64 << 10, same_process, (0, n), 1)
+    }
+
+    fn call(kind: CollKind, n: usize, count: usize, op: ReduceOp) -> Call<DeviceBuf> {
+        let c = Collective::new(kind, n, count);
+        let (i, o) = (c.input_len(0) * 4, c.output_len(0) * 4);
+        let (s, r) = (DeviceBuf::new(0x10_0000, i), DeviceBuf::new(0x90_0000, o));
+        Call::new(kind, count, DataType::Float32, op, 0, Some(s), r, 0, n).unwrap()
+    }
+
+    #[test]
+    fn the_verdict_says_why_a_program_cannot_run_here() {
+        let ar = call(CollKind::AllReduce, 4, 1000, ReduceOp::Sum);
+        let c = ar.collective();
+        let opts = BuildOptions { chunk_bytes: chunk_bytes(64 << 10), max_chunks: usize::MAX };
+        // Ring: two-sided, fits; its slices are the FIFO's half at most.
+        let ring = build(Algorithm::Ring, &c, &opts).unwrap();
+        let u = exec(4, 1 << 20, false).fit(&ring, &ar).unwrap();
+        assert_eq!((u.nchan_max, u.exchange), (1, 0));
+        assert_eq!(u.premul_at, 0, "the ring needs no scratch");
+        // One-shot reads the peers' inputs: threads of one process only.
+        let one = build(Algorithm::OneShot, &c, &opts).unwrap();
+        let e = exec(4, 1 << 20, false).fit(&one, &ar).err().unwrap();
+        assert!(e.contains("different processes"), "{e}");
+        let u = exec(4, 1 << 20, true).fit(&one, &ar).unwrap();
+        assert_eq!(u.exchange, 0b1110);
+        assert_eq!(u.premul_at, 4096, "scratch of 1000 floats, rounded to 256 bytes");
+        // Scratch beyond the window.
+        let e = exec(4, 2048, true).fit(&one, &ar).err().unwrap();
+        assert!(e.contains("OXCCL_DEVICE_WINDOW"), "{e}");
+        // Messages beyond half a FIFO: the host's chunking is not the device's.
+        let big = call(CollKind::AllReduce, 4, 200_000, ReduceOp::Sum);
+        let host = build(Algorithm::Ring, &big.collective(), &BuildOptions::default()).unwrap();
+        let e = exec(4, 1 << 20, false).fit(&host, &big).err().unwrap();
+        assert!(e.contains("FIFO slots") && e.contains("OXCCL_DEVICE_FIFO"), "{e}");
+        // More channels than the FIFOs have.
+        let mut wide = ring.clone();
+        for r in &mut wide.ranks {
+            r.channels.resize(FIFO_CHANS + 1, Vec::new());
+        }
+        let e = exec(4, 1 << 20, false).fit(&wide, &ar).err().unwrap();
+        assert!(e.contains("channels"), "{e}");
     }
 
     #[test]
