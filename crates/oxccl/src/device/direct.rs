@@ -267,7 +267,20 @@ impl Direct {
             .collect();
         let (mut a, _) = oxccl_cuda::program::P2pArgs::group(&others, self.rank, self.nranks)?;
         exec.fill_p2p(&mut a, self.gpu.status_addr());
-        a.team = (self.blocks / a.nlanes.max(1)).clamp(1, oxccl_cuda::program::MAX_TEAM as u32);
+        // Every lane of every rank on this GPU waits for its peers: all
+        // must be resident at once.
+        let share = self.gpu.dev.sm_count() * module.max_active_blocks("oxccl_p2p", THREADS)? / self.on_gpu.max(1);
+        let lanes = a.nlanes.max(1);
+        if lanes > share {
+            return Err(Error::Unavailable(format!(
+                "rank {}: a group of sends and receives with {lanes} peers and directions needs {lanes} blocks at \
+                 once, but GPU {} holds {share} per rank for its {} ranks; split the group",
+                self.rank,
+                self.gpu.dev.ordinal(),
+                self.on_gpu
+            )));
+        }
+        a.team = (self.blocks.min(share) / lanes).clamp(1, oxccl_cuda::program::MAX_TEAM as u32);
         self.ordered(stream, |s| {
             for (src, dst) in own_s.iter().zip(&own_r) {
                 if src.is_empty() || src.addr() == dst.addr() {
