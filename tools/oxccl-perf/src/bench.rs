@@ -90,37 +90,14 @@ impl<'a> Bench<'a> {
         }
     }
 
+    /// Whether this rank prints the report (global rank 0).
+    pub fn reports(&self) -> bool {
+        self.report.is_some()
+    }
+
     /// Buffer bytes each rank needs (`-e` and `-u`).
     pub fn buffer_bytes(opts: &Options) -> usize {
         opts.max_bytes + 8 * opts.unalign
-    }
-
-    /// Runs every (type, op, root) the options name; the outcome is the
-    /// same on every rank except `bw_*` (rank 0's are the ones printed).
-    pub fn run(mut self) -> Result<Outcome> {
-        let n = self.comm.size();
-        let types: Vec<DataType> = self.opts.dtype.map_or(DataType::ALL.to_vec(), |t| vec![t]);
-        let ops: Vec<Option<ReduceOp>> = if self.kind.reduces() || self.kind == CollKind::SendRecv {
-            self.opts.op.map_or(ReduceOp::ALL.map(Some).to_vec(), |o| vec![Some(o)])
-        } else {
-            vec![None]
-        };
-        let roots: Vec<Option<usize>> = if self.kind.is_rooted() {
-            self.opts.root.map_or((0..n).map(Some).collect(), |r| vec![Some(r)])
-        } else {
-            vec![None]
-        };
-        for &t in &types {
-            for &op in &ops {
-                for &root in &roots {
-                    self.time_test(t, op, root)?;
-                }
-            }
-        }
-        let mut e = [self.failed];
-        self.comm.all_reduce_in_place(&mut e, ReduceOp::Sum)?;
-        self.out.errors = e[0];
-        Ok(self.out)
     }
 
     fn step(&self, bytes: usize, dtype: DataType, op: Option<ReduceOp>, root: Option<usize>) -> Result<Step> {
@@ -153,92 +130,6 @@ impl<'a> Bench<'a> {
         })?;
         let base = self.opts.unalign * es;
         Ok(Step { coll, shape, op, es, total, steps, base, slice_at: at * es, slice_len: l.len * es })
-    }
-
-    fn time_test(&mut self, dtype: DataType, op: Option<ReduceOp>, root: Option<usize>) -> Result<()> {
-        self.comm.barrier()?;
-        let o = self.opts;
-        for size in warmup_sizes(o.min_bytes, o.max_bytes) {
-            let st = self.step(size, dtype, op, root)?;
-            for iter in 0..o.warmup_iters {
-                self.issue(&st, iter, false)?;
-            }
-        }
-        let op_name = op.map_or("none", |o| o.name());
-        let root_col = root.map_or(-1, |r| r as i64);
-        let mut cycle = 0;
-        while o.run_cycles == 0 || cycle < o.run_cycles {
-            cycle += 1;
-            for size in sweep(o.min_bytes, o.max_bytes, o.step_bytes, o.step_factor) {
-                let st = self.step(size, dtype, op, root)?;
-                if let Some(r) = self.report.as_deref_mut() {
-                    r.row_start(st.shape.size_bytes(dtype), st.shape.param, dtype.name(), op_name, root_col);
-                }
-                self.bench_time(&st, false)?;
-                self.bench_time(&st, true)?;
-                if let Some(r) = self.report.as_deref_mut() {
-                    r.row_end(o.iters);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn bench_time(&mut self, st: &Step, in_place: bool) -> Result<()> {
-        let (o, n) = (self.opts, self.comm.size());
-        let check = o.check > 0 && !(in_place && self.kind == CollKind::SendRecv);
-        if o.check > 0 {
-            self.init_data(st, &self.pattern(st, 99), in_place)?;
-        }
-        self.issue(st, 0, in_place)?;
-        self.sync()?;
-        self.comm.barrier()?;
-        let agg = o.agg_iters;
-        let t0 = Instant::now();
-        let mut last = t0;
-        for iter in 0..o.iters {
-            self.start(st, iter, in_place)?;
-            if iter < self.iter_times.len() {
-                self.sync()?;
-            }
-            if let Some(slot) = self.iter_times.get_mut(iter) {
-                let now = Instant::now();
-                *slot = (now - last).as_secs_f64() / agg as f64;
-                last = now;
-            }
-        }
-        self.sync()?;
-        let sec = t0.elapsed().as_secs_f64() / (o.iters * agg) as f64;
-        let sec = self.combine_time(sec)?;
-        let (alg, bus) = bandwidth(self.kind, st.shape.size_bytes(st.coll.dtype), sec, n);
-        if !self.iter_times.is_empty() {
-            self.comm.all_reduce_in_place(&mut self.iter_times, ReduceOp::Max)?;
-        }
-        self.comm.barrier()?;
-        let mut wrong = None;
-        for _ in 0..if check { o.check } else { 0 } {
-            self.rep += 1;
-            let p = self.pattern(st, self.rep);
-            self.init_data(st, &p, in_place)?;
-            self.issue(st, 0, in_place)?;
-            self.sync()?;
-            self.download(st, in_place)?;
-            let local = self.count_wrong(st, &p, in_place);
-            self.failed += u64::from(local > 0);
-            let mut w = [local];
-            self.comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
-            wrong = Some(w[0]);
-            if w[0] > 0 {
-                break;
-            }
-        }
-        if let Some(r) = self.report.as_deref_mut() {
-            let times = (!self.iter_times.is_empty()).then_some(&self.iter_times[..]);
-            r.block(in_place, sec * 1e6, alg, bus, wrong, times);
-        }
-        self.out.bw_sum += bus;
-        self.out.bw_count += 1;
-        Ok(())
     }
 
     fn pattern(&self, st: &Step, seed: u64) -> Pattern {
@@ -427,6 +318,192 @@ impl<'a> Bench<'a> {
         }
         if self.opts.blocking == 1 {
             self.comm.barrier()?;
+        }
+        Ok(())
+    }
+}
+
+/// The ranks one thread drives: one on host memory, `-g` of them with
+/// `-H gpu`, as nccl-tests' `-g` does: the thread enqueues each operation
+/// of every rank in turn (device calls return once enqueued), then waits
+/// for every stream. Host steps that wait for all ranks (barriers, the
+/// times combined over ranks, the check's counts) run on a thread per rank
+/// ([`Team::all`]); so does the warm-up, which sets each communicator's
+/// device side up (a collective step of every rank).
+pub struct Team<'a> {
+    ranks: Vec<Bench<'a>>,
+}
+
+/// Warm-up calls per size when a thread drives several ranks: oxccl's
+/// staged path sizes its in-flight staging slots (8) at the first calls of
+/// a size, each growth a barrier of every rank, which only the concurrent
+/// warm-up can pass.
+const TEAM_WARMUP: usize = 8;
+
+impl<'a> Team<'a> {
+    /// The ranks this thread drives (the one with a reporter first, if any).
+    pub fn new(ranks: Vec<Bench<'a>>) -> Team<'a> {
+        Team { ranks }
+    }
+
+    /// `f` on every rank at once (steps that wait for all ranks): on this
+    /// thread for one rank, else on a thread each.
+    fn all<R: Send>(&mut self, f: impl Fn(usize, &mut Bench<'a>) -> Result<R> + Sync) -> Result<Vec<R>> {
+        if let [b] = &mut self.ranks[..] {
+            return Ok(vec![f(0, b)?]);
+        }
+        std::thread::scope(|s| {
+            let f = &f;
+            let hs: Vec<_> = self.ranks.iter_mut().enumerate().map(|(i, b)| s.spawn(move || f(i, b))).collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(oxccl::Error::Internal("a rank panicked".into()))))
+                .collect()
+        })
+    }
+
+    /// `f` on every rank in turn, on this thread (enqueueing work).
+    fn each(&mut self, mut f: impl FnMut(usize, &mut Bench<'a>) -> Result<()>) -> Result<()> {
+        for (i, b) in self.ranks.iter_mut().enumerate() {
+            f(i, b)?;
+        }
+        Ok(())
+    }
+
+    /// Runs every (type, op, root) the options name; each rank's outcome,
+    /// the same on every rank except `bw_*` (rank 0's are the ones printed).
+    pub fn run(mut self) -> Result<Vec<Outcome>> {
+        let lead = &self.ranks[0];
+        let n = lead.comm.size();
+        let types: Vec<DataType> = lead.opts.dtype.map_or(DataType::ALL.to_vec(), |t| vec![t]);
+        let ops: Vec<Option<ReduceOp>> = if lead.kind.reduces() || lead.kind == CollKind::SendRecv {
+            lead.opts.op.map_or(ReduceOp::ALL.map(Some).to_vec(), |o| vec![Some(o)])
+        } else {
+            vec![None]
+        };
+        let roots: Vec<Option<usize>> = if lead.kind.is_rooted() {
+            lead.opts.root.map_or((0..n).map(Some).collect(), |r| vec![Some(r)])
+        } else {
+            vec![None]
+        };
+        for &t in &types {
+            for &op in &ops {
+                for &root in &roots {
+                    self.time_test(t, op, root)?;
+                }
+            }
+        }
+        let errors = self.all(|_, b| {
+            let mut e = [b.failed];
+            b.comm.all_reduce_in_place(&mut e, ReduceOp::Sum)?;
+            Ok(e[0])
+        })?;
+        Ok(self.ranks.iter().zip(errors).map(|(b, errors)| Outcome { errors, ..b.out }).collect())
+    }
+
+    /// Every rank's geometry of a size.
+    fn steps(&self, size: usize, dtype: DataType, op: Option<ReduceOp>, root: Option<usize>) -> Result<Vec<Step>> {
+        self.ranks.iter().map(|b| b.step(size, dtype, op, root)).collect()
+    }
+
+    fn time_test(&mut self, dtype: DataType, op: Option<ReduceOp>, root: Option<usize>) -> Result<()> {
+        self.all(|_, b| b.comm.barrier())?;
+        let o = self.ranks[0].opts;
+        let warm = if self.ranks.len() > 1 { o.warmup_iters.max(TEAM_WARMUP) } else { o.warmup_iters };
+        self.all(|_, b| {
+            for size in warmup_sizes(o.min_bytes, o.max_bytes) {
+                let st = b.step(size, dtype, op, root)?;
+                for iter in 0..warm {
+                    b.issue(&st, iter, false)?;
+                }
+            }
+            Ok(())
+        })?;
+        let op_name = op.map_or("none", |o| o.name());
+        let root_col = root.map_or(-1, |r| r as i64);
+        let mut cycle = 0;
+        while o.run_cycles == 0 || cycle < o.run_cycles {
+            cycle += 1;
+            for size in sweep(o.min_bytes, o.max_bytes, o.step_bytes, o.step_factor) {
+                let sts = self.steps(size, dtype, op, root)?;
+                if let Some(r) = self.ranks[0].report.as_deref_mut() {
+                    r.row_start(sts[0].shape.size_bytes(dtype), sts[0].shape.param, dtype.name(), op_name, root_col);
+                }
+                self.bench_time(&sts, false)?;
+                self.bench_time(&sts, true)?;
+                if let Some(r) = self.ranks[0].report.as_deref_mut() {
+                    r.row_end(o.iters);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn bench_time(&mut self, sts: &[Step], in_place: bool) -> Result<()> {
+        let lead = &self.ranks[0];
+        let (o, n, kind) = (lead.opts, lead.comm.size(), lead.kind);
+        let check = o.check > 0 && !(in_place && kind == CollKind::SendRecv);
+        if o.check > 0 {
+            self.each(|i, b| b.init_data(&sts[i], &b.pattern(&sts[i], 99), in_place))?;
+        }
+        self.each(|i, b| b.issue(&sts[i], 0, in_place))?;
+        self.each(|_, b| b.sync())?;
+        self.all(|_, b| b.comm.barrier())?;
+        let (agg, timed) = (o.agg_iters, self.ranks[0].iter_times.len());
+        let t0 = Instant::now();
+        let mut last = t0;
+        for iter in 0..o.iters {
+            self.each(|i, b| b.start(&sts[i], iter, in_place))?;
+            if iter < timed {
+                self.each(|_, b| b.sync())?;
+                let now = Instant::now();
+                let t = (now - last).as_secs_f64() / agg as f64;
+                last = now;
+                self.ranks.iter_mut().for_each(|b| b.iter_times[iter] = t);
+            }
+        }
+        self.each(|_, b| b.sync())?;
+        let sec = t0.elapsed().as_secs_f64() / (o.iters * agg) as f64;
+        let sec = self.all(|_, b| b.combine_time(sec))?[0];
+        let (alg, bus) = bandwidth(kind, sts[0].shape.size_bytes(sts[0].coll.dtype), sec, n);
+        if timed > 0 {
+            self.all(|_, b| b.comm.all_reduce_in_place(&mut b.iter_times, ReduceOp::Max))?;
+        }
+        self.all(|_, b| b.comm.barrier())?;
+        let mut wrong = None;
+        for _ in 0..if check { o.check } else { 0 } {
+            let mut pats = Vec::with_capacity(self.ranks.len());
+            self.each(|i, b| {
+                b.rep += 1;
+                let p = b.pattern(&sts[i], b.rep);
+                b.init_data(&sts[i], &p, in_place)?;
+                pats.push(p);
+                Ok(())
+            })?;
+            self.each(|i, b| b.issue(&sts[i], 0, in_place))?;
+            self.each(|i, b| {
+                b.sync()?;
+                b.download(&sts[i], in_place)
+            })?;
+            let counts = self.all(|i, b| {
+                let local = b.count_wrong(&sts[i], &pats[i], in_place);
+                b.failed += u64::from(local > 0);
+                let mut w = [local];
+                b.comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
+                Ok(w[0])
+            })?;
+            wrong = Some(counts[0]);
+            if counts[0] > 0 {
+                break;
+            }
+        }
+        let lead = &mut self.ranks[0];
+        if let Some(r) = lead.report.as_deref_mut() {
+            let times = (!lead.iter_times.is_empty()).then_some(&lead.iter_times[..]);
+            r.block(in_place, sec * 1e6, alg, bus, wrong, times);
+        }
+        for b in &mut self.ranks {
+            b.out.bw_sum += bus;
+            b.out.bw_count += 1;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! failed.
 
 use crate::args::{self, Command, Options};
-use crate::bench::{Bench, Outcome};
+use crate::bench::{Bench, Outcome, Team};
 use crate::report::{RankInfo, Reporter};
 use oxccl::{CollKind, Communicator, Config, Launch, UniqueId};
 use std::collections::BTreeSet;
@@ -168,6 +168,46 @@ fn communicators(kind: CollKind, o: &Options, launch: Option<&Launch>) -> Result
     Ok(comms.into_iter().enumerate().map(|(i, c)| (c, first + i)).collect())
 }
 
+/// One thread's ranks (`team`, rank 0's reporter if it is among them):
+/// their set-up, each on a thread of its own (it waits for every rank),
+/// then the benchmark driven from this thread.
+fn run_team(
+    kind: CollKind,
+    o: &Options,
+    team: &[(Communicator, usize)],
+    mut report: Option<&mut Reporter>,
+) -> oxccl::Result<Vec<Outcome>> {
+    let prep: Vec<oxccl::Result<(Vec<RankInfo>, Options)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = team
+            .iter()
+            .map(|(comm, device)| s.spawn(move || Ok((rank_infos(comm, *device)?, fitted(comm, o)?))))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(oxccl::Error::Internal("a rank panicked".into()))))
+            .collect()
+    });
+    let prep = prep.into_iter().collect::<oxccl::Result<Vec<_>>>()?;
+    // Every rank fitted the same sizes (a minimum over all of them).
+    let fit = prep[0].1.clone();
+    if let Some(rep) = report.as_deref_mut() {
+        rep.preamble(o, &prep[0].0, (fit.max_bytes < o.max_bytes).then_some(fit.max_bytes));
+    }
+    let mut benches = Vec::with_capacity(team.len());
+    for (comm, device) in team {
+        let gpu = if o.gpu { Some(crate::gpu::Gpu::new(*device, Bench::buffer_bytes(&fit))?) } else { None };
+        let mine = if comm.rank() == 0 { report.take() } else { None };
+        benches.push(Bench::new(comm, &fit, kind, mine, gpu));
+    }
+    // The reporting rank leads (its row is printed).
+    if let Some(i) = benches.iter().position(|b| b.reports()) {
+        benches.swap(0, i);
+        let mut outs = Team::new(benches).run()?;
+        outs.swap(0, i);
+        return Ok(outs);
+    }
+    Team::new(benches).run()
+}
+
 /// Runs the benchmark; the exit status.
 fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, String> {
     let launch = detect(|k| std::env::var(k).ok())?;
@@ -184,24 +224,24 @@ fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, 
     {
         return Err(format!("-r {r}: root out of range for {n} ranks"));
     }
+    // Each thread drives a team of ranks: one, or -g with -H gpu.
+    let per = if o.gpu { o.ngpus } else { 1 };
     let mut slot = reporter.as_mut();
     let results: Vec<oxccl::Result<Outcome>> = std::thread::scope(|s| {
         let handles: Vec<_> = comms
-            .iter()
-            .map(|(comm, device)| {
-                let mut mine = if comm.rank() == 0 { slot.take() } else { None };
+            .chunks(per)
+            .map(|team| {
+                let mine = if team.iter().any(|(c, _)| c.rank() == 0) { slot.take() } else { None };
                 s.spawn(move || {
-                    let r = rank_infos(comm, *device).and_then(|infos| {
-                        let fit = fitted(comm, o)?;
-                        if let Some(rep) = mine.as_deref_mut() {
-                            rep.preamble(o, &infos, (fit.max_bytes < o.max_bytes).then_some(fit.max_bytes));
+                    let r = run_team(kind, o, team, mine);
+                    let r = match r {
+                        Ok(outs) => outs.into_iter().map(Ok).collect(),
+                        Err(e) => vec![Err(e); team.len()],
+                    };
+                    for ((comm, _), r) in team.iter().zip(&r) {
+                        if r.is_err() {
+                            comm.abort();
                         }
-                        let gpu =
-                            if o.gpu { Some(crate::gpu::Gpu::new(*device, Bench::buffer_bytes(&fit))?) } else { None };
-                        Bench::new(comm, &fit, kind, mine, gpu).run()
-                    });
-                    if r.is_err() {
-                        comm.abort();
                     }
                     r
                 })
@@ -209,7 +249,10 @@ fn run(kind: CollKind, o: &Options, prog: &str, argv: &[String]) -> Result<i32, 
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(oxccl::Error::Internal("a rank panicked".into()))))
+            .zip(comms.chunks(per))
+            .flat_map(|(h, team)| {
+                h.join().unwrap_or_else(|_| vec![Err(oxccl::Error::Internal("a rank panicked".into())); team.len()])
+            })
             .collect()
     });
     let mut failures = Vec::new();
