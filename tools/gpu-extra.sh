@@ -16,6 +16,7 @@ run() {  # run NAME LIMIT ENV... -- ARGS...
   echo "rc=$? $(grep -E 'Avg bus bandwidth|wrong' "$out/extra-$name.log" | tail -2 | tr '\n' ' ')"
 }
 run kernel 60 OXCCL_DEVICE_EXEC=kernel -- "$perf" all_reduce "${sweep[@]}"
+run kernel-g2 60 OXCCL_DEVICE_EXEC=kernel -- "$perf" all_reduce -H gpu -t 1 -g 2 -P 2 -b 8 -e 256M -f 8 -n 20 -w 5
 for a in oneshot twoshot ring tree rhd doubling; do
   run "exec-$a" 60 OXCCL_DEVICE_EXEC=program OXCCL_ALGO="$a" -- "$perf" all_reduce "${sweep[@]}"
 done
