@@ -33,14 +33,19 @@ pub trait Provider {
 /// How long a case may go without progress.
 const STALL: Duration = Duration::from_secs(60);
 
-/// Runs every case.
-pub fn run_all(p: &dyn Provider) {
+/// The cases every provider's FIFOs pass.
+fn fifo_cases(p: &dyn Provider) {
     in_order_random_sizes(p);
     element_multiples(p);
     back_pressure(p);
     zero_byte_messages(p);
     misuse_errors(p);
     payload_alignment(p);
+}
+
+/// Runs every case.
+pub fn run_all(p: &dyn Provider) {
+    fifo_cases(p);
     peer_drop(p);
 }
 
@@ -48,12 +53,7 @@ pub fn run_all(p: &dyn Provider) {
 /// sender never connected to is a timeout, not a remote error, as with TCP
 /// and RDMA's lazily connected pairs), and [`send_from_and_recv_into`].
 pub fn two_sided(p: &dyn Provider) {
-    in_order_random_sizes(p);
-    element_multiples(p);
-    back_pressure(p);
-    zero_byte_messages(p);
-    misuse_errors(p);
-    payload_alignment(p);
+    fifo_cases(p);
     send_from_and_recv_into(p);
 }
 

@@ -63,6 +63,12 @@ impl DeviceBuf {
         self.len == 0
     }
 
+    /// Whether the two buffers share a byte (as `Region::overlaps`).
+    pub fn overlaps(&self, other: &DeviceBuf) -> bool {
+        let (a, b) = (self.addr, other.addr);
+        self.len > 0 && other.len > 0 && a < b + other.len as u64 && b < a + self.len as u64
+    }
+
     /// Bytes `[off, off + len)`, or an error naming the overrun.
     pub fn sub(&self, off: usize, len: usize) -> Result<DeviceBuf> {
         match off.checked_add(len) {

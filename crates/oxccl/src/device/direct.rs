@@ -3,7 +3,7 @@
 #![allow(unsafe_code)]
 
 use super::cuda::Gpu;
-use super::exec::Exec;
+use super::exec::{Exec, reduce_one};
 use super::route::Reach;
 use super::{Ctx, Source};
 use crate::buf::{CudaStream, DeviceBuf};
@@ -283,14 +283,11 @@ impl Direct {
         a.team = (self.blocks.min(share) / lanes).clamp(1, oxccl_cuda::program::MAX_TEAM as u32);
         self.ordered(stream, |s| {
             for (src, dst) in own_s.iter().zip(&own_r) {
-                if src.is_empty() || src.addr() == dst.addr() {
-                    continue;
+                if src.addr() != dst.addr() {
+                    // SAFETY: both are the caller's checked device buffers
+                    // of that many bytes (the byte module).
+                    unsafe { reduce_one(&module, s, self.blocks, (src.addr(), dst.addr()), src.len(), (0, 1.0, 0)) }?;
                 }
-                let mut c =
-                    oxccl_cuda::ReduceArgs { count: src.len() as u64, nsrcs: 1, ndsts: 1, ..Default::default() };
-                (c.srcs[0], c.dsts[0]) = (src.addr(), dst.addr());
-                // SAFETY: both are the caller's checked device buffers of that length.
-                unsafe { module.launch_reduce(s, self.blocks, THREADS, &c) }?;
             }
             // SAFETY: every buffer is the caller's checked device memory of
             // its length; the FIFOs and flag areas follow every rank's

@@ -260,24 +260,22 @@ impl Exec {
             Plan::Unfit(msg) if src.required => return Err(Error::InvalidUsage(format!("rank {}: {msg}", self.rank))),
             Plan::Unfit(_) => return Ok(false),
         };
-        let (dtype, kop, _) = unit_of(call);
+        let (dtype, kop, unit) = unit_of(call);
         let module = gpu.dev.module(dtype, kop)?;
         let team = self.team(gpu, &module, r.nchan_max, blocks, on_gpu)?;
         let me = self.rank;
         let mut input = call.input.addr();
-        let (i, o) = (&call.input, &call.output);
-        let aliased = !i.is_empty()
-            && !o.is_empty()
-            && i.addr() < o.addr() + o.len() as u64
-            && o.addr() < i.addr() + i.len() as u64;
         let premul = premul_of(call);
-        if premul.is_some() || (aliased && !r.in_place) {
+        if premul.is_some() || (call.input.overlaps(&call.output) && !r.in_place) {
             // Scaled, or kept aside from the output the program writes.
             let pre = self.windows[me] + r.premul_at;
             let (flag, scale) = premul.map_or((0, 1.0), |s| (1, s));
             // In the module's elements (bytes for data movement).
-            let n = call.collective().input_len(me) * unit_of(call).2;
-            self.reduce(&module, stream, blocks, (input, pre), n, (flag, scale, 0))?;
+            let n = call.collective().input_len(me) * unit;
+            // SAFETY: the input is the caller's checked buffer; the copy
+            // lands in this rank's window, which `fit` checked holds it
+            // after the program's scratch.
+            unsafe { reduce_one(&module, stream, blocks, (input, pre), n, (flag, scale, 0)) }?;
             input = pre;
         }
         let mut a = ProgArgs {
@@ -314,7 +312,8 @@ impl Exec {
         if call.kind.reduces() && call.op == ReduceOp::Avg {
             let out = call.output.addr();
             let n = call.collective().output_len(me);
-            self.reduce(&module, stream, blocks, (out, out), n, (0, 1.0, self.nranks as u32))?;
+            // SAFETY: the caller's checked output, `n` elements, in place.
+            unsafe { reduce_one(&module, stream, blocks, (out, out), n, (0, 1.0, self.nranks as u32)) }?;
         }
         Ok(true)
     }
@@ -334,29 +333,29 @@ impl Exec {
         }
         Ok((blocks / nchan).clamp(1, MAX_TEAM as u32).min(fit))
     }
+}
 
-    /// One `oxccl_reduce` of `count` elements `dst ← src` with (premul,
-    /// scale, avg divisor).
-    fn reduce(
-        &self,
-        module: &Module,
-        stream: &Stream,
-        blocks: u32,
-        (src, dst): (u64, u64),
-        count: usize,
-        (premul, scale, avg_div): (u32, f64, u32),
-    ) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let mut a =
-            ReduceArgs { count: count as u64, scale, nsrcs: 1, ndsts: 1, premul, avg_div, ..Default::default() };
-        (a.srcs[0], a.dsts[0]) = (src, dst);
-        // SAFETY: `src` is the caller's input or output and `dst` the
-        // caller's output or this rank's window, each of `count` elements
-        // (the window was checked to hold the premul copy).
-        Ok(unsafe { module.launch_reduce(stream, blocks, THREADS, &a) }?)
+/// Enqueues one `oxccl_reduce` of `count` elements of `module`'s type,
+/// `dst ← src`, with (premul, scale, avg divisor): a copy with `(0, 1.0, 0)`.
+///
+/// # Safety
+/// `src` and `dst` must be device memory of `count` elements each, alive
+/// until the stream has passed the launch (they may be the same).
+pub(super) unsafe fn reduce_one(
+    module: &Module,
+    stream: &Stream,
+    blocks: u32,
+    (src, dst): (u64, u64),
+    count: usize,
+    (premul, scale, avg_div): (u32, f64, u32),
+) -> Result<()> {
+    if count == 0 {
+        return Ok(());
     }
+    let mut a = ReduceArgs { count: count as u64, scale, nsrcs: 1, ndsts: 1, premul, avg_div, ..Default::default() };
+    (a.srcs[0], a.dsts[0]) = (src, dst);
+    // SAFETY: the caller vouches for both ranges (see above).
+    Ok(unsafe { module.launch_reduce(stream, blocks, THREADS, &a) }?)
 }
 
 /// An encoded program not yet uploaded.

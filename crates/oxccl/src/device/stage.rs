@@ -236,12 +236,7 @@ impl Stager {
                 copies.push((outs, backs));
             }
         }
-        // Calls on different streams still reach the counters in order.
-        if let (Some(prev), Some(last)) = (pool.in_flight.back(), pool.last)
-            && last != stream
-        {
-            self.dev.enqueue_after(stream, prev.as_ref())?;
-        }
+        self.follow(&pool, stream)?;
         pool.seq += rounds as u64;
         pool.p2p_rounds += rounds as u64;
         let back = |k: usize, backs: &[(Region, DeviceBuf)]| -> Result<()> {
@@ -265,10 +260,26 @@ impl Stager {
             }
         }
         back(rounds - 1, &copies[rounds - 1].1)?;
-        let end = self.dev.marker(stream)?;
-        pool.in_flight.push_back(end);
-        pool.last = Some(stream);
+        self.close(&mut pool, stream)?;
         Ok(jobs)
+    }
+
+    /// Makes `stream` wait for the last staged call when that was on
+    /// another stream: calls still reach the counters in call order.
+    fn follow(&self, pool: &Pool, stream: CudaStream) -> Result<()> {
+        if let (Some(prev), Some(last)) = (pool.in_flight.back(), pool.last)
+            && last != stream
+        {
+            self.dev.enqueue_after(stream, prev.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// Records the end of a call just enqueued on `stream`.
+    fn close(&self, pool: &mut Pool, stream: CudaStream) -> Result<()> {
+        pool.in_flight.push_back(self.dev.marker(stream)?);
+        pool.last = Some(stream);
+        Ok(())
     }
 
     /// Waits until the stream has passed every staged call (at most the
@@ -311,12 +322,7 @@ impl Stager {
             barrier()?;
             grown?;
         }
-        // Calls on different streams still reach the counters in call order.
-        if let (Some(prev), Some(last)) = (pool.in_flight.back(), pool.last)
-            && last != stream
-        {
-            self.dev.enqueue_after(stream, prev.as_ref())?;
-        }
+        self.follow(&pool, stream)?;
         let [pin_in, pin_out] = pool.slots[slot].as_ref().expect("fits after growing");
         let (hin, hout) = (pin_in.region().sub(0, call.input.len())?, pin_out.region().sub(0, call.output.len())?);
         let whole = ranges.len() == 1;
@@ -356,10 +362,8 @@ impl Stager {
                 self.dev.enqueue_h2d(stream, d, h)?;
             }
         }
-        let end = self.dev.marker(stream)?;
-        pool.in_flight.push_back(end);
+        self.close(&mut pool, stream)?;
         pool.calls += 1;
-        pool.last = Some(stream);
         Ok(jobs)
     }
 
