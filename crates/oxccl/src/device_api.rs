@@ -66,7 +66,7 @@ impl Communicator {
         for (what, b) in names.into_iter().zip([call.input, call.output]) {
             crate::device::check_aligned(b.addr(), b.len(), dtype).map_err(|e| named(what, e))?;
         }
-        let dc = self.device_comm(if call.output.is_empty() { call.input } else { call.output }, &call)?;
+        let dc = self.device_comm(if call.output.is_empty() { call.input } else { call.output }, Some(&call))?;
         crate::device::check_stream(dc.process_ranks, stream).map_err(|e| match e {
             Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {}: {}: {m}", self.rank(), kind.name())),
             e => e,
@@ -153,20 +153,9 @@ impl Communicator {
         let live: Vec<(bool, usize, DeviceBuf)> =
             ops.iter().filter(|o| !o.buf.is_empty()).map(|o| (o.send, o.peer, o.buf)).collect();
         let Some(&(_, _, first)) = live.first() else { return Ok(()) };
-        // A communicator's first device call sets the device side up; a
-        // byte broadcast of the first buffer stands for this group there.
-        let probe = Call::new(
-            CollKind::Broadcast,
-            first.len(),
-            DataType::Uint8,
-            ReduceOp::Sum,
-            0,
-            Some(first),
-            first,
-            rank,
-            self.size(),
-        )?;
-        let dc = self.device_comm(first, &probe)?;
+        // A communicator's first device call sets the device side up (with
+        // no collective to prepare for: groups differ from rank to rank).
+        let dc = self.device_comm(first, None)?;
         crate::device::check_stream(dc.process_ranks, stream).map_err(|e| match e {
             Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {rank}: send/recv: {m}")),
             e => e,
@@ -214,7 +203,7 @@ impl Communicator {
 
     /// The device side, set up on first use (collective: every rank's first
     /// device call gets here in the same order).
-    fn device_comm(&self, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Result<Arc<DeviceComm>> {
+    fn device_comm(&self, buf: DeviceBuf, first: Option<&Call<DeviceBuf>>) -> Result<Arc<DeviceComm>> {
         let mut slot = self.device_slot().lock();
         if let Some(dc) = &*slot {
             return Ok(dc.clone());

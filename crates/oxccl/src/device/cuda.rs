@@ -172,7 +172,9 @@ impl Backend for Gpu {
 }
 
 /// Sets up the device side of `comm` on the GPU that holds `buf`:
-/// collective (every rank's first device call, `first`, runs it).
+/// collective (every rank's first device call runs it; `first` is that
+/// call when it is a collective, `None` for sends and receives, which differ
+/// from rank to rank).
 ///
 /// Everything that can wait for the GPU's queued work (module loading,
 /// allocations) happens here, before the exchanges that every rank must
@@ -186,12 +188,16 @@ impl Backend for Gpu {
 /// context are outside oxccl's reach: a process that runs several ranks as
 /// threads must not load modules or allocate while such kernels wait for
 /// each other.
-pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Result<DeviceComm> {
+pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: Option<&Call<DeviceBuf>>) -> Result<DeviceComm> {
     let who = ctx.who;
     oxccl_cuda::driver_available().map_err(|e| Error::Unavailable(format!("{who}: {e}")))?;
     let ordinal = oxccl_cuda::device_of(buf.addr())?;
     let cfg = ctx.cfg;
-    let (dtype, kop, _) = direct::module_of(first);
+    // Sends and receives run the byte module, which always loads.
+    let (dtype, kop) = first.map_or((DataType::Uint8, KernelOp::Sum), |c| {
+        let (d, k, _) = direct::module_of(c);
+        (d, k)
+    });
     let also = if cfg.device_path == DevicePath::Staged { vec![] } else { vec![(dtype, kop)] };
     let gpu = Arc::new(Gpu::open(ordinal, &also)?);
     // Everyone exchanges a card, even ranks that want the staged path, so
@@ -248,10 +254,11 @@ pub(super) fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Re
     // The staging memory of the first call, when it is staged, is
     // allocated here, before the last exchange (see `Stager::prepare`).
     let prepare = |direct: bool| -> Result<()> {
-        if direct && super::direct_kind(first.kind) {
-            return Ok(());
+        if let Some(first) = first
+            && !(direct && super::direct_kind(first.kind))
+        {
+            stager.prepare(first)?;
         }
-        stager.prepare(first)?;
         // Sends and receives of device buffers through host memory: their
         // staging is allocated once, here, with everyone else's.
         if direct { Ok(()) } else { stager.prepare_p2p() }

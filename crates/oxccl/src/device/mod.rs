@@ -143,13 +143,13 @@ impl DeviceComm {
     /// Sets up the device side on the GPU that holds `buf` (collective:
     /// every rank's first device call, `first`, runs it).
     #[cfg(feature = "cuda")]
-    pub fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: &Call<DeviceBuf>) -> Result<DeviceComm> {
+    pub fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: Option<&Call<DeviceBuf>>) -> Result<DeviceComm> {
         cuda::open(ctx, buf, first)
     }
 
     /// Without the `cuda` feature there is no device.
     #[cfg(not(feature = "cuda"))]
-    pub fn open(ctx: &Ctx<'_>, _buf: DeviceBuf, _first: &Call<DeviceBuf>) -> Result<DeviceComm> {
+    pub fn open(ctx: &Ctx<'_>, _buf: DeviceBuf, _first: Option<&Call<DeviceBuf>>) -> Result<DeviceComm> {
         Err(Error::InvalidUsage(format!("{}: device buffers need oxccl built with the `cuda` feature", ctx.who)))
     }
 
