@@ -4,7 +4,7 @@
 
 use crate::args::ReduceArgs;
 use crate::error::Result;
-use crate::kernels::KernelOp;
+use crate::op::KernelOp;
 use crate::{DevMem, Device};
 use oxccl_core::DataType;
 use std::time::{Duration, Instant};

@@ -9,10 +9,11 @@ use cudarc::driver::{CudaContext, result, sys};
 use oxccl_core::DataType;
 
 use crate::args::{CollArgs, ReduceArgs};
+use crate::context::bind;
 use crate::error::{CudaError, Result, describe, drv, invalid};
 use crate::kernels::{self, ENTRY_POINTS, Image, KernelOp};
 use crate::program::{MAX_TEAM, P2pArgs, ProgArgs};
-use crate::stream::Stream;
+use crate::stream::{Event, Stream};
 
 /// Whether the CUDA driver can be used: libcuda loads and `cuInit`
 /// succeeds. `Err(CudaError::Unavailable)` with the reason otherwise (no
@@ -225,11 +226,6 @@ impl Device {
         })?;
         keys.iter().try_for_each(|&(d, o)| self.module(d, o).map(|_| ()))
     }
-}
-
-/// Binds `ctx` to the calling thread.
-pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
-    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))
 }
 
 /// The kernels of one (dtype, op) loaded in one context. Launches are
@@ -482,5 +478,38 @@ impl Drop for Module {
             // SAFETY: the module was loaded in this context and is unloaded once, here.
             let _ = unsafe { result::module::unload(self.module) };
         }
+    }
+}
+
+impl Device {
+    /// The legacy default stream (`NULL`, NCCL's "stream 0").
+    pub fn null_stream(&self) -> Stream {
+        Stream::null(self.context())
+    }
+
+    /// A new non-blocking stream, destroyed when the last clone is dropped.
+    ///
+    /// Created with `cuStreamCreate` directly, not cudarc's `new_stream`:
+    /// that one calls `cuCtxSynchronize` when the context's first cudarc
+    /// stream is made, which waits for every kernel in the context, a
+    /// collective's spinning kernel too (it would wait forever for a peer
+    /// thread stuck here).
+    pub fn new_stream(&self) -> Result<Stream> {
+        Stream::create(self.context())
+    }
+
+    /// Wraps a caller's stream handle (a `cudaStream_t` / `CUstream` from C,
+    /// PyTorch, …) without taking ownership.
+    ///
+    /// # Safety
+    /// `raw` must be null or a stream of this device's primary context that
+    /// stays alive while the returned `Stream` (or a clone) is used.
+    pub unsafe fn wrap_stream(&self, raw: *mut c_void) -> Stream {
+        Stream::borrowed(self.context(), raw)
+    }
+
+    /// A new event (no timing).
+    pub fn new_event(&self) -> Result<Event> {
+        Event::create(self.context())
     }
 }

@@ -3,7 +3,7 @@
 use cudarc::driver::DriverError;
 use oxccl_core::DataType;
 
-use crate::kernels::KernelOp;
+use crate::op::KernelOp;
 
 /// Result with [`CudaError`].
 pub type Result<T, E = CudaError> = std::result::Result<T, E>;

@@ -15,13 +15,13 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_int};
-use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::nvrtc::{result as nvrtc, sys as nsys};
-use oxccl_core::{DataType, ReduceOp};
+use oxccl_core::DataType;
 
 use crate::error::{CudaError, Result, invalid};
+pub use crate::op::KernelOp;
 
 /// The kernel sources in the order [`source`] concatenates them: (file name,
 /// text). `.cu` files include `oxccl.cuh` only without `OXCCL_NVRTC`.
@@ -37,52 +37,6 @@ pub const SOURCES: [(&str, &str); 6] = [
 /// The kernels' entry points, present in every module.
 pub const ENTRY_POINTS: [&str; 6] =
     ["oxccl_reduce", "oxccl_collective", "oxccl_signal_host", "oxccl_wait_host", "oxccl_program", "oxccl_p2p"];
-
-/// The operator a module is built for (`OXCCL_OP`). `Avg` and `PreMulSum`
-/// run the `Sum` module with flags in the arguments ([`KernelOp::of`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[repr(u32)]
-pub enum KernelOp {
-    /// Sum (integers wrap); also `Avg` and `PreMulSum`.
-    Sum = 0,
-    /// Product (integers wrap).
-    Prod = 1,
-    /// Maximum (`fmaxf` semantics on floats).
-    Max = 2,
-    /// Minimum (`fminf` semantics on floats).
-    Min = 3,
-}
-
-impl KernelOp {
-    /// Every operator, in `OXCCL_OP` order.
-    pub const ALL: [KernelOp; 4] = [KernelOp::Sum, KernelOp::Prod, KernelOp::Max, KernelOp::Min];
-
-    /// The module that runs `op`.
-    pub fn of(op: ReduceOp) -> KernelOp {
-        match op {
-            ReduceOp::Prod => KernelOp::Prod,
-            ReduceOp::Max => KernelOp::Max,
-            ReduceOp::Min => KernelOp::Min,
-            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum { .. } => KernelOp::Sum,
-        }
-    }
-
-    /// `sum`, `prod`, `max` or `min`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            KernelOp::Sum => "sum",
-            KernelOp::Prod => "prod",
-            KernelOp::Max => "max",
-            KernelOp::Min => "min",
-        }
-    }
-}
-
-impl fmt::Display for KernelOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// PTX text of one module, as NVRTC produced it (no trailing NUL).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -593,15 +547,6 @@ mod tests {
         {
             assert!(o.iter().any(|x| x == want), "{want} missing from {o:?}");
         }
-    }
-
-    #[test]
-    fn kernel_op_of_reduce_op() {
-        assert_eq!(KernelOp::of(ReduceOp::Avg), KernelOp::Sum);
-        assert_eq!(KernelOp::of(ReduceOp::PreMulSum { scalar: 2.0 }), KernelOp::Sum);
-        assert_eq!(KernelOp::of(ReduceOp::Min), KernelOp::Min);
-        assert_eq!(KernelOp::ALL.map(|o| o as u32), [0, 1, 2, 3]);
-        assert_eq!(KernelOp::Prod.to_string(), "prod");
     }
 
     /// Whether NVRTC is here; prints why a test is skipped if not.

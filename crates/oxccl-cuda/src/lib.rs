@@ -67,10 +67,12 @@
 
 mod args;
 pub mod bench;
+mod context;
 mod device;
 mod error;
 pub mod kernels;
 mod memory;
+mod op;
 pub mod program;
 mod stream;
 

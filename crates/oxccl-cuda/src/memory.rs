@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use cudarc::driver::{CudaContext, sys};
 
-use crate::device::{Device, bind};
+use crate::context::bind;
+use crate::device::Device;
 use crate::error::{CudaError, Result, describe, drv, invalid};
 
 /// Size of a CUDA IPC memory handle (`CUipcMemHandle`).

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream, result, sys};
 
-use crate::device::{Device, bind};
+use crate::context::bind;
 use crate::error::{CudaError, Result, drv, invalid};
 
 /// A CUDA stream of one device: a borrowed handle (the caller's
@@ -57,41 +57,33 @@ impl std::fmt::Debug for Stream {
     }
 }
 
-impl Device {
-    /// The legacy default stream (`NULL`, NCCL's "stream 0").
-    pub fn null_stream(&self) -> Stream {
-        Stream { ctx: self.context().clone(), raw: std::ptr::null_mut(), _keep: None }
+impl Stream {
+    /// The legacy default stream (`NULL`) of `ctx`.
+    pub(crate) fn null(ctx: &Arc<CudaContext>) -> Stream {
+        Stream { ctx: ctx.clone(), raw: std::ptr::null_mut(), _keep: None }
     }
 
-    /// A new non-blocking stream, destroyed when the last clone is dropped.
-    ///
-    /// Created with `cuStreamCreate` directly, not cudarc's `new_stream`:
-    /// that one calls `cuCtxSynchronize` when the context's first cudarc
-    /// stream is made, which waits for every kernel in the context, a
-    /// collective's spinning kernel too (it would wait forever for a peer
-    /// thread stuck here).
-    pub fn new_stream(&self) -> Result<Stream> {
-        bind(self.context())?;
+    /// A new non-blocking stream of `ctx`, destroyed when the last clone is
+    /// dropped.
+    pub(crate) fn create(ctx: &Arc<CudaContext>) -> Result<Stream> {
+        bind(ctx)?;
         let raw = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(drv("cuStreamCreate"))?;
-        let owned = Arc::new(OwnedStream { ctx: self.context().clone(), raw });
-        Ok(Stream { ctx: self.context().clone(), raw, _keep: Some(owned) })
+        let owned = Arc::new(OwnedStream { ctx: ctx.clone(), raw });
+        Ok(Stream { ctx: ctx.clone(), raw, _keep: Some(owned) })
     }
 
-    /// Wraps a caller's stream handle (a `cudaStream_t` / `CUstream` from C,
-    /// PyTorch, …) without taking ownership.
-    ///
-    /// # Safety
-    /// `raw` must be null or a stream of this device's primary context that
-    /// stays alive while the returned `Stream` (or a clone) is used.
-    pub unsafe fn wrap_stream(&self, raw: *mut c_void) -> Stream {
-        Stream { ctx: self.context().clone(), raw: raw.cast(), _keep: None }
+    /// A caller's stream handle of `ctx`, not owned (see `Device::wrap_stream`).
+    pub(crate) fn borrowed(ctx: &Arc<CudaContext>, raw: *mut c_void) -> Stream {
+        Stream { ctx: ctx.clone(), raw: raw.cast(), _keep: None }
     }
+}
 
-    /// A new event (no timing).
-    pub fn new_event(&self) -> Result<Event> {
-        bind(self.context())?;
+impl Event {
+    /// A new event of `ctx` (no timing).
+    pub(crate) fn create(ctx: &Arc<CudaContext>) -> Result<Event> {
+        bind(ctx)?;
         let raw = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(drv("cuEventCreate"))?;
-        Ok(Event { ctx: self.context().clone(), raw })
+        Ok(Event { ctx: ctx.clone(), raw })
     }
 }
 

@@ -11,8 +11,9 @@
 //! Elements are in the machine's byte order, as everywhere in the library.
 //! Lengths have been checked by the caller (equal, a multiple of `T`'s size).
 
+use super::binop::{MaxOp, MinOp, ProdOp, SumOp};
 use super::element::Element;
-use super::loops::{Kind, MaxOp, MinOp, Op, ProdOp, SumOp, by_kind, fused, map_into, map1, map2};
+use super::loops::{Kind, Op, by_kind, fused, map_into, map1, map2};
 use bytemuck::{cast_slice, try_cast_slice, try_cast_slice_mut};
 
 /// Elements per stack buffer of the misaligned path.

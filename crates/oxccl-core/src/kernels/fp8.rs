@@ -12,7 +12,7 @@
 //! encoding and saturates to ±448; E5M2 keeps ±infinity (CUDA's `SATFINITE`
 //! would give ±57344 there). Subnormals are produced and read.
 
-use super::element::f64_to_f32_odd;
+use super::round::f64_to_f32_odd;
 use bytemuck::{Pod, Zeroable};
 use std::fmt;
 

@@ -17,6 +17,7 @@
 //! chunks instead, with gathers and scatters, and the f32 sum runs 9× slower.
 //! The plain loop is vectorized well everywhere.
 
+use super::binop::{BinOp, zip_into, zip2};
 use super::element::Element;
 use super::fp8::{F8E4M3, F8E5M2};
 use super::wide;
@@ -30,29 +31,6 @@ use std::ops::Range;
 /// Bytes of each source kept in flight by the fused n-ary loop: every source's
 /// block plus the destination's stay in L1 while the block is reduced.
 pub(crate) const BLOCK_BYTES: usize = 4096;
-
-/// A binary operator, as a type, so that the loops monomorphize on it.
-pub(crate) trait BinOp<T> {
-    /// `op(a, b)`.
-    fn apply(a: T, b: T) -> T;
-}
-
-macro_rules! bin_op {
-    ($name:ident, $method:ident) => {
-        pub(crate) struct $name;
-        impl<T: Element> BinOp<T> for $name {
-            #[inline(always)]
-            fn apply(a: T, b: T) -> T {
-                a.$method(b)
-            }
-        }
-    };
-}
-
-bin_op!(SumOp, sum);
-bin_op!(ProdOp, prod);
-bin_op!(MaxOp, max);
-bin_op!(MinOp, min);
 
 /// What a kernel computes for a [`ReduceOp`]: `Avg` and `PreMulSum` reduce
 /// as `Sum` (their division and multiplication are separate passes).
@@ -118,25 +96,6 @@ pub(crate) fn map2<T: Element, O: Op<T>>(dst: &mut [T], a: &[T], b: &[T]) {
 #[inline]
 pub(crate) fn map_into<T: Element, O: Op<T>>(acc: &mut [T], b: &[T]) {
     route!(T, O, plain_map_into, map_into, (cast_slice_mut(acc), cast_slice(b)));
-}
-
-/// The loop of [`map2`], to inline into a function built for some target.
-#[inline(always)]
-pub(crate) fn zip2<T: Copy, O: BinOp<T>>(dst: &mut [T], a: &[T], b: &[T]) {
-    let n = dst.len();
-    let (a, b) = (&a[..n], &b[..n]);
-    for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
-        *d = O::apply(*x, *y);
-    }
-}
-
-/// The loop of [`map_into`], to inline into a function built for some target.
-#[inline(always)]
-pub(crate) fn zip_into<T: Copy, O: BinOp<T>>(acc: &mut [T], b: &[T]) {
-    let b = &b[..acc.len()];
-    for (d, y) in acc.iter_mut().zip(b) {
-        *d = O::apply(*d, *y);
-    }
 }
 
 #[multiversion(targets("x86_64+avx2+fma+f16c"))]

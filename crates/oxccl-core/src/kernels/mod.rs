@@ -61,10 +61,12 @@
 //! the data in 4 KiB blocks so that all sources' blocks stay in L1: one pass
 //! over memory for any number of sources.
 
+mod binop;
 mod bytes;
 mod element;
 pub mod fp8;
 mod loops;
+mod round;
 mod typed;
 mod wide;
 

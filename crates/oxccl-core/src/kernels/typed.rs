@@ -1,8 +1,9 @@
 //! The typed entry points, for callers that hold `&[T]`, and the argument
 //! checks shared with the byte entry points.
 
+use super::binop::{MaxOp, MinOp, ProdOp, SumOp};
 use super::element::Element;
-use super::loops::{Kind, MaxOp, MinOp, ProdOp, SumOp, by_kind, fused, map_into, map1, map2};
+use super::loops::{Kind, by_kind, fused, map_into, map1, map2};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::op::ReduceOp;

@@ -10,9 +10,10 @@
 //! memory twice as fast at 64 MiB (measured: 4.8 vs 2.1 GB/s). FP8 is
 //! compute-bound either way (~1 ns per element).
 
-use super::element::{Element, bf16_to_f32, f32_to_bf16};
+use super::binop::{BinOp, zip_into};
+use super::element::Element;
 use super::fp8::{F8E4M3, F8E5M2};
-use super::loops::{BinOp, zip_into};
+use super::round::{bf16_to_f32, f32_to_bf16};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use multiversion::multiversion;
