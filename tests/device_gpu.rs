@@ -14,7 +14,7 @@
 //! waits for every kernel queued on the GPU, a peer thread's too, which
 //! may be waiting for this rank's next call.
 
-use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DeviceExec, DevicePath, ReduceOp};
+use oxccl::{CollKind, Communicator, Config, CudaStream, DataType, DeviceBuf, DeviceExec, DevicePath, ReduceOp, Spec};
 use oxccl_algo::algos::Algorithm;
 use oxccl_algo::collective::Collective;
 use oxccl_cuda::Device;
@@ -51,17 +51,8 @@ impl Bufs {
 }
 
 /// One call on device buffers, in or out of place, against the host path.
-#[allow(clippy::too_many_arguments)]
-fn check(
-    c: &Communicator,
-    bufs: &Bufs,
-    kind: CollKind,
-    count: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    root: usize,
-    in_place: bool,
-) -> Result<(), String> {
+fn check(c: &Communicator, bufs: &Bufs, spec: Spec, in_place: bool) -> Result<(), String> {
+    let Spec { kind, count, dtype, op, root } = spec;
     let (n, rank, es) = (c.size(), c.rank(), dtype.size());
     let coll = Collective { kind, nranks: n, count, root, dtype };
     let (ni, no) = (coll.input_len(rank), coll.output_len(rank));
@@ -71,16 +62,16 @@ fn check(
     let (input, _) = oxccl_e2e::input_of(&coll, op, rank);
     let send = oxccl_e2e::bytes(&input, ni * es).to_vec();
     let op = oxccl_e2e::rank_op(op, rank);
+    let spec = spec.with_op(op);
     let mut want = vec![0u8; no * es];
-    c.collective_bytes(kind, Some(&send), &mut want, count, dtype, op, root).map_err(|e| e.to_string())?;
+    c.collective_bytes(spec, Some(&send), &mut want).map_err(|e| e.to_string())?;
     let s = CudaStream::from_raw(bufs.stream.raw() as usize as u64);
     let got = if in_place {
         let l = coll.in_place_layout(rank);
         let whole = &bufs.whole;
         whole.write(0, &vec![0u8; l.len * es]).map_err(|e| e.to_string())?;
         whole.write(l.input_at * es, &send).map_err(|e| e.to_string())?;
-        c.collective_device(kind, None, DeviceBuf::new(whole.addr(), l.len * es), count, dtype, op, root, s)
-            .map_err(|e| e.to_string())?;
+        c.collective_device(spec, None, DeviceBuf::new(whole.addr(), l.len * es), s).map_err(|e| e.to_string())?;
         c.device_synchronize(s).map_err(|e| e.to_string())?;
         let mut out = vec![0u8; no * es];
         whole.read(l.output_at * es, &mut out).map_err(|e| e.to_string())?;
@@ -90,7 +81,7 @@ fn check(
         dr.write(0, &vec![0u8; no * es]).map_err(|e| e.to_string())?;
         ds.write(0, &send).map_err(|e| e.to_string())?;
         let (bs, br) = (DeviceBuf::new(ds.addr(), ni * es), DeviceBuf::new(dr.addr(), no * es));
-        c.collective_device(kind, Some(bs), br, count, dtype, op, root, s).map_err(|e| e.to_string())?;
+        c.collective_device(spec, Some(bs), br, s).map_err(|e| e.to_string())?;
         c.device_synchronize(s).map_err(|e| e.to_string())?;
         let mut out = vec![0u8; no * es];
         dr.read(0, &mut out).map_err(|e| e.to_string())?;
@@ -116,7 +107,8 @@ fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
             for op in oxccl_e2e::ops(kind, dtype) {
                 for &count in counts {
                     for in_place in [false, true] {
-                        check(c, &bufs, kind, count, dtype, op, c.size() - 1, in_place)?;
+                        let spec = Spec::new(kind, count, dtype).with_op(op).with_root(c.size() - 1);
+                        check(c, &bufs, spec, in_place)?;
                         cases += 1;
                     }
                 }
@@ -207,8 +199,8 @@ fn executor_threads(n: usize) {
                             }
                             for count in [1, 1000, 70_001] {
                                 for in_place in [false, true] {
-                                    check(c, &bufs, kind, count, dtype, op, n - 1, in_place)
-                                        .unwrap_or_else(|e| panic!("{algo}: {e}"));
+                                    let spec = Spec::new(kind, count, dtype).with_op(op).with_root(n - 1);
+                                    check(c, &bufs, spec, in_place).unwrap_or_else(|e| panic!("{algo}: {e}"));
                                 }
                             }
                         }
@@ -251,12 +243,7 @@ fn p2p_threads(n: usize, path: DevicePath) {
                         for k in 0..2 {
                             let b = dev.alloc_zeroed(len).unwrap();
                             b.write(0, &bytes(me, peer, k, len)).unwrap();
-                            ops.push(oxccl::DeviceP2p {
-                                send: true,
-                                peer,
-                                buf: DeviceBuf::new(b.addr(), len),
-                                dtype: DataType::Uint8,
-                            });
+                            ops.push((true, peer, DeviceBuf::new(b.addr(), len)));
                             keep.push(b);
                         }
                     }
@@ -264,16 +251,21 @@ fn p2p_threads(n: usize, path: DevicePath) {
                     for peer in (0..n).rev() {
                         for k in 0..2 {
                             let b = dev.alloc_zeroed(len).unwrap();
-                            ops.push(oxccl::DeviceP2p {
-                                send: false,
-                                peer,
-                                buf: DeviceBuf::new(b.addr(), len),
-                                dtype: DataType::Uint8,
-                            });
+                            ops.push((false, peer, DeviceBuf::new(b.addr(), len)));
                             recvs.push((peer, k, b));
                         }
                     }
-                    c.group_device(&ops, cs).unwrap();
+                    c.group(|g| {
+                        g.stream(cs);
+                        for &(send, peer, b) in &ops {
+                            if send {
+                                g.send_device(b, DataType::Uint8, peer);
+                            } else {
+                                g.recv_device(b, DataType::Uint8, peer);
+                            }
+                        }
+                    })
+                    .unwrap();
                     c.device_synchronize(cs).unwrap();
                     for (peer, k, b) in &recvs {
                         let mut got = vec![0u8; len];
@@ -288,6 +280,66 @@ fn p2p_threads(n: usize, path: DevicePath) {
             });
         }
     });
+}
+
+/// One group per rank mixing host and device buffers (ranks as threads):
+/// a device all-reduce and a device ring exchange enqueued on the stream,
+/// a host all-reduce and a host ring exchange run to their end.
+fn mixed_threads(n: usize, path: DevicePath) {
+    let cfg = Config { device_path: Some(path), timeout: Some(TIMEOUT), ..Config::default() };
+    let comms = Communicator::init_threads_with(n, cfg).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let dev = Device::open(0).unwrap();
+                let stream = dev.new_stream().unwrap();
+                let cs = CudaStream::from_raw(stream.raw() as usize as u64);
+                let me = c.rank();
+                let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+                let count = 1000;
+                let sum = dev.alloc_zeroed(count * 4).unwrap();
+                sum.write(0, bytemuck::cast_slice(&vec![(me + 1) as f32; count])).unwrap();
+                let (dsend, drecv) = (dev.alloc_zeroed(64).unwrap(), dev.alloc_zeroed(64).unwrap());
+                dsend.write(0, &[me as u8 + 100; 64]).unwrap();
+                let hs = vec![me as i64; 10];
+                let mut hr = vec![0i64; 10];
+                let hsend = vec![me as u8; 5];
+                let mut hrecv = vec![0u8; 5];
+                c.group(|g| {
+                    g.stream(cs);
+                    let spec = Spec::new(CollKind::AllReduce, count, DataType::Float32);
+                    g.collective_device(spec, None, DeviceBuf::new(sum.addr(), count * 4));
+                    g.all_reduce(&hs, &mut hr, ReduceOp::Sum);
+                    g.send_device(DeviceBuf::new(dsend.addr(), 64), DataType::Uint8, next);
+                    g.recv_device(DeviceBuf::new(drecv.addr(), 64), DataType::Uint8, prev);
+                    g.send(&hsend, next).recv(&mut hrecv, prev);
+                })
+                .unwrap();
+                assert_eq!(hr, vec![(n * (n - 1) / 2) as i64; 10], "rank {me}: host all-reduce");
+                assert_eq!(hrecv, vec![prev as u8; 5], "rank {me}: host message");
+                c.device_synchronize(cs).unwrap();
+                let mut got = vec![0u8; count * 4];
+                sum.read(0, &mut got).unwrap();
+                let want = (n * (n + 1) / 2) as f32;
+                assert!(
+                    bytemuck::cast_slice::<u8, f32>(&got).iter().all(|&x| x == want),
+                    "rank {me}: device all-reduce"
+                );
+                let mut msg = vec![0u8; 64];
+                drecv.read(0, &mut msg).unwrap();
+                assert_eq!(msg, vec![prev as u8 + 100; 64], "rank {me}: device message");
+                // Every rank is past its kernels before any frees.
+                c.barrier().unwrap();
+            });
+        }
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn groups_mixing_host_and_device_buffers_direct_and_staged() {
+    mixed_threads(2, DevicePath::Direct);
+    mixed_threads(3, DevicePath::Staged);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Failure and bad input at the communicator level (threads): deadlines,
 //! argument checks across ranks, abort, inconsistent init.
 
-use oxccl::{CollKind, Communicator, Config, DataType, ReduceOp, UniqueId};
+use oxccl::{CollKind, Communicator, Config, DataType, ReduceOp, Spec, UniqueId};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -47,7 +47,9 @@ fn oxccl_check_names_the_rank_that_differs() {
                 assert_eq!(y, vec![4; 5]);
                 let kind = if c.rank() == 3 { CollKind::Broadcast } else { CollKind::AllReduce };
                 let mut z = vec![0u8; 8];
-                let e = c.collective_bytes(kind, None, &mut z, 2, DataType::Float32, ReduceOp::Max, 0).unwrap_err();
+                let e = c
+                    .collective_bytes(Spec::new(kind, 2, DataType::Float32).with_op(ReduceOp::Max), None, &mut z)
+                    .unwrap_err();
                 assert!(e.to_string().contains("rank 3 called broadcast"), "{e}");
             });
         }

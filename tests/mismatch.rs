@@ -4,7 +4,7 @@
 //! that sees the disagreement names both ranks and what differs (the call
 //! signature every collective's messages carry), over every transport.
 
-use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp};
+use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp, Spec};
 use std::time::{Duration, Instant};
 
 /// What one rank calls: kind, type, operator, root, count.
@@ -25,7 +25,11 @@ fn disagree(transport: Option<Kind>, call: impl Fn(usize) -> Call + Sync) -> Vec
                     let out_count = if kind == CollKind::AllGather { count * 3 } else { count };
                     let send = vec![1u8; count * dtype.size()];
                     let mut recv = vec![0u8; out_count * dtype.size()];
-                    match c.collective_bytes(kind, Some(&send), &mut recv, count, dtype, op, root) {
+                    match c.collective_bytes(
+                        Spec::new(kind, count, dtype).with_op(op).with_root(root),
+                        Some(&send),
+                        &mut recv,
+                    ) {
                         Err(e) => e.to_string(),
                         // Its part agreed with the peers it dealt with; the
                         // rank that saw the disagreement tells everyone,

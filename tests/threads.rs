@@ -2,7 +2,7 @@
 //! threads of this process (the `mem` transport), checked against an
 //! independent reference.
 
-use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp};
+use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp, Spec};
 use oxccl_e2e::{DTYPES, matrix, run_case};
 
 fn config() -> Config {
@@ -269,7 +269,7 @@ fn bad_arguments_are_errors_and_change_nothing() {
         }
         let huge = |kind| {
             let count = usize::MAX / 2;
-            let e = c.collective_bytes(kind, None, &mut [0u8; 8], count, DataType::Float32, ReduceOp::Sum, 0);
+            let e = c.collective_bytes(Spec::new(kind, count, DataType::Float32), None, &mut [0u8; 8]);
             e.unwrap_err().to_string()
         };
         let e = huge(CollKind::AllReduce);

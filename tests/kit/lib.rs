@@ -16,7 +16,7 @@
 pub mod child;
 pub mod netns;
 
-use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp};
+use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp, Spec};
 use oxccl_algo::collective::Collective;
 use oxccl_algo::exact::{Pattern, premul_scalar};
 use std::time::Duration;
@@ -106,13 +106,18 @@ pub fn run_case(
         let mut buf = zeroed(l.len * es);
         let whole = bytes_mut(&mut buf, l.len * es);
         whole[l.input_at * es..][..ni].copy_from_slice(bytes(&input, ni));
-        comm.collective_bytes(kind, None, whole, count, dtype, my_op, root).map_err(|e| format!("{what}: {e}"))?;
+        comm.collective_bytes(Spec::new(kind, count, dtype).with_op(my_op).with_root(root), None, whole)
+            .map_err(|e| format!("{what}: {e}"))?;
         p.count_wrong(&coll, rank, &whole[l.output_at * es..][..no], None, 0)
     } else {
         let mut out = zeroed(no);
         let keep = input.clone();
-        comm.collective_bytes(kind, Some(bytes(&input, ni)), bytes_mut(&mut out, no), count, dtype, my_op, root)
-            .map_err(|e| format!("{what}: {e}"))?;
+        comm.collective_bytes(
+            Spec::new(kind, count, dtype).with_op(my_op).with_root(root),
+            Some(bytes(&input, ni)),
+            bytes_mut(&mut out, no),
+        )
+        .map_err(|e| format!("{what}: {e}"))?;
         if input != keep {
             return Err(format!("{what}: the send buffer was modified"));
         }

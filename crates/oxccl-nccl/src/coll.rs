@@ -1,15 +1,16 @@
 //! Collectives and point-to-point calls: the checks at the boundary, the
-//! choice between host and device memory, NCCL's in-place conventions,
-//! and one [`Call`] per collective handed to oxccl.
+//! memory kind of each buffer, NCCL's in-place conventions, and one
+//! [`Op`] per call handed to oxccl's launch (through the group).
 
-use crate::group::{self, DeviceCall, Pending};
+use crate::group;
 use crate::handle::Comm;
 use oxccl::call::resolve_addrs;
-use oxccl::{Call, CollKind, CudaStream, DataType, DeviceBuf, Error, RawOp, ReduceOp, Region, Result};
+use oxccl::{Buffer, CollKind, CudaStream, DataType, Error, Memory, Op, ReduceOp, Result, Spec};
 use oxccl_algo::collective::Collective;
 use std::ffi::c_void;
 
-/// The raw arguments of one collective call.
+/// The raw arguments of one collective call, apart from the communicator
+/// and the stream.
 pub struct Args {
     /// Which collective.
     pub kind: CollKind,
@@ -25,10 +26,24 @@ pub struct Args {
     pub op: Option<i32>,
     /// Root rank (0 where there is none).
     pub root: i32,
-    /// The `ncclComm_t` handle.
-    pub comm: usize,
-    /// The `cudaStream_t`.
-    pub stream: usize,
+}
+
+impl Args {
+    /// `kind` from `send` into `recv`, `count` elements of `dtype`, not
+    /// reducing, rooted at 0.
+    pub fn new(kind: CollKind, send: *const c_void, recv: *mut c_void, count: usize, dtype: i32) -> Args {
+        Args { kind, send, recv, count, dtype, op: None, root: 0 }
+    }
+
+    /// The same reducing with `op`.
+    pub fn op(self, op: i32) -> Args {
+        Args { op: Some(op), ..self }
+    }
+
+    /// The same rooted at `root`.
+    pub fn root(self, root: i32) -> Args {
+        Args { root, ..self }
+    }
 }
 
 /// Whether memory at `addr` is on a GPU (never without the `cuda`
@@ -49,20 +64,17 @@ pub fn dtype_of(dt: i32) -> Result<DataType> {
     })
 }
 
-/// A host region (a dangling, never-read address for empty ones).
-fn region(addr: usize, len: usize, writable: bool) -> Region {
-    if len == 0 {
-        return Region::empty();
-    }
+/// The buffer of `len` bytes at `addr` in `memory`.
+fn buffer(memory: Memory, (addr, len): (usize, usize), writable: bool) -> Buffer {
     // SAFETY: the C caller guarantees `len` bytes at `addr` (NCCL's
     // contract for its buffers) until the call, or its group, has ended;
     // the group launcher waits for that before returning.
-    unsafe { Region::from_raw(addr as *mut u8, len, writable) }
+    unsafe { Buffer::from_raw(memory, addr, len, writable) }
 }
 
 /// `ncclAllReduce` and every other collective.
-pub fn collective(a: Args) -> Result<()> {
-    let h = Comm::get(a.comm)?;
+pub fn collective(a: Args, comm: usize, stream: usize) -> Result<()> {
+    let h = Comm::get(comm)?;
     let c = h.comm()?;
     let dtype = dtype_of(a.dtype)?;
     let op = match a.op {
@@ -80,39 +92,27 @@ pub fn collective(a: Args) -> Result<()> {
         other => other,
     })?;
     let res = resolve_addrs(&coll, c.rank(), a.send as usize, a.recv as usize)?;
-    let device = on_device(a.send as usize) || on_device(a.recv as usize);
-    let pending = if device {
-        let buf = |(addr, len): (usize, usize)| DeviceBuf::new(addr as u64, len);
-        Pending::Device(DeviceCall {
-            kind: a.kind,
-            send: res.send.map(buf),
-            recv: buf(res.recv),
-            count: a.count,
-            dtype,
-            op,
-            root,
-            stream: CudaStream::from_raw(a.stream as u64),
-        })
-    } else {
-        host_stream(a.stream, a.kind.name())?;
-        let send = res.send.map(|(addr, len)| region(addr, len, false));
-        let recv = region(res.recv.0, res.recv.1, true);
-        let call = Call::new(a.kind, a.count, dtype, op, root, send, recv, c.rank(), c.size())?;
-        Pending::Host(RawOp::Collective(call))
-    };
-    group::submit(h, c, pending)
+    let memory = if on_device(a.send as usize) || on_device(a.recv as usize) { Memory::Device } else { Memory::Host };
+    let stream = on_stream(memory, stream, a.kind.name())?;
+    let spec = Spec { kind: a.kind, count: a.count, dtype, op, root };
+    let send = res.send.map(|s| buffer(memory, s, false));
+    let op = Op::collective(spec, send, buffer(memory, res.recv, true), c.rank(), c.size())?;
+    group::submit(h, c, op, stream)
 }
 
-/// Host calls run to their end before returning: a stream would promise
-/// an ordering that does not hold.
-fn host_stream(stream: usize, what: &str) -> Result<()> {
-    if stream != 0 {
-        return Err(Error::invalid(format!(
+/// The stream a call on `memory` is ordered on: the caller's for device
+/// memory; none for host memory, whose calls run to their end before
+/// returning (a stream would promise an ordering that does not hold), so
+/// it must be NULL.
+fn on_stream(memory: Memory, stream: usize, what: &str) -> Result<Option<CudaStream>> {
+    match memory {
+        Memory::Device => Ok(Some(CudaStream::from_raw(stream as u64))),
+        Memory::Host if stream == 0 => Ok(None),
+        Memory::Host => Err(Error::invalid(format!(
             "{what} on host memory runs on the calling thread (an oxccl extension): pass a NULL stream, \
              not {stream:#x}"
-        )));
+        ))),
     }
-    Ok(())
 }
 
 /// `ncclSend` / `ncclRecv`.
@@ -131,12 +131,8 @@ pub fn p2p(send: bool, buf: usize, count: usize, dt: i32, peer: i32, comm: usize
     if len > 0 && buf == 0 {
         return Err(Error::invalid(format!("{what}: the buffer is NULL but count is {count}")));
     }
-    if on_device(buf) {
-        let op = oxccl::DeviceP2p { send, peer, buf: DeviceBuf::new(buf as u64, len), dtype };
-        return group::submit(h, c, Pending::DeviceP2p(op, CudaStream::from_raw(stream as u64)));
-    }
-    host_stream(stream, what)?;
-    let region = region(buf, len, !send);
-    let op = if send { RawOp::Send { buf: region, peer, dtype } } else { RawOp::Recv { buf: region, peer, dtype } };
-    group::submit(h, c, Pending::Host(op))
+    let memory = if on_device(buf) { Memory::Device } else { Memory::Host };
+    let stream = on_stream(memory, stream, what)?;
+    let b = buffer(memory, (buf, len), !send);
+    group::submit(h, c, if send { Op::send(b, dtype, peer) } else { Op::recv(b, dtype, peer) }, stream)
 }

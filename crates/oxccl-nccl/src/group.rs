@@ -1,50 +1,20 @@
 //! Groups (`ncclGroupStart`/`ncclGroupEnd`): per thread, nestable, and
 //! spanning communicators. Calls inside a group are checked when they are
 //! made (an error is returned at once and fails the group) and launched
-//! together at the outermost `ncclGroupEnd`: each communicator's host
-//! calls as one oxccl group (collectives in order, then every send and
-//! receive at once), several communicators' at once from this thread (as
-//! `ncclCommInitAll` clients and nccl-tests `-g` drive them), device calls
-//! enqueued on their streams in order.
+//! together at the outermost `ncclGroupEnd`: each communicator's calls as
+//! one oxccl launch (`Communicator::launch`: device calls enqueued on their
+//! streams, host calls run to their end; a group may mix them), several
+//! communicators' at once from this thread (as `ncclCommInitAll` clients
+//! and nccl-tests `-g` drive them).
 
 use crate::handle::Comm;
-use oxccl::{CollKind, Communicator, CudaStream, DataType, DeviceBuf, Error, RawOp, ReduceOp, Result};
+use oxccl::{Communicator, CudaStream, Error, Op, Result};
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// A collective on device buffers, for the device path.
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceCall {
-    /// What is computed.
-    pub kind: CollKind,
-    /// `None`: in place.
-    pub send: Option<DeviceBuf>,
-    /// The receive (or in-place) buffer.
-    pub recv: DeviceBuf,
-    /// NCCL's count.
-    pub count: usize,
-    /// Element type.
-    pub dtype: DataType,
-    /// Reduction.
-    pub op: ReduceOp,
-    /// Root.
-    pub root: usize,
-    /// The caller's stream.
-    pub stream: CudaStream,
-}
-
-/// A checked call waiting for its launch.
-#[derive(Clone, Copy, Debug)]
-pub enum Pending {
-    /// On host memory.
-    Host(RawOp),
-    /// On device memory.
-    Device(DeviceCall),
-    /// `ncclSend`/`ncclRecv` on device memory, on a stream.
-    DeviceP2p(oxccl::DeviceP2p, CudaStream),
-}
-
-type Entry = (Arc<Comm>, Arc<Communicator>, Pending);
+/// A checked call waiting for its launch: the operation and, for device
+/// memory, the stream it is ordered on.
+type Entry = (Arc<Comm>, Arc<Communicator>, Op, Option<CudaStream>);
 
 /// Work a group defers to its end and runs on threads of its own, all at
 /// once: communicator inits and splits, which are collective and would
@@ -163,13 +133,11 @@ pub fn simulate_end() -> Result<f64> {
     // rule): only the calls are priced instead of run.
     all_at_once(deferred)?;
     let mut t = 0.0;
-    for (_, c, p) in ops {
-        let (kind, count, dtype, root) = match p {
-            Pending::Host(RawOp::Collective(call)) => (call.kind, call.count, call.dtype, call.root),
-            Pending::Device(d) => (d.kind, d.count, d.dtype, d.root),
-            Pending::Host(_) | Pending::DeviceP2p(..) => continue,
-        };
-        t += c.estimate(kind, count, dtype, root)?.unwrap_or(0.0);
+    for (_, c, op, _) in ops {
+        if let Op::Collective(call) = op {
+            let s = call.spec();
+            t += c.estimate(s.kind, s.count, s.dtype, s.root)?.unwrap_or(0.0);
+        }
     }
     Ok(t)
 }
@@ -189,63 +157,62 @@ pub fn fail(e: &Error) {
     });
 }
 
-/// Runs a checked call now, or records it in the open group.
-pub fn submit(h: Arc<Comm>, c: Arc<Communicator>, p: Pending) -> Result<()> {
-    let queued = GROUP.with(|g| {
+/// Runs a checked call now, or records it in the open group (`stream`:
+/// the device stream it is ordered on, `None` for host memory).
+pub fn submit(h: Arc<Comm>, c: Arc<Communicator>, op: Op, stream: Option<CudaStream>) -> Result<()> {
+    let entry = (h, c, op, stream);
+    let entry = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
-            g.ops.push((h.clone(), c.clone(), p));
-            true
+            g.ops.push(entry);
+            None
         } else {
-            false
+            Some(entry)
         }
     });
-    if queued { Ok(()) } else { launch(vec![(h, c, p)]) }
+    match entry {
+        Some(e) => launch(vec![e]),
+        None => Ok(()),
+    }
 }
 
-/// Launches calls, each communicator's in order (device ones enqueued
-/// on their streams, host ones as one oxccl group): on this thread when
-/// there is one communicator, else one thread per communicator, all at
-/// once (a communicator's first device call and `OXCCL_CHECK`'s
-/// comparison wait for the other ranks, which later communicators of this
-/// thread are).
+/// Launches calls, each communicator's as one launch, in order: on this
+/// thread when there is one communicator, else one thread per
+/// communicator, all at once (a communicator's first device call and
+/// `OXCCL_CHECK`'s comparison wait for the other ranks, which later
+/// communicators of this thread are).
 fn launch(ops: Vec<Entry>) -> Result<()> {
-    let mut per: Vec<(usize, Arc<Communicator>, Vec<Pending>)> = Vec::new();
-    for (h, c, p) in ops {
-        match per.iter_mut().find(|(k, _, _)| *k == h.handle) {
-            Some((_, _, v)) => v.push(p),
-            None => per.push((h.handle, c, vec![p])),
-        }
-    }
-    all_at_once(per.into_iter().map(|(_, c, ops)| move || run_one(&c, ops)).collect())
-}
-
-/// One communicator's part of a launch.
-fn run_one(c: &Communicator, ops: Vec<Pending>) -> Result<()> {
-    let mut host = Vec::new();
-    // Device sends and receives of the group launch together (one group
-    // per stream, after the collectives, which NCCL orders alike).
-    let mut p2p: Vec<(CudaStream, Vec<oxccl::DeviceP2p>)> = Vec::new();
-    for p in ops {
-        match p {
-            Pending::Device(d) => {
-                c.collective_device(d.kind, d.send, d.recv, d.count, d.dtype, d.op, d.root, d.stream)?
+    // Per communicator handle: the communicator, its operations and the
+    // streams they name, in order.
+    type Launch = (usize, Arc<Communicator>, Vec<Op>, Vec<CudaStream>);
+    let mut per: Vec<Launch> = Vec::new();
+    for (h, c, op, stream) in ops {
+        let i = match per.iter().position(|p| p.0 == h.handle) {
+            Some(i) => i,
+            None => {
+                per.push((h.handle, c, Vec::new(), Vec::new()));
+                per.len() - 1
             }
-            Pending::DeviceP2p(op, s) => match p2p.iter_mut().find(|(t, _)| *t == s) {
-                Some((_, v)) => v.push(op),
-                None => p2p.push((s, vec![op])),
-            },
-            Pending::Host(op) => host.push(op),
+        };
+        let (_, _, v, streams) = &mut per[i];
+        v.push(op);
+        if let Some(s) = stream
+            && !streams.contains(&s)
+        {
+            streams.push(s);
         }
     }
-    for (s, ops) in p2p {
-        c.group_device(&ops, s)?;
-    }
-    if host.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: the C caller keeps its buffers valid until the call (or the
-    // group) returns, which is after this launch has ended: run_raw
-    // waits, and launch joins every thread before returning.
-    unsafe { c.run_raw(host) }
+    all_at_once(
+        per.into_iter()
+            .map(|(_, c, ops, streams)| {
+                // SAFETY: the C caller keeps its buffers valid until the
+                // call (or the group) returns, which is after this launch
+                // has ended (host operations) or been enqueued (device
+                // operations, valid until their streams pass them, NCCL's
+                // contract): `launch` returns then, and `all_at_once` joins
+                // every thread before returning.
+                move || unsafe { c.launch(&ops, &streams) }
+            })
+            .collect(),
+    )
 }

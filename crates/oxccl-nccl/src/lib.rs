@@ -48,9 +48,9 @@ pub mod scalar;
 mod api;
 
 /// The exported functions, for Rust callers that link this crate (its
-/// benches): C programs call them by their symbols.
+/// benches and tests): C programs call them by their symbols.
 pub mod api_for_benches {
-    pub use crate::api::colls::ncclAllReduce;
+    pub use crate::api::colls::{ncclAllReduce, ncclGroupEnd, ncclGroupStart, ncclRecv, ncclSend};
     pub use crate::api::comms::{ncclCommDestroy, ncclCommInitAll};
 }
 

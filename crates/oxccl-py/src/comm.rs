@@ -1,8 +1,8 @@
 //! `oxccl._oxccl._Comm`: a communicator as Python holds it.
 
 use crate::errors::{IntoPy, to_py};
-use crate::ops::{self, Span};
-use oxccl::{Communicator, Config, CudaStream, DeviceBuf, Error, Kind, UniqueId, programs};
+use crate::ops;
+use oxccl::{Communicator, Config, CudaStream, Error, Kind, UniqueId, programs};
 use oxccl_algo::ir::Program;
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use pyo3::prelude::*;
@@ -126,78 +126,19 @@ impl Comm {
         Ok(self.get()?.id().to_string())
     }
 
-    /// Runs `ops` (see `ops`) as one group and waits for the end, with the
-    /// GIL released. The caller keeps every buffer alive until it returns.
-    fn run(&self, py: Python<'_>, ops: Vec<Bound<'_, PyTuple>>) -> PyResult<()> {
+    /// Runs `ops` (see `ops`) as one launch, with the GIL released:
+    /// operations on device memory enqueued on `streams` (`cudaStream_t`s
+    /// as integers; 0 is the legacy default stream), those on host memory
+    /// run to their end. The caller keeps every buffer alive until it
+    /// returns (device ones until their streams pass the launch).
+    fn launch(&self, py: Python<'_>, ops: Vec<Bound<'_, PyTuple>>, streams: Vec<u64>) -> PyResult<()> {
         let c = self.get()?;
-        let raw = ops::parse(&ops, c.rank(), c.size())?;
-        // SAFETY: `run_raw` returns when the launch has ended; the Python
-        // caller holds the objects that own the regions until then (see
-        // `ops::region`).
-        py.detach(|| unsafe { c.run_raw(raw) }).py()
-    }
-
-    /// oxccl's `all_to_allv` (counts and displacements in elements of
-    /// `dtype`, checked there), with the GIL released. The caller keeps
-    /// both buffers alive until it returns.
-    #[allow(clippy::too_many_arguments)]
-    fn all_to_allv(
-        &self,
-        py: Python<'_>,
-        send: Span,
-        send_counts: Vec<usize>,
-        send_displs: Vec<usize>,
-        recv: Span,
-        recv_counts: Vec<usize>,
-        recv_displs: Vec<usize>,
-        dtype: &str,
-    ) -> PyResult<()> {
-        let c = self.get()?;
-        let dt = ops::dtype(dtype).py()?;
-        let (send, recv) = (ops::region(send, false), ops::region(recv, true));
-        // SAFETY: as in `run`: the call returns when it has ended, and the
-        // Python caller holds the buffers' owners until then.
-        py.detach(|| unsafe {
-            c.all_to_allv_raw(send, &send_counts, &send_displs, recv, &recv_counts, &recv_displs, dt)
-        })
-        .py()
-    }
-
-    /// A collective on device buffers, enqueued on `stream` (a
-    /// `cudaStream_t` as an integer; 0 is the legacy default stream).
-    #[allow(clippy::too_many_arguments)]
-    fn run_device(
-        &self,
-        py: Python<'_>,
-        kind: &str,
-        send: Option<Span>,
-        recv: Span,
-        count: usize,
-        dtype: &str,
-        op: &str,
-        scalar: f64,
-        root: usize,
-        stream: u64,
-    ) -> PyResult<()> {
-        let (kind, dt, op) = ops::names(kind, dtype, op, scalar).py()?;
-        let buf = |(a, n): Span| DeviceBuf::new(a as u64, n);
-        let (send, recv) = (send.map(buf), buf(recv));
-        let c = &*self.get()?;
-        py.detach(|| c.collective_device(kind, send, recv, count, dt, op, root, CudaStream::from_raw(stream))).py()
-    }
-
-    /// Sends and receives of device buffers launched together on `stream`:
-    /// `(is_send, buffer, peer, dtype)` each, in call order.
-    fn run_device_p2p(&self, py: Python<'_>, ops: Vec<(bool, Span, usize, String)>, stream: u64) -> PyResult<()> {
-        let ops = ops
-            .into_iter()
-            .map(|(send, (a, n), peer, dt)| {
-                Ok(oxccl::DeviceP2p { send, peer, buf: DeviceBuf::new(a as u64, n), dtype: ops::dtype(&dt)? })
-            })
-            .collect::<oxccl::Result<Vec<_>>>()
-            .py()?;
-        let c = &*self.get()?;
-        py.detach(|| c.group_device(&ops, CudaStream::from_raw(stream))).py()
+        let ops = ops::parse(&ops, &c)?;
+        let streams: Vec<CudaStream> = streams.into_iter().map(CudaStream::from_raw).collect();
+        // SAFETY: `launch` returns when the host operations have ended; the
+        // Python caller holds the objects that own the buffers until then
+        // (see `ops::buffer`), and device tensors until their streams pass.
+        py.detach(|| unsafe { c.launch(&ops, &streams) }).py()
     }
 
     /// Waits for `stream` and reports any error of the device path.

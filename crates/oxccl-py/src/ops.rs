@@ -1,22 +1,25 @@
 //! What Python hands over for one launch: a list of tuples of integers and
-//! names, checked here into oxccl's [`RawOp`]s (an error changes nothing
-//! and names the rank, the operation and the buffer).
+//! names, checked here into oxccl's [`Op`]s (an error changes nothing and
+//! names the rank, the operation and the buffer). A buffer is `(addr,
+//! nbytes, device)`: `device` says whether the memory is on a GPU.
 //!
 //! - `("coll", kind, send, recv, count, dtype, op, scalar, root)`: `send`
-//!   is `None` (in place) or `(addr, nbytes)`, `recv` is `(addr, nbytes)`;
-//!   a send buffer at NCCL's in-place position inside the receive buffer
-//!   (or the reverse, for reduce-scatter) is in place too.
-//! - `("send", (addr, nbytes), peer, dtype)`, `("recv", (addr, nbytes), peer, dtype)`.
+//!   is `None` (in place) or a buffer; a send buffer at NCCL's in-place
+//!   position inside the receive buffer (or the reverse, for
+//!   reduce-scatter) is in place too.
+//! - `("send", buf, peer, dtype)`, `("recv", buf, peer, dtype)`.
+//! - `("all_to_allv", send, send_counts, send_displs, recv, recv_counts,
+//!   recv_displs, dtype)`: the sends and receives that make it.
 
 use crate::errors::IntoPy;
 use oxccl::call::resolve_addrs;
-use oxccl::{Call, CollKind, DataType, Error, RawOp, ReduceOp, Region, Result};
+use oxccl::{Blocks, Buffer, CollKind, Communicator, DataType, Error, Memory, Op, ReduceOp, Result, Spec};
 use oxccl_algo::collective::Collective;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-/// An address and a length in bytes.
-pub type Span = (usize, usize);
+/// A buffer as Python describes it: address, length in bytes, on a device.
+pub type Span = (usize, usize, bool);
 
 /// The element type named `name`.
 pub fn dtype(name: &str) -> Result<DataType> {
@@ -32,16 +35,15 @@ pub fn reduce_op(name: &str, scalar: f64) -> Result<ReduceOp> {
     })
 }
 
-/// A host region of the caller's memory (empty ones need no address).
-pub fn region((addr, len): Span, writable: bool) -> Region {
-    if len == 0 {
-        return Region::empty();
-    }
+/// The caller's buffer `span`.
+fn buffer((addr, len, device): Span, writable: bool) -> Buffer {
+    let memory = if device { Memory::Device } else { Memory::Host };
     // SAFETY: the Python side holds a reference to the object that owns
     // these bytes (and, for buffer-protocol objects, an exported view that
-    // pins them) until the launch has returned; the launch waits for its
-    // end before returning.
-    unsafe { Region::from_raw(addr as *mut u8, len, writable) }
+    // pins them) until the launch has returned; host operations have ended
+    // then, and device memory stays the tensor's until its stream has
+    // passed the launch (the caller keeps the tensor, as with NCCL).
+    unsafe { Buffer::from_raw(memory, addr, len, writable) }
 }
 
 /// A collective's kind, element type and reduction, from their names.
@@ -49,27 +51,30 @@ pub fn names(kind: &str, dtype_name: &str, op: &str, scalar: f64) -> Result<(Col
     Ok((kind.parse()?, dtype(dtype_name)?, reduce_op(op, scalar)?))
 }
 
-/// One collective's arguments, checked for `rank` of `nranks`.
-#[allow(clippy::too_many_arguments)]
-fn collective(
-    kind: &str,
+/// The arguments of one collective as Python passes them.
+struct Coll {
+    kind: String,
     send: Option<Span>,
     recv: Span,
     count: usize,
-    dtype_name: &str,
-    op: &str,
+    dtype: String,
+    op: String,
     scalar: f64,
     root: usize,
-    rank: usize,
-    nranks: usize,
-) -> Result<Call<Region>> {
-    let (kind, dt, op) = names(kind, dtype_name, op, scalar)?;
-    let coll = Collective { kind, nranks, count, root, dtype: dt };
-    let (send, recv) = match send {
-        None => (None, recv),
-        Some(s) => in_place(&coll, rank, s, recv)?,
-    };
-    Call::new(kind, count, dt, op, root, send.map(|s| region(s, false)), region(recv, true), rank, nranks)
+}
+
+impl Coll {
+    /// Checked for `rank` of `nranks`.
+    fn op(&self, rank: usize, nranks: usize) -> Result<Op> {
+        let (kind, dtype, op) = names(&self.kind, &self.dtype, &self.op, self.scalar)?;
+        let spec = Spec { kind, count: self.count, dtype, op, root: self.root };
+        let coll = spec.collective(nranks);
+        let (send, recv) = match self.send {
+            Some(s) if s.2 == self.recv.2 => in_place(&coll, rank, s, self.recv)?,
+            other => (other, self.recv),
+        };
+        Op::collective(spec, send.map(|s| buffer(s, false)), buffer(recv, true), rank, nranks)
+    }
 }
 
 /// `send` and `recv` as the call sees them: `(None, buffer)` when they are
@@ -79,6 +84,7 @@ fn in_place(coll: &Collective, rank: usize, send: Span, recv: Span) -> Result<(O
     if send.1 == 0 || recv.1 == 0 {
         return Ok((Some(send), recv));
     }
+    let device = recv.2;
     let r = resolve_addrs(coll, rank, send.0, recv.0)?;
     if r.send.is_some() {
         return Ok((Some(send), recv));
@@ -94,18 +100,19 @@ fn in_place(coll: &Collective, rank: usize, send: Span, recv: Span) -> Result<(O
             recv.1
         )));
     }
-    Ok((None, (base, len)))
+    Ok((None, (base, len, device)))
 }
 
-/// The launch `ops` describe, for `rank` of `nranks`.
-pub fn parse(ops: &[Bound<'_, PyTuple>], rank: usize, nranks: usize) -> PyResult<Vec<RawOp>> {
+/// The launch `ops` describe, for `comm`'s rank.
+pub fn parse(ops: &[Bound<'_, PyTuple>], comm: &Communicator) -> PyResult<Vec<Op>> {
+    let (rank, nranks) = (comm.rank(), comm.size());
     let mut out = Vec::with_capacity(ops.len());
     for t in ops {
         let tag: String = t.get_item(0)?.extract()?;
-        let op = match tag.as_str() {
+        match tag.as_str() {
             "coll" => {
                 #[allow(clippy::type_complexity)]
-                let (_, kind, send, recv, count, dt, op, scalar, root): (
+                let (_, kind, send, recv, count, dtype, op, scalar, root): (
                     String,
                     String,
                     Option<Span>,
@@ -116,22 +123,38 @@ pub fn parse(ops: &[Bound<'_, PyTuple>], rank: usize, nranks: usize) -> PyResult
                     f64,
                     usize,
                 ) = t.extract()?;
-                RawOp::Collective(collective(&kind, send, recv, count, &dt, &op, scalar, root, rank, nranks).py()?)
+                let c = Coll { kind, send, recv, count, dtype, op, scalar, root };
+                out.push(c.op(rank, nranks).py()?);
             }
             "send" | "recv" => {
                 let (_, buf, peer, dt): (String, Span, usize, String) = t.extract()?;
                 let dtype = dtype(&dt).py()?;
-                if tag == "send" {
-                    RawOp::Send { buf: region(buf, false), peer, dtype }
+                out.push(if tag == "send" {
+                    Op::send(buffer(buf, false), dtype, peer)
                 } else {
-                    RawOp::Recv { buf: region(buf, true), peer, dtype }
-                }
+                    Op::recv(buffer(buf, true), dtype, peer)
+                });
+            }
+            "all_to_allv" => {
+                #[allow(clippy::type_complexity)]
+                let (_, send, sc, sd, recv, rc, rd, dt): (
+                    String,
+                    Span,
+                    Vec<usize>,
+                    Vec<usize>,
+                    Span,
+                    Vec<usize>,
+                    Vec<usize>,
+                    String,
+                ) = t.extract()?;
+                let s = (buffer(send, false), Blocks { counts: &sc, displs: &sd });
+                let r = (buffer(recv, true), Blocks { counts: &rc, displs: &rd });
+                out.extend(comm.all_to_allv_ops(s, r, dtype(&dt).py()?).py()?);
             }
             other => {
                 return Err(crate::errors::to_py(Error::Internal(format!("unknown operation tag {other:?}"))));
             }
-        };
-        out.push(op);
+        }
     }
     Ok(out)
 }

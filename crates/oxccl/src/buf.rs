@@ -2,10 +2,15 @@
 //! module), device memory as [`DeviceBuf`]s, and the host copy and reduce
 //! the executor and the engine's actions use.
 //!
-//! Memory kind is explicit in the types: a host call's buffers are
-//! `Region`s and run through the host executor; a device call's are
-//! `DeviceBuf`s and run through the device path on the caller's stream.
-//! [`Span`] is what both share, so one call descriptor serves either.
+//! Memory kind is explicit in the types: a host buffer is a `Region` and
+//! runs through the host executor; a device buffer is a `DeviceBuf` and
+//! runs through the device path on the caller's stream. [`Buffer`] is
+//! either, so one operation descriptor ([`crate::Op`]) serves both; [`Span`]
+//! is what the call descriptor needs of any of them.
+//!
+//! `unsafe` here: [`Buffer::from_raw`], the one place the bindings turn a
+//! caller's address into a buffer of either kind.
+#![allow(unsafe_code)]
 
 use oxccl_core::{DataType, Error, ReduceOp, Result, kernels};
 pub use oxccl_transport::region::{Owned, Region};
@@ -84,6 +89,112 @@ impl Span for DeviceBuf {
     }
     fn sub(&self, off: usize, len: usize) -> Result<DeviceBuf> {
         DeviceBuf::sub(self, off, len)
+    }
+}
+
+/// Where a buffer's memory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Memory {
+    /// Host memory: the host executor runs it on the calling thread.
+    Host,
+    /// Device (GPU) memory: the device path enqueues it on a stream.
+    Device,
+}
+
+impl Memory {
+    /// "host" or "device".
+    pub const fn name(self) -> &'static str {
+        match self {
+            Memory::Host => "host",
+            Memory::Device => "device",
+        }
+    }
+}
+
+/// A buffer of an operation: host or device memory.
+#[derive(Clone, Copy, Debug)]
+pub enum Buffer {
+    /// Host memory (a raw view: whoever made it keeps the bytes alive).
+    Host(Region),
+    /// Device memory, by address.
+    Device(DeviceBuf),
+}
+
+impl Buffer {
+    /// A buffer of `len` bytes at `addr` in `memory` (`writable`: the
+    /// operation may write it; device memory is always writable). An empty
+    /// buffer needs no address.
+    ///
+    /// # Safety
+    /// For host memory, as [`Region::from_raw`]: `len` bytes at `addr` stay
+    /// allocated (and, when `writable`, written by nobody else) while an
+    /// operation on the buffer runs.
+    pub unsafe fn from_raw(memory: Memory, addr: usize, len: usize, writable: bool) -> Buffer {
+        match memory {
+            Memory::Device => Buffer::Device(DeviceBuf::new(addr as u64, len)),
+            Memory::Host if len == 0 => Buffer::Host(Region::empty()),
+            // SAFETY: the caller's promise above.
+            Memory::Host => Buffer::Host(unsafe { Region::from_raw(addr as *mut u8, len, writable) }),
+        }
+    }
+
+    /// Where its memory is.
+    pub const fn memory(&self) -> Memory {
+        match self {
+            Buffer::Host(_) => Memory::Host,
+            Buffer::Device(_) => Memory::Device,
+        }
+    }
+
+    /// The host region, if it is one.
+    pub const fn host(&self) -> Option<Region> {
+        match self {
+            Buffer::Host(r) => Some(*r),
+            Buffer::Device(_) => None,
+        }
+    }
+
+    /// The device buffer, if it is one.
+    pub const fn device(&self) -> Option<DeviceBuf> {
+        match self {
+            Buffer::Device(d) => Some(*d),
+            Buffer::Host(_) => None,
+        }
+    }
+
+    /// Its address, as an integer.
+    pub fn addr(&self) -> u64 {
+        match self {
+            Buffer::Host(r) => r.addr() as u64,
+            Buffer::Device(d) => d.addr(),
+        }
+    }
+}
+
+impl From<Region> for Buffer {
+    fn from(r: Region) -> Buffer {
+        Buffer::Host(r)
+    }
+}
+
+impl From<DeviceBuf> for Buffer {
+    fn from(d: DeviceBuf) -> Buffer {
+        Buffer::Device(d)
+    }
+}
+
+impl Span for Buffer {
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Host(r) => r.len(),
+            Buffer::Device(d) => d.len(),
+        }
+    }
+    fn sub(&self, off: usize, len: usize) -> Result<Buffer> {
+        Ok(match self {
+            Buffer::Host(r) => Buffer::Host(r.sub(off, len)?),
+            Buffer::Device(d) => Buffer::Device(d.sub(off, len)?),
+        })
     }
 }
 

@@ -8,57 +8,84 @@ use crate::buf::Span;
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 
-/// One collective call on `B` buffers (host [`Region`](crate::buf::Region)s
-/// or [`DeviceBuf`](crate::DeviceBuf)s), checked and resolved to this
-/// rank's input and output.
-#[derive(Clone, Copy, Debug)]
-pub struct Call<B> {
+/// What a collective computes, as NCCL's arguments say it, buffers apart:
+/// the collective, NCCL's count (see [`Collective`]), the element type,
+/// the reduction (ignored by collectives that do not reduce) and the root
+/// (of rooted collectives; 0 otherwise).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spec {
     /// What is computed.
     pub kind: CollKind,
-    /// NCCL's count (see [`Collective`]).
+    /// NCCL's count.
     pub count: usize,
     /// Element type.
     pub dtype: DataType,
-    /// Reduction (ignored by collectives that do not reduce).
+    /// Reduction.
     pub op: ReduceOp,
-    /// Root of rooted collectives (0 otherwise).
+    /// Root of rooted collectives.
     pub root: usize,
-    /// This rank.
-    pub rank: usize,
-    /// Number of ranks.
-    pub nranks: usize,
+}
+
+impl Spec {
+    /// `kind` of `count` elements of `dtype`, summing, rooted at 0.
+    pub const fn new(kind: CollKind, count: usize, dtype: DataType) -> Spec {
+        Spec { kind, count, dtype, op: ReduceOp::Sum, root: 0 }
+    }
+
+    /// The same with reduction `op`.
+    pub const fn with_op(self, op: ReduceOp) -> Spec {
+        Spec { op, ..self }
+    }
+
+    /// The same rooted at `root`.
+    pub const fn with_root(self, root: usize) -> Spec {
+        Spec { root, ..self }
+    }
+
+    /// What the algorithms see, on `nranks` ranks.
+    pub const fn collective(&self, nranks: usize) -> Collective {
+        Collective { kind: self.kind, nranks, count: self.count, root: self.root, dtype: self.dtype }
+    }
+}
+
+/// One collective call on `B` buffers (host [`Region`](crate::buf::Region)s,
+/// [`DeviceBuf`](crate::DeviceBuf)s or [`Buffer`](crate::Buffer)s), checked
+/// and resolved to this rank's input and output. Only [`Call::new`] makes
+/// one, so a `Call` is always a checked call.
+#[derive(Clone, Copy, Debug)]
+pub struct Call<B> {
+    pub(crate) kind: CollKind,
+    pub(crate) count: usize,
+    pub(crate) dtype: DataType,
+    pub(crate) op: ReduceOp,
+    pub(crate) root: usize,
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
     /// This rank's input: exactly `input_len` elements (empty where the
     /// rank has none).
-    pub input: B,
+    pub(crate) input: B,
     /// This rank's output: exactly `output_len` elements.
-    pub output: B,
+    pub(crate) output: B,
 }
 
 impl<B: Span> Call<B> {
-    /// Checks a call on `rank` of `nranks` and resolves its buffers:
+    /// Checks `spec` on `rank` of `nranks` and resolves its buffers:
     /// `send: None` is in place (NCCL's in-place layout inside `recv`);
-    /// buffers may be longer than the call needs.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        kind: CollKind,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        send: Option<B>,
-        recv: B,
-        rank: usize,
-        nranks: usize,
-    ) -> Result<Call<B>> {
-        let coll = Collective { kind, nranks, count, root, dtype };
-        let ((ia, il), (oa, ol)) = spans(&coll, op, rank, send.map(|s| s.len()), recv.len())?;
+    /// buffers may be longer than the call needs. An error names the rank,
+    /// the operation and the buffer.
+    pub fn new(spec: Spec, send: Option<B>, recv: B, rank: usize, nranks: usize) -> Result<Call<B>> {
+        let coll = spec.collective(nranks);
+        let ((ia, il), (oa, ol)) = spans(&coll, spec.op, rank, send.map(|s| s.len()), recv.len())?;
         let input = send.unwrap_or(recv).sub(ia, il)?;
         let output = recv.sub(oa, ol)?;
+        let Spec { kind, count, dtype, op, root } = spec;
         Ok(Call { kind, count, dtype, op, root, rank, nranks, input, output })
     }
+}
 
+impl<B> Call<B> {
     /// The same call on other buffers (a staged device call's host copy).
-    pub fn with_buffers<C>(&self, input: C, output: C) -> Call<C> {
+    pub(crate) fn with_buffers<C>(&self, input: C, output: C) -> Call<C> {
         Call {
             kind: self.kind,
             count: self.count,
@@ -71,9 +98,27 @@ impl<B: Span> Call<B> {
             output,
         }
     }
-}
 
-impl<B> Call<B> {
+    /// What it computes.
+    pub fn spec(&self) -> Spec {
+        Spec { kind: self.kind, count: self.count, dtype: self.dtype, op: self.op, root: self.root }
+    }
+
+    /// The rank it was checked for, and the number of ranks.
+    pub fn ranks(&self) -> (usize, usize) {
+        (self.rank, self.nranks)
+    }
+
+    /// This rank's input (empty where it has none).
+    pub fn input(&self) -> &B {
+        &self.input
+    }
+
+    /// This rank's output.
+    pub fn output(&self) -> &B {
+        &self.output
+    }
+
     /// What the algorithms see.
     pub fn collective(&self) -> Collective {
         Collective { kind: self.kind, nranks: self.nranks, count: self.count, root: self.root, dtype: self.dtype }
@@ -207,29 +252,16 @@ mod tests {
     fn resolves_in_and_out_of_place_and_names_bad_buffers() {
         let send = [0u8; 16];
         let mut recv = [0u8; 64];
-        let c = Call::new(
-            CollKind::AllGather,
-            4,
-            DataType::Float32,
-            ReduceOp::Sum,
-            0,
-            Some(Region::of(&send)),
-            Region::of_mut(&mut recv),
-            1,
-            4,
-        )
-        .unwrap();
+        let ag = |count| Spec::new(CollKind::AllGather, count, DataType::Float32);
+        let c = Call::new(ag(4), Some(Region::of(&send)), Region::of_mut(&mut recv), 1, 4).unwrap();
         assert_eq!((c.input.len(), c.output.len()), (16, 64));
         let whole = Region::of_mut(&mut recv);
-        let c = Call::new(CollKind::AllGather, 4, DataType::Float32, ReduceOp::Sum, 0, None, whole, 1, 4).unwrap();
+        let c = Call::new(ag(4), None, whole, 1, 4).unwrap();
         assert_eq!(c.input.addr(), whole.addr() + 16, "rank 1's block is its input");
-        let e = Call::new(CollKind::AllGather, 5, DataType::Float32, ReduceOp::Sum, 0, None, whole, 1, 4)
-            .unwrap_err()
-            .to_string();
+        let e = Call::new(ag(5), None, whole, 1, 4).unwrap_err().to_string();
         assert!(e.contains("rank 1") && e.contains("all_gather") && e.contains("16 elements"), "{e}");
-        let e = Call::new(CollKind::Reduce, 1, DataType::Float32, ReduceOp::Sum, 4, None, whole, 1, 4)
-            .unwrap_err()
-            .to_string();
+        let reduce = Spec::new(CollKind::Reduce, 1, DataType::Float32).with_root(4);
+        let e = Call::new(reduce, None, whole, 1, 4).unwrap_err().to_string();
         assert!(e.contains("root"), "{e}");
     }
 

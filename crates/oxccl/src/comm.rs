@@ -10,19 +10,16 @@ use crate::job::{Completion, Extras, Job};
 use crate::plan::{self, Cache};
 use crate::tuner::{AlgoFilter, Tuner};
 use oxccl_algo::collective::CollKind;
-use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
+use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
 use oxccl_transport::fabric::{Fabric, FabricOptions};
 use oxccl_transport::futex::Doorbell;
 use oxccl_transport::id::UniqueId;
 use oxccl_transport::{Kind, PeerStats};
 use parking_lot::Mutex;
-use std::any::Any;
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 /// A group of ranks that run collectives together.
 ///
@@ -59,51 +56,6 @@ struct Inner {
     kinds: Vec<Option<Kind>>,
     /// The device side, set up by the first call on device buffers.
     device: Mutex<Option<Arc<DeviceComm>>>,
-}
-
-/// A submitted call: wait for it or poll it. Owned-buffer calls hand the
-/// storage back from [`wait`](Work::wait).
-#[must_use = "a Work is the only way to learn whether the call succeeded"]
-pub struct Work<B = ()> {
-    done: Arc<Completion>,
-    _b: PhantomData<fn() -> B>,
-}
-
-impl<B: 'static> Work<B> {
-    /// Whether the call has ended.
-    pub fn is_done(&self) -> bool {
-        self.done.is_done()
-    }
-
-    /// Waits at most `d`: `None` while the call runs, else its outcome.
-    pub fn wait_timeout(&self, d: Duration) -> Option<Result<()>> {
-        self.done.wait_for(d)
-    }
-
-    /// Waits for the end (which always comes: every wait inside has a
-    /// deadline) and returns the caller's storage.
-    pub fn wait(self) -> Result<B> {
-        let (r, keep) = self.done.wait();
-        r?;
-        keep.and_then(|k| k.downcast::<B>().ok())
-            .map(|b| *b)
-            .ok_or_else(|| Error::Internal("a work item lost its buffer".into()))
-    }
-}
-
-impl Work<()> {
-    /// Waits for the end of a call that owns no storage.
-    pub fn wait_done(self) -> Result<()> {
-        self.done.wait().0
-    }
-}
-
-fn bytes<T: Element>(s: &[T]) -> &[u8] {
-    bytemuck::cast_slice(s)
-}
-
-fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
-    bytemuck::cast_slice_mut(s)
 }
 
 impl Communicator {
@@ -339,18 +291,6 @@ impl Communicator {
         Ok(self.inner.tuner.estimate(choice, &coll))
     }
 
-    /// Checks and resolves a host call on this rank (nothing changes on
-    /// an error).
-    pub(crate) fn call(
-        &self,
-        kind: CollKind,
-        (count, dtype, op, root): (usize, DataType, ReduceOp, usize),
-        send: Option<Region>,
-        recv: Region,
-    ) -> Result<Call<Region>> {
-        Call::new(kind, count, dtype, op, root, send, recv, self.rank(), self.size())
-    }
-
     /// Plans a checked host call into a task.
     pub(crate) fn plan(&self, call: &Call<Region>, extras: &mut Extras) -> Result<Task> {
         self.usable()?;
@@ -363,13 +303,6 @@ impl Communicator {
         let label = Label::new(call.kind.name(), self.next_seq());
         let coll_seq = inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1;
         plan::collective(&part, call, label, coll_seq, extras)
-    }
-
-    /// Plans a checked host call into a job.
-    pub(crate) fn collective_job(&self, call: &Call<Region>, keep: Option<Box<dyn Any + Send>>) -> Result<Job> {
-        let mut extras = Extras::default();
-        let task = self.plan(call, &mut extras)?;
-        Ok(Job::new(task.label, vec![vec![task]], extras, keep))
     }
 
     /// Queues a job for the progress thread (async calls).
@@ -403,150 +336,6 @@ impl Communicator {
     /// The device side's slot.
     pub(crate) fn device_slot(&self) -> &Mutex<Option<Arc<DeviceComm>>> {
         &self.inner.device
-    }
-
-    /// Runs a collective on byte buffers described by `count` elements of
-    /// `dtype` (NCCL's conventions for `count`, see
-    /// [`Collective`]); `send: None` is in place (the receive buffer
-    /// holds the input where NCCL's in-place layout puts it). Blocks
-    /// until done.
-    #[allow(clippy::too_many_arguments)]
-    pub fn collective_bytes(
-        &self,
-        kind: CollKind,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        let call = self.call(kind, (count, dtype, op, root), send.map(Region::of), Region::of_mut(recv))?;
-        self.run(self.collective_job(&call, None)?)
-    }
-
-    /// Sum (or `op`) of every rank's `send` into every rank's `recv`.
-    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        self.collective_bytes(CollKind::AllReduce, Some(bytes(send)), bytes_mut(recv), send.len(), T::DTYPE, op, 0)
-    }
-
-    /// [`all_reduce`](Communicator::all_reduce) in place.
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let n = buf.len();
-        self.collective_bytes(CollKind::AllReduce, None, bytes_mut(buf), n, T::DTYPE, op, 0)
-    }
-
-    /// Rank `r` receives block `r` (of `recv.len()` elements) of the
-    /// reduction of every rank's `send` (`size() × recv.len()` elements).
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        let n = recv.len();
-        self.collective_bytes(CollKind::ReduceScatter, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, op, 0)
-    }
-
-    /// [`reduce_scatter`](Communicator::reduce_scatter) in place: `buf`
-    /// holds `size()` blocks; this rank's block ends up reduced.
-    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let n = self.blocks(buf.len(), "reduce_scatter")?;
-        self.collective_bytes(CollKind::ReduceScatter, None, bytes_mut(buf), n, T::DTYPE, op, 0)
-    }
-
-    /// Every rank receives all ranks' `send`, concatenated in rank order.
-    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let n = send.len();
-        self.collective_bytes(CollKind::AllGather, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, 0)
-    }
-
-    /// [`all_gather`](Communicator::all_gather) in place: this rank's
-    /// block of `buf` is its input.
-    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        let n = self.blocks(buf.len(), "all_gather")?;
-        self.collective_bytes(CollKind::AllGather, None, bytes_mut(buf), n, T::DTYPE, ReduceOp::Sum, 0)
-    }
-
-    /// Block `j` of this rank's `send` goes to rank `j`; block `j` of
-    /// `recv` comes from rank `j` (`size()` equal blocks).
-    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        let n = self.blocks(send.len(), "alltoall")?;
-        self.collective_bytes(CollKind::AllToAll, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, 0)
-    }
-
-    /// The root's `buf` to every rank's `buf`.
-    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let n = buf.len();
-        self.collective_bytes(CollKind::Broadcast, None, bytes_mut(buf), n, T::DTYPE, ReduceOp::Sum, root)
-    }
-
-    /// The reduction of every rank's `send` into the root's `recv`
-    /// (ignored elsewhere; pass an empty slice).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
-        let n = send.len();
-        self.collective_bytes(CollKind::Reduce, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, op, root)
-    }
-
-    /// Every rank's `send` into the root's `recv`, in rank order.
-    pub fn gather<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        let n = send.len();
-        self.collective_bytes(CollKind::Gather, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, root)
-    }
-
-    /// Block `r` of the root's `send` into rank `r`'s `recv`.
-    pub fn scatter<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        let n = recv.len();
-        self.collective_bytes(CollKind::Scatter, Some(bytes(send)), bytes_mut(recv), n, T::DTYPE, ReduceOp::Sum, root)
-    }
-
-    /// Waits until every rank has reached the barrier.
-    pub fn barrier(&self) -> Result<()> {
-        let mut x = [0u8];
-        self.all_reduce_in_place(&mut x, ReduceOp::Max)
-    }
-
-    /// In-place all-reduce on owned storage, returned by [`Work::wait`].
-    pub fn all_reduce_async<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Result<Work<Vec<T>>> {
-        let n = buf.len();
-        let call = self.call(CollKind::AllReduce, (n, T::DTYPE, op, 0), None, Region::of_mut(bytes_mut(&mut buf)))?;
-        let done = self.submit(self.collective_job(&call, Some(Box::new(buf)))?);
-        Ok(Work { done, _b: PhantomData })
-    }
-
-    /// In-place collective of any kind on owned storage (NCCL's in-place
-    /// layout; `count` as in [`collective_bytes`]). The storage comes back
-    /// from [`Work::wait`].
-    ///
-    /// [`collective_bytes`]: Communicator::collective_bytes
-    pub fn collective_async<T: Element>(
-        &self,
-        kind: CollKind,
-        mut buf: Vec<T>,
-        count: usize,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<Work<Vec<T>>> {
-        let call = self.call(kind, (count, T::DTYPE, op, root), None, Region::of_mut(bytes_mut(&mut buf)))?;
-        let done = self.submit(self.collective_job(&call, Some(Box::new(buf)))?);
-        Ok(Work { done, _b: PhantomData })
-    }
-
-    fn blocks(&self, len: usize, what: &str) -> Result<usize> {
-        let n = self.size();
-        if !len.is_multiple_of(n) {
-            return Err(Error::invalid(format!(
-                "rank {}: {what}: a buffer of {len} elements does not split into {n} equal blocks",
-                self.rank()
-            )));
-        }
-        Ok(len / n)
-    }
-
-    pub(crate) fn check_peer(&self, peer: usize, what: &str) -> Result<()> {
-        if peer >= self.size() {
-            return Err(Error::invalid(format!(
-                "rank {}: {what}: peer {peer} is out of range for {} ranks",
-                self.rank(),
-                self.size()
-            )));
-        }
-        Ok(())
     }
 
     /// The configuration this communicator was made with.

@@ -1,10 +1,12 @@
-//! The communicator's calls on device buffers (see [`crate::device`]).
+//! The device part of a launch (see [`crate::device`]), and the
+//! communicator's methods on device buffers.
 
 use crate::buf::{CudaStream, DeviceBuf, Region};
-use crate::call::Call;
+use crate::call::{Call, Spec};
 use crate::comm::Communicator;
 use crate::config::DeviceExec;
-use crate::device::{Ctx, DeviceComm, Source};
+use crate::device::{Ctx, DeviceComm, Source, check_stream};
+use crate::op::{Op, message};
 use oxccl_algo::algos::Algorithm;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
@@ -13,162 +15,22 @@ use std::sync::Arc;
 #[cfg(test)]
 mod tests;
 
-/// One send or receive of a group of device buffers (see
-/// [`Communicator::group_device`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceP2p {
-    /// A send (else a receive).
-    pub send: bool,
-    /// The other rank (this rank itself is allowed).
-    pub peer: usize,
-    /// The buffer: whole elements of `dtype`, aligned to them.
-    pub buf: DeviceBuf,
-    /// The element type (for the checks; the bytes move as they are).
-    pub dtype: DataType,
-}
-
 impl Communicator {
-    /// Runs a collective on device buffers, ordered on `stream` (NCCL's
-    /// `ncclAllReduce` … with device pointers): checks the arguments,
-    /// enqueues the work and returns. `count` follows NCCL's conventions
-    /// (see [`Collective`](oxccl_algo::collective::Collective)); `send:
-    /// None` is in place, with NCCL's in-place layout inside `recv`.
-    /// Buffers may be longer than needed.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the collective `spec` describes on device buffers, ordered on
+    /// `stream` (NCCL's `ncclAllReduce` … with device pointers): checks the
+    /// arguments, enqueues the work and returns. `send: None` is in place,
+    /// with NCCL's in-place layout inside `recv`; buffers may be longer
+    /// than needed. A launch of one operation.
     pub fn collective_device(
         &self,
-        kind: CollKind,
+        spec: Spec,
         send: Option<DeviceBuf>,
         recv: DeviceBuf,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
         stream: CudaStream,
     ) -> Result<()> {
-        if let Some(e) = self.async_error() {
-            return Err(e);
-        }
-        let call = Call::new(kind, count, dtype, op, root, send, recv, self.rank(), self.size())?;
-        if call.is_empty() {
-            // count 0, on every rank alike: nothing to move (NCCL accepts
-            // any pointers then).
-            return Ok(());
-        }
-        let names = if send.is_some() { ["the send buffer", "the receive buffer"] } else { ["the buffer"; 2] };
-        let named = |what: &str, e: Error| {
-            let why = match e {
-                Error::InvalidArgument(m) => m,
-                e => e.to_string(),
-            };
-            Error::invalid(format!("rank {}: {}: {what}: {why}", self.rank(), kind.name()))
-        };
-        for (what, b) in names.into_iter().zip([call.input, call.output]) {
-            crate::device::check_aligned(b.addr(), b.len(), dtype).map_err(|e| named(what, e))?;
-        }
-        let dc = self.device_comm(if call.output.is_empty() { call.input } else { call.output }, Some(&call))?;
-        crate::device::check_stream(dc.process_ranks, stream).map_err(|e| match e {
-            Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {}: {}: {m}", self.rank(), kind.name())),
-            e => e,
-        })?;
-        for (what, b) in names.into_iter().zip([call.input, call.output]) {
-            if !b.is_empty() {
-                dc.dev.check(what, b).map_err(|e| named(what, e))?;
-            }
-        }
-        // The device executor runs the tuner's program where the user
-        // named the algorithm (or asked for the executor), and for the
-        // collectives the hand-written kernel lacks.
-        let coll = call.collective();
-        let exec = self.resolved().device_exec;
-        let named = self.tuner().names_algorithm(kind);
-        let wants = match exec {
-            DeviceExec::Program => true,
-            DeviceExec::Kernel => false,
-            DeviceExec::Auto => named || matches!(kind, CollKind::Gather | CollKind::Scatter),
-        };
-        let choice = if wants && dc.is_direct() { Some(self.tuner().pick(&coll)?) } else { None };
-        let build = |chunk: usize| match choice {
-            Some(c) => self.tuner().build_chunked(c, &coll, chunk),
-            None => Err(Error::Internal("no program chosen".into())),
-        };
-        let required = exec == DeviceExec::Program;
-        let src = choice.map(|c| Source { name: c.to_string(), build: &build, named, required });
-        if dc.run_direct(&call, stream, src.as_ref())? {
-            return Ok(());
-        }
-        let plan = |c: &Call<Region>| self.collective_job(c, None);
-        let barrier = || self.boot().barrier();
-        for job in dc.stager.run(&plan, &barrier, &call, stream)? {
-            self.submit(job);
-        }
-        Ok(())
-    }
-
-    /// Sends `buf` (whole `dtype` elements) to `peer`, ordered on `stream`
-    /// (NCCL's `ncclSend` on device memory): a group of one.
-    pub fn send_device(&self, buf: DeviceBuf, dtype: DataType, peer: usize, stream: CudaStream) -> Result<()> {
-        self.group_device(&[DeviceP2p { send: true, peer, buf, dtype }], stream)
-    }
-
-    /// Receives into `buf` from `peer`, ordered on `stream` (`ncclRecv`).
-    pub fn recv_device(&self, buf: DeviceBuf, dtype: DataType, peer: usize, stream: CudaStream) -> Result<()> {
-        self.group_device(&[DeviceP2p { send: false, peer, buf, dtype }], stream)
-    }
-
-    /// Sends and receives of device buffers launched together (NCCL's
-    /// `ncclGroupStart` … `ncclGroupEnd` of `ncclSend`/`ncclRecv`), ordered
-    /// on `stream`: matched sends and receives complete whatever their
-    /// order in each rank's group (both ranks may send first); messages
-    /// between two ranks arrive in the order they were sent. On the direct
-    /// path one kernel moves the whole group (at most 64 operations); on
-    /// the staged path it goes through host memory in pieces (at most 32
-    /// sends and 32 receives at once). A rank may send to itself: its sends
-    /// to itself land in its receives from itself, in order. Empty buffers
-    /// move nothing (on both ends). An error changes nothing.
-    pub fn group_device(&self, ops: &[DeviceP2p], stream: CudaStream) -> Result<()> {
-        if let Some(e) = self.async_error() {
-            return Err(e);
-        }
-        let rank = self.rank();
-        for (i, o) in ops.iter().enumerate() {
-            let what = if o.send { "send_device" } else { "recv_device" };
-            if o.peer >= self.size() {
-                return Err(Error::invalid(format!(
-                    "rank {rank}: {what} (operation {i} of the group): peer {} is out of range for {} ranks",
-                    o.peer,
-                    self.size()
-                )));
-            }
-            if o.buf.len() % o.dtype.size() != 0 {
-                return Err(Error::invalid(format!(
-                    "rank {rank}: {what} (operation {i}): a buffer of {} bytes is not whole {} elements",
-                    o.buf.len(),
-                    o.dtype
-                )));
-            }
-            crate::device::check_aligned(o.buf.addr(), o.buf.len(), o.dtype)
-                .map_err(|e| Error::invalid(format!("rank {rank}: {what} (operation {i}): {e}")))?;
-        }
-        let live: Vec<(bool, usize, DeviceBuf)> =
-            ops.iter().filter(|o| !o.buf.is_empty()).map(|o| (o.send, o.peer, o.buf)).collect();
-        let Some(&(_, _, first)) = live.first() else { return Ok(()) };
-        // A communicator's first device call sets the device side up (with
-        // no collective to prepare for: groups differ from rank to rank).
-        let dc = self.device_comm(first, None)?;
-        crate::device::check_stream(dc.process_ranks, stream).map_err(|e| match e {
-            Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {rank}: send/recv: {m}")),
-            e => e,
-        })?;
-        for (i, (send, _, b)) in live.iter().enumerate() {
-            let what = if *send { "the send buffer" } else { "the receive buffer" };
-            dc.dev.check(what, *b).map_err(|e| Error::invalid(format!("rank {rank}: group operation {i}: {e}")))?;
-        }
-        let plan = |ops: Vec<crate::group::Op>| self.group_job(ops);
-        for job in dc.run_p2p(&plan, &live, stream)? {
-            self.submit(job);
-        }
-        Ok(())
+        self.group(|g| {
+            g.stream(stream).collective_device(spec, send, recv);
+        })
     }
 
     /// All-reduce of `count` elements on device buffers (in place when
@@ -182,7 +44,7 @@ impl Communicator {
         op: ReduceOp,
         stream: CudaStream,
     ) -> Result<()> {
-        self.collective_device(CollKind::AllReduce, send, recv, count, dtype, op, 0, stream)
+        self.collective_device(Spec::new(CollKind::AllReduce, count, dtype).with_op(op), send, recv, stream)
     }
 
     /// Waits until `stream` has run everything enqueued on it (at most the
@@ -201,8 +63,130 @@ impl Communicator {
         self.async_error().map_or(Ok(()), Err)
     }
 
+    /// Enqueues a launch's device operations (checked by the launch) on
+    /// `streams` (at least one): the other streams join the first, which
+    /// runs every collective in order and then the sends and receives as
+    /// one group, and then wait for it. Operations that move nothing are
+    /// left out; a launch of only those enqueues nothing.
+    pub(crate) fn launch_device(&self, ops: &[&Op], streams: &[CudaStream]) -> Result<()> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        let rank = self.rank();
+        let internal = |what: &str| Error::Internal(format!("{what} on host memory reached the device path"));
+        let mut colls: Vec<Call<DeviceBuf>> = Vec::new();
+        let mut p2p: Vec<(bool, usize, DeviceBuf)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Collective(c) => {
+                    let (Some(i), Some(o)) = (c.input.device(), c.output.device()) else {
+                        return Err(internal(c.kind.name()));
+                    };
+                    let call = c.with_buffers(i, o);
+                    // count 0, on every rank alike: nothing to move (NCCL
+                    // accepts any pointers then).
+                    if !call.is_empty() {
+                        colls.push(call);
+                    }
+                }
+                Op::Send(_) | Op::Recv(_) => {
+                    let (send, p) = op.p2p().expect("a send or a receive");
+                    let b = p.buf.device().ok_or_else(|| internal(op.name()))?;
+                    if !b.is_empty() {
+                        p2p.push((send, p.peer, b));
+                    }
+                }
+            }
+        }
+        let first = colls.first().map(|c| if c.output.is_empty() { c.input } else { c.output });
+        let Some(first) = first.or_else(|| p2p.first().map(|o| o.2)) else { return Ok(()) };
+        // A communicator's first device launch sets the device side up: for
+        // its first collective, or for none when it holds only sends and
+        // receives (which differ from rank to rank).
+        let dc = self.device_comm(first, colls.first())?;
+        let what = ops[0].name();
+        for &s in streams {
+            check_stream(dc.process_ranks, s).map_err(|e| match e {
+                Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {rank}: {what}: {m}")),
+                e => e,
+            })?;
+        }
+        for call in &colls {
+            let names = if call.input.overlaps(&call.output) {
+                ["the buffer"; 2]
+            } else {
+                ["the send buffer", "the receive buffer"]
+            };
+            for (what, b) in names.into_iter().zip([call.input, call.output]) {
+                if !b.is_empty() {
+                    dc.dev.check(what, b).map_err(|e| {
+                        Error::invalid(format!("rank {rank}: {}: {what}: {}", call.kind.name(), message(e)))
+                    })?;
+                }
+            }
+        }
+        for (i, (send, _, b)) in p2p.iter().enumerate() {
+            let what = if *send { "the send buffer" } else { "the receive buffer" };
+            dc.dev.check(what, *b).map_err(|e| Error::invalid(format!("rank {rank}: group operation {i}: {e}")))?;
+        }
+        let (main, others) = (streams[0], &streams[1..]);
+        for &s in others {
+            let m = dc.dev.marker(s)?;
+            dc.dev.enqueue_after(main, m.as_ref())?;
+        }
+        for call in &colls {
+            self.enqueue_collective(&dc, call, main)?;
+        }
+        if !p2p.is_empty() {
+            let plan = |ops: Vec<Op>| self.host_job(&ops.iter().collect::<Vec<_>>());
+            for job in dc.run_p2p(&plan, &p2p, main)? {
+                self.submit(job);
+            }
+        }
+        if !others.is_empty() {
+            let m = dc.dev.marker(main)?;
+            for &s in others {
+                dc.dev.enqueue_after(s, m.as_ref())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues one checked device collective on `stream`: on the direct
+    /// path (the hand-written kernel, or the tuner's program through the
+    /// device executor), else staged through host memory.
+    fn enqueue_collective(&self, dc: &DeviceComm, call: &Call<DeviceBuf>, stream: CudaStream) -> Result<()> {
+        // The device executor runs the tuner's program where the user
+        // named the algorithm (or asked for the executor), and for the
+        // collectives the hand-written kernel lacks.
+        let (kind, coll) = (call.kind, call.collective());
+        let exec = self.resolved().device_exec;
+        let named = self.tuner().names_algorithm(kind);
+        let wants = match exec {
+            DeviceExec::Program => true,
+            DeviceExec::Kernel => false,
+            DeviceExec::Auto => named || matches!(kind, CollKind::Gather | CollKind::Scatter),
+        };
+        let choice = if wants && dc.is_direct() { Some(self.tuner().pick(&coll)?) } else { None };
+        let build = |chunk: usize| match choice {
+            Some(c) => self.tuner().build_chunked(c, &coll, chunk),
+            None => Err(Error::Internal("no program chosen".into())),
+        };
+        let required = exec == DeviceExec::Program;
+        let src = choice.map(|c| Source { name: c.to_string(), build: &build, named, required });
+        if dc.run_direct(call, stream, src.as_ref())? {
+            return Ok(());
+        }
+        let plan = |c: &Call<Region>| self.collective_job(c, None);
+        let barrier = || self.boot().barrier();
+        for job in dc.stager.run(&plan, &barrier, call, stream)? {
+            self.submit(job);
+        }
+        Ok(())
+    }
+
     /// The device side, set up on first use (collective: every rank's first
-    /// device call gets here in the same order).
+    /// device launch gets here in the same order).
     fn device_comm(&self, buf: DeviceBuf, first: Option<&Call<DeviceBuf>>) -> Result<Arc<DeviceComm>> {
         let mut slot = self.device_slot().lock();
         if let Some(dc) = &*slot {

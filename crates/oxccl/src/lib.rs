@@ -26,8 +26,13 @@
 //! PMI or Slurm.
 //!
 //! ## How a call runs
-//! The calling thread checks the arguments once into a [`Call`] (an error
-//! changes nothing), picks an algorithm or a researcher's program
+//! Every call is one or more operations ([`Op`]: a collective, a send or a
+//! receive, on host or device [`Buffer`]s), checked once when made (an
+//! error changes nothing) and run by [`Communicator::launch`], the one
+//! entry point of the typed methods, [`Group`]s, the C ABI and the Python
+//! package. The launch routes each operation by its memory: host ones to
+//! the host executor, device ones to the device path on the caller's
+//! stream. For host memory it picks an algorithm or a researcher's program
 //! ([`tuner`], [`programs`]) and takes this rank's part of its program;
 //! the executor runs it over the transports of oxccl-transport, calls in
 //! the order they were made. A blocking call that finds nothing queued
@@ -42,10 +47,12 @@
 //! built-in algorithm at any count ([`programs`]; `OXCCL_ALGO_FILE`).
 //!
 //! ## Device buffers
-//! With the `cuda` feature (default), [`Communicator::collective_device`]
-//! and friends run every collective on GPU buffers, enqueued on the
-//! caller's CUDA stream: kernels over the peers' memory (CUDA IPC) on one
-//! host, staged through host memory otherwise ([`device`]).
+//! With the `cuda` feature (default), operations on [`DeviceBuf`]s
+//! ([`Communicator::collective_device`], [`Group::collective_device`],
+//! [`Group::send_device`] …, or [`Op`]s through a launch) run on GPU
+//! buffers, enqueued on the caller's CUDA stream: kernels over the peers'
+//! memory (CUDA IPC) on one host, staged through host memory otherwise
+//! ([`device`]). A launch may mix host and device operations.
 //!
 //! ## Failure
 //! Every wait has a deadline (`OXCCL_TIMEOUT`, 300 s). A dead peer is an
@@ -59,6 +66,7 @@
 mod buf;
 pub mod call;
 mod check;
+mod colls;
 mod comm;
 pub mod config;
 pub mod device;
@@ -66,22 +74,25 @@ mod device_api;
 mod engine;
 mod exec;
 mod group;
+mod host;
 mod job;
+mod launch;
+pub mod op;
 mod plan;
 pub mod programs;
-mod raw;
 mod split;
 pub mod tuner;
 
-pub use buf::{CudaStream, DeviceBuf, Span};
-pub use call::Call;
-pub use comm::{Communicator, Work};
+pub use buf::{Buffer, CudaStream, DeviceBuf, Memory, Span};
+pub use call::{Call, Spec};
+pub use colls::Work;
+pub use comm::Communicator;
 pub use config::{Config, DeviceExec, DevicePath, SingleCopy};
-pub use device_api::DeviceP2p;
 pub use group::Group;
 /// The `half` crate oxccl's `f16`/`bf16` element types come from, so users
 /// name them without guessing its version (`oxccl::half::bf16`).
 pub use half;
+pub use op::{Blocks, Op, P2p};
 pub use oxccl_algo::collective::CollKind;
 pub use oxccl_algo::ir::Program;
 pub use oxccl_core::{DataType, Element, Error, ReduceOp, Result};
@@ -89,6 +100,5 @@ pub use oxccl_transport::id::UniqueId;
 pub use oxccl_transport::region::Region;
 pub use oxccl_transport::{Kind, PeerStats};
 pub use programs::ProgramId;
-pub use raw::RawOp;
 pub use split::{Launch, with_launch_secret};
 pub use tuner::Choice;

@@ -12,7 +12,7 @@ use crate::buffer::Buffer;
 use crate::gpu::Gpu;
 use crate::report::Reporter;
 use crate::shape::{Shape, bandwidth, sweep, warmup_sizes};
-use oxccl::{CollKind, Communicator, DataType, ReduceOp, Result};
+use oxccl::{CollKind, Communicator, DataType, ReduceOp, Result, Spec};
 use oxccl_algo::collective::Collective;
 use oxccl_algo::exact::{Pattern, premul_scalar};
 use std::time::Instant;
@@ -246,6 +246,7 @@ impl<'a> Bench<'a> {
         let (sb, rb) = (st.shape.send * st.es, st.shape.recv * st.es);
         let (n, rank) = (self.comm.size(), self.comm.rank());
         let send = self.send.bytes();
+        let spec = Spec::new(kind, c.count, c.dtype).with_op(st.op).with_root(c.root);
         let mut rest = &mut self.recv.bytes_mut()[st.base + first * st.total..];
         self.comm.group(|g| {
             for k in 0..run {
@@ -256,7 +257,7 @@ impl<'a> Bench<'a> {
                     g.send(src, (rank + 1) % n);
                     g.recv(&mut head[..rb], (rank + n - 1) % n);
                 } else {
-                    g.collective_bytes(kind, src, &mut head[..rb], c.count, c.dtype, st.op, c.root);
+                    g.collective_bytes(spec, src, &mut head[..rb]);
                 }
                 rest = tail;
             }
@@ -273,9 +274,10 @@ impl<'a> Bench<'a> {
         let at = st.base + st.total * (iter % st.steps);
         let (sb, rb) = (st.shape.send * st.es, st.shape.recv * st.es);
         let (n, rank) = (self.comm.size(), self.comm.rank());
+        let spec = Spec::new(self.kind, c.count, c.dtype).with_op(st.op).with_root(c.root);
         if let Some(g) = &self.gpu {
             let s = g.stream();
-            let (kind, op) = (self.kind, st.op);
+            let kind = self.kind;
             if kind == CollKind::SendRecv {
                 // As on host memory: in place, the buffers swap roles.
                 let (src, dst) = if in_place {
@@ -283,14 +285,15 @@ impl<'a> Bench<'a> {
                 } else {
                     (g.buf(false, at, sb), g.buf(true, at, rb))
                 };
-                let p2p = |send, peer, buf| oxccl::DeviceP2p { send, peer, buf, dtype: c.dtype };
-                self.comm.group_device(&[p2p(true, (rank + 1) % n, src), p2p(false, (rank + n - 1) % n, dst)], s)?;
+                self.comm.group(|g| {
+                    g.stream(s).send_device(src, c.dtype, (rank + 1) % n).recv_device(dst, c.dtype, (rank + n - 1) % n);
+                })?;
             } else if in_place {
                 let buf = g.buf(true, at + st.slice_at, st.slice_len);
-                self.comm.collective_device(kind, None, buf, c.count, c.dtype, op, c.root, s)?;
+                self.comm.collective_device(spec, None, buf, s)?;
             } else {
                 let (src, dst) = (g.buf(false, at, sb), g.buf(true, at, rb));
-                self.comm.collective_device(kind, Some(src), dst, c.count, c.dtype, op, c.root, s)?;
+                self.comm.collective_device(spec, Some(src), dst, s)?;
             }
             if self.opts.blocking > 0 {
                 self.sync()?;
@@ -311,10 +314,10 @@ impl<'a> Bench<'a> {
             })?;
         } else if in_place {
             let buf = &mut self.recv.bytes_mut()[at + st.slice_at..][..st.slice_len];
-            self.comm.collective_bytes(self.kind, None, buf, c.count, c.dtype, st.op, c.root)?;
+            self.comm.collective_bytes(spec, None, buf)?;
         } else {
             let (src, dst) = (&self.send.bytes()[at..at + sb], &mut self.recv.bytes_mut()[at..at + rb]);
-            self.comm.collective_bytes(self.kind, Some(src), dst, c.count, c.dtype, st.op, c.root)?;
+            self.comm.collective_bytes(spec, Some(src), dst)?;
         }
         if self.opts.blocking == 1 {
             self.comm.barrier()?;

@@ -10,20 +10,9 @@ use std::ffi::{c_int, c_uint, c_void};
 type Stream = *mut c_void;
 type CommH = *mut c_void;
 
-#[allow(clippy::too_many_arguments)]
-fn call(
-    kind: CollKind,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: usize,
-    dtype: c_int,
-    op: Option<c_int>,
-    root: c_int,
-    comm: CommH,
-    stream: Stream,
-) -> oxccl::Result<()> {
+fn call(args: Args, comm: CommH, stream: Stream) -> oxccl::Result<()> {
     crate::setup();
-    coll::collective(Args { kind, send, recv, count, dtype, op, root, comm: comm as usize, stream: stream as usize })
+    coll::collective(args, comm as usize, stream as usize)
 }
 
 fn unsupported(what: &str) -> oxccl::Result<()> {
@@ -37,7 +26,7 @@ nccl_api! {
     fn ncclAllReduce / pncclAllReduce(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, comm: CommH, stream: Stream
     ) {
-        call(CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, comm, stream)
+        call(Args::new(CollKind::AllReduce, sendbuff, recvbuff, count, datatype).op(op), comm, stream)
     }
 
     /// `ncclReduce`.
@@ -45,12 +34,12 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, root: c_int,
         comm: CommH, stream: Stream
     ) {
-        call(CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, comm, stream)
+        call(Args::new(CollKind::Reduce, sendbuff, recvbuff, count, datatype).op(op).root(root), comm, stream)
     }
 
     /// `ncclBcast`: in-place broadcast.
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommH, stream: Stream) {
-        call(CollKind::Broadcast, buff, buff, count, datatype, None, root, comm, stream)
+        call(Args::new(CollKind::Broadcast, buff, buff, count, datatype).root(root), comm, stream)
     }
 
     /// `ncclBroadcast`.
@@ -58,7 +47,7 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommH,
         stream: Stream
     ) {
-        call(CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
+        call(Args::new(CollKind::Broadcast, sendbuff, recvbuff, count, datatype).root(root), comm, stream)
     }
 
     /// `ncclReduceScatter`.
@@ -66,21 +55,21 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int, op: c_int, comm: CommH,
         stream: Stream
     ) {
-        call(CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, comm, stream)
+        call(Args::new(CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype).op(op), comm, stream)
     }
 
     /// `ncclAllGather`.
     fn ncclAllGather / pncclAllGather(
         sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: c_int, comm: CommH, stream: Stream
     ) {
-        call(CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, comm, stream)
+        call(Args::new(CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype), comm, stream)
     }
 
     /// `ncclAlltoAll`.
     fn ncclAlltoAll / pncclAlltoAll(
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, comm: CommH, stream: Stream
     ) {
-        call(CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, comm, stream)
+        call(Args::new(CollKind::AllToAll, sendbuff, recvbuff, count, datatype), comm, stream)
     }
 
     /// `ncclGather`.
@@ -88,7 +77,7 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommH,
         stream: Stream
     ) {
-        call(CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
+        call(Args::new(CollKind::Gather, sendbuff, recvbuff, count, datatype).root(root), comm, stream)
     }
 
     /// `ncclScatter`.
@@ -96,7 +85,7 @@ nccl_api! {
         sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: CommH,
         stream: Stream
     ) {
-        call(CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
+        call(Args::new(CollKind::Scatter, sendbuff, recvbuff, count, datatype).root(root), comm, stream)
     }
 
     /// `ncclAllReduceConfig`.
@@ -105,7 +94,7 @@ nccl_api! {
         stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::AllReduce, sendbuff, recvbuff, count, datatype, Some(op), 0, comm, stream)
+        call(Args::new(CollKind::AllReduce, sendbuff, recvbuff, count, datatype).op(op), comm, stream)
     }
 
     /// `ncclBroadcastConfig`.
@@ -114,7 +103,7 @@ nccl_api! {
         stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::Broadcast, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
+        call(Args::new(CollKind::Broadcast, sendbuff, recvbuff, count, datatype).root(root), comm, stream)
     }
 
     /// `ncclReduceConfig`.
@@ -123,7 +112,7 @@ nccl_api! {
         comm: CommH, stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::Reduce, sendbuff, recvbuff, count, datatype, Some(op), root, comm, stream)
+        call(Args::new(CollKind::Reduce, sendbuff, recvbuff, count, datatype).op(op).root(root), comm, stream)
     }
 
     /// `ncclAllGatherConfig`.
@@ -132,7 +121,7 @@ nccl_api! {
         stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype, None, 0, comm, stream)
+        call(Args::new(CollKind::AllGather, sendbuff, recvbuff, sendcount, datatype), comm, stream)
     }
 
     /// `ncclReduceScatterConfig`.
@@ -141,7 +130,7 @@ nccl_api! {
         stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, Some(op), 0, comm, stream)
+        call(Args::new(CollKind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype).op(op), comm, stream)
     }
 
     /// `ncclAlltoAllConfig`.
@@ -150,7 +139,7 @@ nccl_api! {
         stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::AllToAll, sendbuff, recvbuff, count, datatype, None, 0, comm, stream)
+        call(Args::new(CollKind::AllToAll, sendbuff, recvbuff, count, datatype), comm, stream)
     }
 
     /// `ncclGatherConfig`.
@@ -159,7 +148,7 @@ nccl_api! {
         stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::Gather, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
+        call(Args::new(CollKind::Gather, sendbuff, recvbuff, count, datatype).root(root), comm, stream)
     }
 
     /// `ncclScatterConfig`.
@@ -168,7 +157,7 @@ nccl_api! {
         stream: Stream, config: *const CollConfigHead
     ) {
         abi::check_coll_config(config)?;
-        call(CollKind::Scatter, sendbuff, recvbuff, count, datatype, None, root, comm, stream)
+        call(Args::new(CollKind::Scatter, sendbuff, recvbuff, count, datatype).root(root), comm, stream)
     }
 
     /// `ncclSend`.

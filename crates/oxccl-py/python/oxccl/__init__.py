@@ -58,6 +58,16 @@ def _release(views):
         v.release()
 
 
+def _streams(views):
+    """The distinct CUDA streams of the device buffers among ``views``, in
+    order."""
+    out = []
+    for v in views:
+        if v.device and v.stream not in out:
+            out.append(v.stream)
+    return out
+
+
 def _ints(xs):
     return [int(x) for x in xs]
 
@@ -145,41 +155,21 @@ class Communicator:
             pending.append((op, views))
             return
         try:
-            if any(v.device for v in views):
-                self._device(op, views)
-            else:
-                self._c.run([op])
+            self._c.launch([op], _streams(views))
         finally:
             _release(views)
-
-    def _device(self, op, views):
-        if op[0] not in ("coll", "send", "recv") or not all(v.device for v in views):
-            raise InvalidUsage(f"rank {self.rank}: {op[0] if op[0] != 'coll' else op[1]}: device buffers are "
-                               "supported for collectives, sends and receives with every buffer on the device")
-        if op[0] == "coll":
-            self._c.run_device(*op[1:], views[-1].stream)
-        else:
-            self._c.run_device_p2p([(op[0] == "send", op[1], op[2], op[3])], views[0].stream)
-
-    def _device_group(self, pending):
-        """A group on device buffers: its collectives in order, then its
-        sends and receives together, one group per stream."""
-        if not all(v.device for _, vs in pending for v in vs):
-            raise InvalidUsage(f"rank {self.rank}: a group mixes host and device buffers; make two groups")
-        p2p = {}
-        for op, vs in pending:
-            if op[0] in ("send", "recv"):
-                p2p.setdefault(vs[0].stream, []).append((op[0] == "send", op[1], op[2], op[3]))
-            else:
-                self._device(op, vs)
-        for stream, ops in p2p.items():
-            self._c.run_device_p2p(ops, stream)
 
     @contextlib.contextmanager
     def group(self):
         """Operations called inside run together at the end, as one group
         (NCCL's ``ncclGroupStart``/``End``): matched sends and receives
-        cannot deadlock. Buffers must stay untouched until the block ends."""
+        cannot deadlock. Buffers must stay untouched until the block ends.
+
+        A group may mix host and device buffers: its device operations are
+        enqueued on their tensors' streams (collectives in order, then the
+        sends and receives together; several streams wait for each other,
+        as in NCCL), then its host operations run to their end. A send and
+        the receive it matches are in the same kind of memory."""
         if getattr(self._local, "group", None) is not None:
             yield
             return
@@ -193,10 +183,7 @@ class Communicator:
         self._local.group = None
         try:
             if pending:
-                if any(v.device for _, vs in pending for v in vs):
-                    self._device_group(pending)
-                else:
-                    self._c.run([op for op, _ in pending])
+                self._c.launch([op for op, _ in pending], _streams(v for _, vs in pending for v in vs))
         finally:
             _release(v for _, vs in pending for v in vs)
 
@@ -295,20 +282,21 @@ class Communicator:
     def all_to_allv(self, send, send_counts, out, recv_counts, *, send_displs=None, recv_displs=None, dtype=None):
         """``send_counts[j]`` elements of ``send`` to rank ``j``;
         ``recv_counts[j]`` elements of ``out`` from rank ``j`` (packed in
-        rank order unless displacements, in elements, say otherwise)."""
-        if getattr(self._local, "group", None) is not None:
-            raise InvalidUsage(f"rank {self.rank}: all_to_allv inside a group: call it outside")
+        rank order unless displacements, in elements, say otherwise). In a
+        group, its sends and receives join the group's."""
         views = [view(send, "the send buffer", dtype)]
         try:
             views.append(view(out, "the output buffer", dtype, writable=True))
-            sv, ov = views
-            if sv.dtype != ov.dtype:
-                raise InvalidArgument(f"rank {self.rank}: all_to_allv: the send buffer holds {sv.dtype} but the "
-                                      f"output buffer {ov.dtype}")
-            self._c.all_to_allv(sv.span, _ints(send_counts), _ints(send_displs or _packed(send_counts)), ov.span,
-                                _ints(recv_counts), _ints(recv_displs or _packed(recv_counts)), sv.dtype)
-        finally:
+        except BaseException:
             _release(views)
+            raise
+        sv, ov = views
+        if sv.dtype != ov.dtype:
+            _release(views)
+            raise InvalidArgument(f"rank {self.rank}: all_to_allv: the send buffer holds {sv.dtype} but the "
+                                  f"output buffer {ov.dtype}")
+        self._launch(("all_to_allv", sv.span, _ints(send_counts), _ints(send_displs or _packed(send_counts)), ov.span,
+                      _ints(recv_counts), _ints(recv_displs or _packed(recv_counts)), sv.dtype), views)
         return out
 
     # --- the communicator ----------------------------------------------

@@ -96,7 +96,9 @@ class View:
 
     @property
     def span(self):
-        return (self.addr, self.nbytes)
+        """``(address, bytes, on a device)``, as the native module takes a
+        buffer."""
+        return (self.addr, self.nbytes, bool(self.device))
 
     def release(self):
         """Lets go of the memory (a buffer-protocol export, a DLPack

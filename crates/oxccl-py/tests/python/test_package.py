@@ -188,6 +188,31 @@ class Threads(unittest.TestCase):
             for c in comms:
                 c.close()
 
+    def test_a_group_may_mix_host_and_device_buffers(self):
+        # One launch takes both (the C ABI's rule, and the core's): the group
+        # reaches the native launch instead of being refused here. This
+        # machine has no GPU, so the device part is refused there, before
+        # anything runs: the host all-reduce leaves its buffer alone.
+        (c,) = oxccl.Communicator.init_threads(1)
+        try:
+            x = np.ones(4, np.float32)
+            with self.assertRaises(oxccl.Error) as cm:
+                with c.group():
+                    c.all_reduce(x, op="premul_sum", scalar=2.0)
+                    c.all_reduce(_FakeCuda(4))
+            msg = str(cm.exception)
+            self.assertNotIn("mixes host and device", msg)
+            self.assertTrue("CUDA unavailable" in msg or "device" in msg, msg)
+            np.testing.assert_array_equal(x, np.ones(4, np.float32))
+            # A collective's two buffers must be one kind.
+            with self.assertRaises(oxccl.InvalidArgument) as cm:
+                c.all_reduce(np.ones(4, np.float32), _FakeCuda(4))
+            self.assertIn("one kind", str(cm.exception))
+            c.all_reduce(x, op="premul_sum", scalar=2.0)  # still usable
+            np.testing.assert_array_equal(x, np.full(4, 2.0, np.float32))
+        finally:
+            c.close()
+
     def test_closed_communicator(self):
         (c,) = oxccl.Communicator.init_threads(1)
         c.close()
@@ -196,6 +221,15 @@ class Threads(unittest.TestCase):
             c.all_reduce(np.ones(2, np.float32))
         self.assertIn("closed", str(cm.exception))
         c.close()  # twice: nothing
+
+
+class _FakeCuda:
+    """Device memory as the CUDA array interface describes it (CuPy,
+    Numba); the address is no allocation of any GPU."""
+
+    def __init__(self, n):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (0x7F0000100000, False),
+                                         "version": 3, "stream": 7}
 
 
 class _Dl:

@@ -2,9 +2,10 @@
 //! every rank shares with the others (cuda/README.md has the protocol).
 #![allow(unsafe_code)]
 
-use super::cuda::Gpu;
-use super::exec::{Exec, reduce_one};
+use super::exec::Exec;
+use super::gpu::{Gpu, THREADS, module_of, reduce_one};
 use super::route::Reach;
+use super::windows::Windows;
 use super::{Ctx, Source};
 use crate::buf::{CudaStream, DeviceBuf};
 use crate::call::Call;
@@ -13,20 +14,6 @@ use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_cuda::{Coll, CollArgs, CudaError, DevMem, Event, FLAG_BYTES, IpcMapping, KernelOp, MAX_RANKS, Module};
 use parking_lot::Mutex;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// Threads per block of the collective kernel.
-pub(super) const THREADS: u32 = 512;
-
-/// The module a call runs (collectives that only move bytes run the byte
-/// module) and the count it is given.
-pub(super) fn module_of(call: &Call<DeviceBuf>) -> (DataType, KernelOp, usize) {
-    if call.kind.reduces() {
-        (call.dtype, KernelOp::of(call.op), call.count)
-    } else {
-        (DataType::Uint8, KernelOp::Sum, call.count * call.dtype.size())
-    }
-}
 
 /// All-reduces up to this size (per rank) read every peer's whole input
 /// (one-shot: one step, fewer barriers); larger ones reduce a slice each
@@ -41,18 +28,12 @@ pub(crate) struct Direct {
     _mem: DevMem,
     /// Peers' allocations opened through CUDA IPC.
     _maps: Vec<IpcMapping>,
-    /// Every rank's window and flag area, as addressable here.
-    windows: [u64; MAX_RANKS],
-    flags: [u64; MAX_RANKS],
-    window_bytes: u64,
+    /// Every rank's areas, as addressable here (shared with the executor).
+    win: Windows,
     blocks: u32,
     /// Ranks whose kernels share this GPU (with `blocks`, what must be
     /// resident at once).
     on_gpu: u32,
-    timeout: Duration,
-    rank: usize,
-    nranks: usize,
-    timeout_ns: u64,
     one_shot: bool,
     two_shot: bool,
     /// The device executor (programs of oxccl-algo); none when the ranks'
@@ -95,31 +76,23 @@ impl Direct {
             windows[q] = base + FLAG_BYTES as u64;
         }
         let same_process = peers.iter().all(|p| !matches!(p, Reach::Ipc(_)));
-        let timeout_ns = super::cuda::nanos(ctx.cfg.timeout);
-        let exec = uniform_windows.then(|| {
-            Exec::new(
-                windows,
-                window_bytes as usize,
-                ctx.cfg.device_fifo,
-                same_process,
-                (ctx.rank, ctx.nranks),
-                timeout_ns,
-            )
-        });
-        Ok(Direct {
-            exec,
-            gpu,
-            _mem: mem,
-            _maps: maps,
+        let win = Windows {
             windows,
             flags,
             window_bytes,
-            blocks,
-            on_gpu,
-            timeout: ctx.cfg.timeout,
+            same_process,
             rank: ctx.rank,
             nranks: ctx.nranks,
-            timeout_ns: super::cuda::nanos(ctx.cfg.timeout),
+            timeout: ctx.cfg.timeout,
+        };
+        Ok(Direct {
+            exec: uniform_windows.then(|| Exec::new(ctx.cfg.device_fifo)),
+            gpu,
+            _mem: mem,
+            _maps: maps,
+            win,
+            blocks,
+            on_gpu,
             one_shot: ctx.one_shot,
             two_shot: ctx.two_shot,
             order: Mutex::new(None),
@@ -131,7 +104,7 @@ impl Direct {
         match call.kind {
             CollKind::AllReduce => {
                 let bytes = call.count * call.dtype.size();
-                let small = self.nranks <= 2 || bytes <= ONE_SHOT_MAX;
+                let small = self.win.nranks <= 2 || bytes <= ONE_SHOT_MAX;
                 if (small && self.one_shot) || !self.two_shot { Coll::AllReduceOneShot } else { Coll::AllReduceTwoShot }
             }
             CollKind::ReduceScatter => Coll::ReduceScatter,
@@ -158,10 +131,10 @@ impl Direct {
     pub fn load_for(&self, call: &Call<DeviceBuf>) -> Result<()> {
         let (dtype, kop, _) = module_of(call);
         if let Some((_, ev)) = &*self.order.lock() {
-            ev.synchronize(self.timeout).map_err(|e| match e {
+            ev.synchronize(self.win.timeout).map_err(|e| match e {
                 CudaError::Timeout(m) => Error::Timeout(format!(
                     "rank {}: before loading the {dtype} {kop} kernels, the previous direct call did not finish: {m}",
-                    self.rank
+                    self.win.rank
                 )),
                 e => e.into(),
             })?;
@@ -180,18 +153,19 @@ impl Direct {
             ReduceOp::PreMulSum { scalar } if call.kind.reduces() => (1, scalar),
             _ => (0, 1.0),
         };
+        let w = &self.win;
         let args = CollArgs {
-            window: self.windows,
-            flags: self.flags,
+            window: w.windows,
+            flags: w.flags,
             send: call.input.addr(),
             recv: call.output.addr(),
             count: count as u64,
-            window_bytes: self.window_bytes,
-            timeout_ns: self.timeout_ns,
+            window_bytes: w.window_bytes,
+            timeout_ns: w.timeout_ns(),
             status: self.gpu.status_addr(),
             scale,
-            nranks: self.nranks as u32,
-            rank: self.rank as u32,
+            nranks: w.nranks as u32,
+            rank: w.rank as u32,
             root: call.root as u32,
             coll: coll as u32,
             premul,
@@ -220,20 +194,20 @@ impl Direct {
                 return Err(Error::InvalidUsage(format!(
                     "rank {}: OXCCL_DEVICE_EXEC=program, but the device executor is off: the ranks' \
                      OXCCL_DEVICE_WINDOW differ",
-                    self.rank
+                    self.win.rank
                 )));
             }
             if src.named {
                 tracing::warn!(
                     "rank {}: the device executor is off: the ranks' OXCCL_DEVICE_WINDOW differ; {} runs as the \
                      hand-written kernel or staged",
-                    self.rank,
+                    self.win.rank,
                     src.name
                 );
             }
             return Ok(false);
         };
-        self.ordered(stream, |s| exec.run(&self.gpu, s, call, src, self.blocks, self.on_gpu))
+        self.ordered(stream, |s| exec.run(&self.gpu, &self.win, s, call, src, (self.blocks, self.on_gpu)))
     }
 
     /// Enqueues a group of sends and receives (call order) on `stream`:
@@ -244,38 +218,37 @@ impl Direct {
             return Err(Error::InvalidUsage(format!(
                 "rank {}: sends and receives of device buffers on the direct path need the same \
                  OXCCL_DEVICE_WINDOW on every rank",
-                self.rank
+                self.win.rank
             )));
         };
+        let me = self.win.rank;
         let module = self.gpu.dev.module(DataType::Uint8, KernelOp::Sum)?;
         let (own_s, own_r): (Vec<DeviceBuf>, Vec<DeviceBuf>) = (
-            ops.iter().filter(|o| o.0 && o.1 == self.rank).map(|o| o.2).collect(),
-            ops.iter().filter(|o| !o.0 && o.1 == self.rank).map(|o| o.2).collect(),
+            ops.iter().filter(|o| o.0 && o.1 == me).map(|o| o.2).collect(),
+            ops.iter().filter(|o| !o.0 && o.1 == me).map(|o| o.2).collect(),
         );
         if own_s.len() != own_r.len() || own_s.iter().zip(&own_r).any(|(s, r)| s.len() != r.len()) {
             return Err(Error::invalid(format!(
-                "rank {}: a group's sends to itself ({:?} bytes) do not match its receives from itself ({:?} bytes)",
-                self.rank,
+                "rank {me}: a group's sends to itself ({:?} bytes) do not match its receives from itself ({:?} bytes)",
                 own_s.iter().map(|b| b.len()).collect::<Vec<_>>(),
                 own_r.iter().map(|b| b.len()).collect::<Vec<_>>()
             )));
         }
         let others: Vec<oxccl_cuda::program::P2pOp> = ops
             .iter()
-            .filter(|o| o.1 != self.rank)
+            .filter(|o| o.1 != me)
             .map(|&(send, peer, b)| oxccl_cuda::program::P2pOp { send, peer, addr: b.addr(), len: b.len() as u64 })
             .collect();
-        let (mut a, _) = oxccl_cuda::program::P2pArgs::group(&others, self.rank, self.nranks)?;
-        exec.fill_p2p(&mut a, self.gpu.status_addr());
+        let (mut a, _) = oxccl_cuda::program::P2pArgs::group(&others, me, self.win.nranks)?;
+        exec.fill_p2p(&self.win, &mut a, self.gpu.status_addr());
         // Every lane of every rank on this GPU waits for its peers: all
         // must be resident at once.
         let share = self.gpu.dev.sm_count() * module.max_active_blocks("oxccl_p2p", THREADS)? / self.on_gpu.max(1);
         let lanes = a.nlanes.max(1);
         if lanes > share {
             return Err(Error::Unavailable(format!(
-                "rank {}: a group of sends and receives with {lanes} peers and directions needs {lanes} blocks at \
+                "rank {me}: a group of sends and receives with {lanes} peers and directions needs {lanes} blocks at \
                  once, but GPU {} holds {share} per rank for its {} ranks; split the group",
-                self.rank,
                 self.gpu.dev.ordinal(),
                 self.on_gpu
             )));

@@ -17,14 +17,15 @@
 #![allow(unsafe_code)]
 
 use super::Source;
-use super::cuda::Gpu;
+use super::gpu::{Gpu, THREADS, module_of, reduce_one};
+use super::windows::Windows;
 use crate::buf::DeviceBuf;
 use crate::call::Call;
 use oxccl_algo::collective::Collective;
 use oxccl_algo::ir::{Buf, Program, Step};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_cuda::program::{DeviceProgram, MAX_TEAM, PROG_FLAG_BYTES, ProgArgs, fifo_bytes};
-use oxccl_cuda::{DevMem, MAX_RANKS, Module, ReduceArgs, Stream};
+use oxccl_cuda::{DevMem, Module, Stream};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,8 +35,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(super) const FIFO_CHANS: usize = 4;
 /// Slots per connection.
 pub(super) const SLOTS: usize = 8;
-/// Threads per block of `oxccl_program` and of the premul/avg launches.
-const THREADS: u32 = 512;
 
 /// Bytes of one FIFO slot for `fifo` bytes a connection.
 fn slot_bytes(fifo: usize) -> usize {
@@ -79,20 +78,12 @@ struct Ready {
     in_place: bool,
 }
 
-/// The executor's part of a communicator's direct path.
+/// The executor's part of a communicator's direct path (the windows,
+/// ranks and timeout are the path's [`Windows`], passed in).
 pub(super) struct Exec {
-    flags: [u64; MAX_RANKS],
-    fifo: [u64; MAX_RANKS],
-    windows: [u64; MAX_RANKS],
-    window_bytes: usize,
     slot_bytes: usize,
     /// Pipeline chunk of built-in algorithms' programs.
     chunk: usize,
-    /// Every rank is a thread of this process (pointers reach everything).
-    same_process: bool,
-    rank: usize,
-    nranks: usize,
-    timeout_ns: u64,
     /// Plans by (algorithm, collective, whether the input is scaled first:
     /// the window then holds the scaled copy too).
     cache: Mutex<HashMap<(String, Collective, bool), Arc<Plan>>>,
@@ -101,64 +92,49 @@ pub(super) struct Exec {
 }
 
 impl Exec {
-    /// The executor over the windows `windows` (each followed by its flag
-    /// area and FIFOs, as addressable here).
-    pub fn new(
-        windows: [u64; MAX_RANKS],
-        window_bytes: usize,
-        fifo: usize,
-        same_process: bool,
-        (rank, nranks): (usize, usize),
-        timeout_ns: u64,
-    ) -> Exec {
-        let (mut flags, mut fifos) = ([0; MAX_RANKS], [0; MAX_RANKS]);
-        for q in 0..nranks {
-            flags[q] = windows[q] + window_bytes as u64;
-            fifos[q] = flags[q] + PROG_FLAG_BYTES as u64;
-        }
+    /// The executor with FIFOs of `fifo` bytes a connection.
+    pub fn new(fifo: usize) -> Exec {
         Exec {
-            flags,
-            fifo: fifos,
-            windows,
-            window_bytes,
             slot_bytes: slot_bytes(fifo),
             chunk: chunk_bytes(fifo),
-            same_process,
-            rank,
-            nranks,
-            timeout_ns,
             cache: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
         }
     }
 
     /// The FIFOs, flag areas and limits of a send/receive launch.
-    pub fn fill_p2p(&self, a: &mut oxccl_cuda::program::P2pArgs, status: u64) {
-        a.fifo = self.fifo;
-        a.flags = self.flags;
+    pub fn fill_p2p(&self, w: &Windows, a: &mut oxccl_cuda::program::P2pArgs, status: u64) {
+        (a.flags, a.fifo) = w.prog_areas();
         a.slot_bytes = self.slot_bytes as u64;
-        a.timeout_ns = self.timeout_ns;
+        a.timeout_ns = w.timeout_ns();
         a.status = status;
         a.fifo_chans = FIFO_CHANS as u32;
         a.slots = SLOTS as u32;
     }
 
     /// The plan for `call` (built, checked and uploaded on first use).
-    fn plan(&self, gpu: &Gpu, stream: &Stream, call: &Call<DeviceBuf>, src: &Source<'_>) -> Result<Arc<Plan>> {
+    fn plan(
+        &self,
+        gpu: &Gpu,
+        w: &Windows,
+        stream: &Stream,
+        call: &Call<DeviceBuf>,
+        src: &Source<'_>,
+    ) -> Result<Arc<Plan>> {
         let coll = call.collective();
         let key = (src.name.clone(), coll, premul_of(call).is_some());
         if let Some(p) = self.cache.lock().get(&key) {
             return Ok(p.clone());
         }
         let program = (src.build)(self.chunk)?;
-        let plan = match self.fit(&program, call) {
+        let plan = match self.fit(w, &program, call) {
             Ok(ready) => Plan::Ready(Box::new(self.upload(gpu, stream, ready)?)),
             Err(why) => {
                 let msg = format!("the device executor cannot run {} for {coll}: {why}", src.name);
                 if src.named {
-                    tracing::warn!("rank {}: {msg}", self.rank);
+                    tracing::warn!("rank {}: {msg}", w.rank);
                 } else {
-                    tracing::info!("rank {}: {msg}", self.rank);
+                    tracing::info!("rank {}: {msg}", w.rank);
                 }
                 Plan::Unfit(msg)
             }
@@ -170,7 +146,7 @@ impl Exec {
 
     /// Whether `program` runs here, the same verdict on every rank; the
     /// encoded program of this rank if so.
-    fn fit(&self, program: &Program, call: &Call<DeviceBuf>) -> std::result::Result<Unloaded, String> {
+    fn fit(&self, w: &Windows, program: &Program, call: &Call<DeviceBuf>) -> std::result::Result<Unloaded, String> {
         let c = program.collective;
         let (_, _, unit) = unit_of(call);
         let es = call.dtype.size();
@@ -179,7 +155,7 @@ impl Exec {
         let mut exchange = 0u32;
         let mut mine = None;
         for (r, rp) in program.ranks.iter().enumerate() {
-            let d = DeviceProgram::encode(rp, r, self.nranks, unit).map_err(|e| e.to_string())?;
+            let d = DeviceProgram::encode(rp, r, w.nranks, unit).map_err(|e| e.to_string())?;
             if d.channels.len() > FIFO_CHANS {
                 return Err(format!("rank {r} has {} channels; the FIFOs have {FIFO_CHANS}", d.channels.len()));
             }
@@ -198,20 +174,20 @@ impl Exec {
             let premul = if premul_of(call).is_some() || !program.in_place { c.input_len(r) * es } else { 0 };
             scratch = scratch.max((d.scratch * (es / unit)).next_multiple_of(256) + premul);
             let reach = peer_buffers(rp);
-            if reach != 0 && !self.same_process {
+            if reach != 0 && !w.same_process {
                 return Err("it reads or writes peers' input or output directly, which ranks of different \
                             processes cannot (only their windows are mapped)"
                     .into());
             }
-            if r == self.rank {
+            if r == w.rank {
                 exchange = reach;
                 mine = Some(d);
             }
         }
-        if scratch > self.window_bytes {
+        if scratch as u64 > w.window_bytes {
             return Err(format!(
                 "it needs {scratch} bytes of scratch on a rank, the window has {} (OXCCL_DEVICE_WINDOW)",
-                self.window_bytes
+                w.window_bytes
             ));
         }
         let prog = mine.ok_or("no program for this rank")?;
@@ -248,27 +224,27 @@ impl Exec {
     pub fn run(
         &self,
         gpu: &Gpu,
+        w: &Windows,
         stream: &Stream,
         call: &Call<DeviceBuf>,
         src: &Source<'_>,
-        blocks: u32,
-        on_gpu: u32,
+        (blocks, on_gpu): (u32, u32),
     ) -> Result<bool> {
-        let plan = self.plan(gpu, stream, call, src)?;
+        let plan = self.plan(gpu, w, stream, call, src)?;
         let r = match &*plan {
             Plan::Ready(r) => r,
-            Plan::Unfit(msg) if src.required => return Err(Error::InvalidUsage(format!("rank {}: {msg}", self.rank))),
+            Plan::Unfit(msg) if src.required => return Err(Error::InvalidUsage(format!("rank {}: {msg}", w.rank))),
             Plan::Unfit(_) => return Ok(false),
         };
         let (dtype, kop, unit) = unit_of(call);
         let module = gpu.dev.module(dtype, kop)?;
-        let team = self.team(gpu, &module, r.nchan_max, blocks, on_gpu)?;
-        let me = self.rank;
+        let team = self.team(gpu, w.rank, &module, r.nchan_max, (blocks, on_gpu))?;
+        let me = w.rank;
         let mut input = call.input.addr();
         let premul = premul_of(call);
         if premul.is_some() || (call.input.overlaps(&call.output) && !r.in_place) {
             // Scaled, or kept aside from the output the program writes.
-            let pre = self.windows[me] + r.premul_at;
+            let pre = w.windows[me] + r.premul_at;
             let (flag, scale) = premul.map_or((0, 1.0), |s| (1, s));
             // In the module's elements (bytes for data movement).
             let n = call.collective().input_len(me) * unit;
@@ -282,9 +258,9 @@ impl Exec {
             steps: r.mem.addr(),
             slices: r.mem.addr() + r.slices_at,
             slot_bytes: self.slot_bytes as u64,
-            timeout_ns: self.timeout_ns,
+            timeout_ns: w.timeout_ns(),
             status: gpu.status_addr(),
-            nranks: self.nranks as u32,
+            nranks: w.nranks as u32,
             rank: me as u32,
             fifo_chans: FIFO_CHANS as u32,
             slots: SLOTS as u32,
@@ -293,10 +269,10 @@ impl Exec {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             ..ProgArgs::default()
         };
-        for q in 0..self.nranks {
-            a.bufs[q][2] = self.windows[q];
-            a.fifo[q] = self.fifo[q];
-            a.flags[q] = self.flags[q];
+        for q in 0..w.nranks {
+            a.bufs[q][2] = w.windows[q];
+            a.fifo[q] = w.fifo(q);
+            a.flags[q] = w.prog_flags(q);
         }
         a.bufs[me][0] = input;
         a.bufs[me][1] = call.output.addr();
@@ -313,49 +289,25 @@ impl Exec {
             let out = call.output.addr();
             let n = call.collective().output_len(me);
             // SAFETY: the caller's checked output, `n` elements, in place.
-            unsafe { reduce_one(&module, stream, blocks, (out, out), n, (0, 1.0, self.nranks as u32)) }?;
+            unsafe { reduce_one(&module, stream, blocks, (out, out), n, (0, 1.0, w.nranks as u32)) }?;
         }
         Ok(true)
     }
 
     /// Blocks per channel: the grid budget over the busiest rank's
     /// channels, within what the GPU holds for every rank on it at once.
-    fn team(&self, gpu: &Gpu, module: &Module, nchan: usize, blocks: u32, on_gpu: u32) -> Result<u32> {
+    fn team(&self, gpu: &Gpu, rank: usize, module: &Module, nchan: usize, (blocks, on_gpu): (u32, u32)) -> Result<u32> {
         let nchan = nchan.max(1) as u32;
         let holds = gpu.dev.sm_count() * module.max_active_blocks("oxccl_program", THREADS)?;
         let fit = holds / (on_gpu.max(1) * nchan);
         if fit == 0 {
             return Err(Error::Unavailable(format!(
-                "rank {}: {on_gpu} ranks' programs of {nchan} channels do not fit on GPU {} at once ({holds} blocks)",
-                self.rank,
+                "rank {rank}: {on_gpu} ranks' programs of {nchan} channels do not fit on GPU {} at once ({holds} blocks)",
                 gpu.dev.ordinal()
             )));
         }
         Ok((blocks / nchan).clamp(1, MAX_TEAM as u32).min(fit))
     }
-}
-
-/// Enqueues one `oxccl_reduce` of `count` elements of `module`'s type,
-/// `dst ← src`, with (premul, scale, avg divisor): a copy with `(0, 1.0, 0)`.
-///
-/// # Safety
-/// `src` and `dst` must be device memory of `count` elements each, alive
-/// until the stream has passed the launch (they may be the same).
-pub(super) unsafe fn reduce_one(
-    module: &Module,
-    stream: &Stream,
-    blocks: u32,
-    (src, dst): (u64, u64),
-    count: usize,
-    (premul, scale, avg_div): (u32, f64, u32),
-) -> Result<()> {
-    if count == 0 {
-        return Ok(());
-    }
-    let mut a = ReduceArgs { count: count as u64, scale, nsrcs: 1, ndsts: 1, premul, avg_div, ..Default::default() };
-    (a.srcs[0], a.dsts[0]) = (src, dst);
-    // SAFETY: the caller vouches for both ranges (see above).
-    Ok(unsafe { module.launch_reduce(stream, blocks, THREADS, &a) }?)
 }
 
 /// An encoded program not yet uploaded.
@@ -370,7 +322,7 @@ struct Unloaded {
 /// The module a call's program runs in and its encoding unit: reductions
 /// in their type, data movement in bytes.
 fn unit_of(call: &Call<DeviceBuf>) -> (DataType, oxccl_cuda::KernelOp, usize) {
-    let (dtype, kop, _) = super::direct::module_of(call);
+    let (dtype, kop, _) = module_of(call);
     let unit = if call.kind.reduces() { 1 } else { call.dtype.size() };
     (dtype, kop, unit)
 }
@@ -407,20 +359,34 @@ mod tests {
         assert_eq!(extra_bytes(4, 512 << 10), PROG_FLAG_BYTES + 4 * FIFO_CHANS * (512 << 10));
     }
 
-    /// An executor of rank 0 of `n` over fake window addresses.
-    fn exec(n: usize, window: usize, same_process: bool) -> Exec {
-        let mut w = [0; MAX_RANKS];
-        for (q, a) in w.iter_mut().enumerate().take(n) {
+    /// Rank 0 of `n`'s windows at fake addresses.
+    fn windows(n: usize, window: u64, same_process: bool) -> Windows {
+        let mut windows = [0; oxccl_cuda::MAX_RANKS];
+        for (q, a) in windows.iter_mut().enumerate().take(n) {
             *a = 0x1000_0000 * (q as u64 + 1);
         }
-        Exec::new(w, window, 64 << 10, same_process, (0, n), 1)
+        let flags = windows.map(|a| a.saturating_sub(oxccl_cuda::FLAG_BYTES as u64));
+        let timeout = std::time::Duration::from_nanos(1);
+        Windows { windows, flags, window_bytes: window, same_process, rank: 0, nranks: n, timeout }
+    }
+
+    /// Whether the executor of rank 0 of `n` would run `program`.
+    fn fit(
+        n: usize,
+        window: u64,
+        same_process: bool,
+        program: &Program,
+        call: &Call<DeviceBuf>,
+    ) -> std::result::Result<Unloaded, String> {
+        Exec::new(64 << 10).fit(&windows(n, window, same_process), program, call)
     }
 
     fn call(kind: CollKind, n: usize, count: usize, op: ReduceOp) -> Call<DeviceBuf> {
         let c = Collective::new(kind, n, count);
         let (i, o) = (c.input_len(0) * 4, c.output_len(0) * 4);
         let (s, r) = (DeviceBuf::new(0x10_0000, i), DeviceBuf::new(0x90_0000, o));
-        Call::new(kind, count, DataType::Float32, op, 0, Some(s), r, 0, n).unwrap()
+        let spec = crate::call::Spec::new(kind, count, DataType::Float32).with_op(op);
+        Call::new(spec, Some(s), r, 0, n).unwrap()
     }
 
     #[test]
@@ -430,30 +396,30 @@ mod tests {
         let opts = BuildOptions { chunk_bytes: chunk_bytes(64 << 10), max_chunks: usize::MAX };
         // Ring: two-sided, fits; its slices are the FIFO's half at most.
         let ring = build(Algorithm::Ring, &c, &opts).unwrap();
-        let u = exec(4, 1 << 20, false).fit(&ring, &ar).unwrap();
+        let u = fit(4, 1 << 20, false, &ring, &ar).unwrap();
         assert_eq!((u.nchan_max, u.exchange), (1, 0));
         assert_eq!(u.premul_at, 0, "the ring needs no scratch");
         // One-shot reads the peers' inputs: threads of one process only.
         let one = build(Algorithm::OneShot, &c, &opts).unwrap();
-        let e = exec(4, 1 << 20, false).fit(&one, &ar).err().unwrap();
+        let e = fit(4, 1 << 20, false, &one, &ar).err().unwrap();
         assert!(e.contains("different processes"), "{e}");
-        let u = exec(4, 1 << 20, true).fit(&one, &ar).unwrap();
+        let u = fit(4, 1 << 20, true, &one, &ar).unwrap();
         assert_eq!(u.exchange, 0b1110);
         assert_eq!(u.premul_at, 4096, "scratch of 1000 floats, rounded to 256 bytes");
         // Scratch beyond the window.
-        let e = exec(4, 2048, true).fit(&one, &ar).err().unwrap();
+        let e = fit(4, 2048, true, &one, &ar).err().unwrap();
         assert!(e.contains("OXCCL_DEVICE_WINDOW"), "{e}");
         // Messages beyond half a FIFO: the host's chunking is not the device's.
         let big = call(CollKind::AllReduce, 4, 200_000, ReduceOp::Sum);
         let host = build(Algorithm::Ring, &big.collective(), &BuildOptions::default()).unwrap();
-        let e = exec(4, 1 << 20, false).fit(&host, &big).err().unwrap();
+        let e = fit(4, 1 << 20, false, &host, &big).err().unwrap();
         assert!(e.contains("FIFO slots") && e.contains("OXCCL_DEVICE_FIFO"), "{e}");
         // More channels than the FIFOs have.
         let mut wide = ring.clone();
         for r in &mut wide.ranks {
             r.channels.resize(FIFO_CHANS + 1, Vec::new());
         }
-        let e = exec(4, 1 << 20, false).fit(&wide, &ar).err().unwrap();
+        let e = fit(4, 1 << 20, false, &wide, &ar).err().unwrap();
         assert!(e.contains("channels"), "{e}");
     }
 

@@ -204,4 +204,3 @@ impl Backend for Gpu {
         Ok(self.stream(s).synchronize(timeout)?)
     }
 }
-

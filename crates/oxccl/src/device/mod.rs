@@ -24,6 +24,13 @@
 //! receives (`Communicator::group_device`) are one `oxccl_p2p` kernel on
 //! the direct path and pieces through host memory on the staged one.
 //!
+//! The modules: `setup` (the first launch: GPU, cards, route), `gpu` (one
+//! GPU: the staging backend, shared words, kernel helpers), `windows`
+//! (every rank's device areas: the state the direct kernels and the
+//! executor share), `direct` (the hand-written kernels and the launch
+//! order), `exec` (the device executor), `stage` (the staged path),
+//! `route` (direct or staged).
+//!
 //! Ranks that are threads of one process share the GPU's context: each
 //! needs its own stream (the legacy default stream is refused then, see
 //! [`check_stream`]; one stream shared by two ranks of a thread deadlocks
@@ -41,25 +48,31 @@
 //!
 //! This module knows nothing of the communicator: its set-up takes a
 //! [`Ctx`] (rank, bootstrap, configuration), and the staging path returns
-//! the host jobs it needs run ([`stage::Stager::run`]); the communicator's
-//! device methods call in here.
+//! the host jobs it needs run ([`stage::Stager::run`]), planned by closures
+//! the caller passes; the launch's device part (`device_api.rs`) calls in
+//! here.
 
 pub(crate) mod backend;
-#[cfg(feature = "cuda")]
-mod cuda;
 #[cfg(feature = "cuda")]
 mod direct;
 #[cfg(feature = "cuda")]
 mod exec;
 #[cfg(test)]
 pub(crate) mod fake;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod route;
+#[cfg(feature = "cuda")]
+mod setup;
 pub(crate) mod stage;
+#[cfg(feature = "cuda")]
+mod windows;
 
 use crate::buf::{CudaStream, DeviceBuf};
 use crate::call::Call;
 use crate::config::Resolved;
-use crate::job::Counters;
+use crate::job::{Counters, Job};
+use crate::op::Op;
 use backend::Backend;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{Error, Result};
@@ -144,7 +157,7 @@ impl DeviceComm {
     /// every rank's first device call, `first`, runs it).
     #[cfg(feature = "cuda")]
     pub fn open(ctx: &Ctx<'_>, buf: DeviceBuf, first: Option<&Call<DeviceBuf>>) -> Result<DeviceComm> {
-        cuda::open(ctx, buf, first)
+        setup::open(ctx, buf, first)
     }
 
     /// Without the `cuda` feature there is no device.
@@ -210,10 +223,10 @@ impl DeviceComm {
     /// the host jobs to queue (none on the direct path).
     pub fn run_p2p(
         &self,
-        plan: &dyn Fn(Vec<crate::group::Op>) -> Result<Option<crate::job::Job>>,
+        plan: &dyn Fn(Vec<Op>) -> Result<Option<Job>>,
         ops: &[stage::P2pOp],
         stream: CudaStream,
-    ) -> Result<Vec<crate::job::Job>> {
+    ) -> Result<Vec<Job>> {
         #[cfg(feature = "cuda")]
         if let Some(d) = &self.direct {
             // The byte module was loaded at set-up.
@@ -244,20 +257,6 @@ fn direct_kind(kind: CollKind) -> bool {
     )
 }
 
-/// An error unless a device buffer at `addr` is aligned to its element
-/// size `es`: kernels read elements at their natural alignment, and a
-/// misaligned one faults, which poisons the whole CUDA context.
-pub(crate) fn check_aligned(addr: u64, len: usize, dtype: oxccl_core::DataType) -> Result<()> {
-    let es = dtype.size() as u64;
-    if len > 0 && !addr.is_multiple_of(es) {
-        return Err(Error::invalid(format!(
-            "address {addr:#x} is not a multiple of {es} bytes, the size of a {dtype} element (a kernel \
-             would fault on it)"
-        )));
-    }
-    Ok(())
-}
-
 /// An error when `stream` is the legacy default stream (`0`, or its
 /// explicit handle `cudaStreamLegacy`, `1`) and this process runs several
 /// ranks of the communicator: their kernels, which wait for each other,
@@ -281,16 +280,6 @@ pub(crate) fn check_stream(process_ranks: usize, stream: CudaStream) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oxccl_core::DataType;
-
-    #[test]
-    fn misaligned_buffers_are_named_with_address_and_element_size() {
-        check_aligned(0x1000, 64, DataType::Float64).unwrap();
-        check_aligned(0x1001, 0, DataType::Float64).unwrap();
-        check_aligned(0x1001, 3, DataType::Uint8).unwrap();
-        let e = check_aligned(0x1002, 8, DataType::Float32).unwrap_err().to_string();
-        assert!(e.contains("0x1002") && e.contains("4 bytes") && e.contains("float element"), "{e}");
-    }
 
     #[test]
     fn the_legacy_stream_is_refused_to_several_ranks_of_one_process() {

@@ -35,6 +35,7 @@ use super::backend::{Backend, Marker, Pinned, word};
 use crate::buf::{CudaStream, DeviceBuf, Region};
 use crate::call::Call;
 use crate::job::{Action, Counters, Job};
+use crate::op::Op;
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{Error, Result};
 use parking_lot::Mutex;
@@ -181,7 +182,7 @@ impl Stager {
     /// Nothing is enqueued when planning fails.
     pub fn run_p2p(
         &self,
-        plan: &dyn Fn(Vec<crate::group::Op>) -> Result<Option<Job>>,
+        plan: &dyn Fn(Vec<Op>) -> Result<Option<Job>>,
         ops: &[P2pOp],
         stream: CudaStream,
     ) -> Result<Vec<Job>> {
@@ -226,7 +227,8 @@ impl Stager {
                     } else {
                         backs.push((region, dev))
                     }
-                    host.push(crate::group::Op::P2p { send, peer, region, dtype: oxccl_core::DataType::Uint8 });
+                    let dtype = oxccl_core::DataType::Uint8;
+                    host.push(if send { Op::send(region, dtype, peer) } else { Op::recv(region, dtype, peer) });
                 }
                 let v = base + k as u64 + 1;
                 let mut job = plan(host)?.ok_or_else(|| Error::Internal("an empty staged round".into()))?;

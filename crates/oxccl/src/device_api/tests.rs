@@ -2,7 +2,7 @@
 //! checked against the host path on the same communicators.
 
 use crate::device::fake::Fake;
-use crate::{Communicator, Config, CudaStream, DeviceBuf};
+use crate::{Communicator, Config, CudaStream, DeviceBuf, Op, Spec};
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_core::{DataType, Error, ReduceOp};
 use std::sync::Arc;
@@ -32,19 +32,20 @@ fn staged_matches_host(n: usize, kind: CollKind, count: usize, dtype: DataType, 
                 let (ni, no) = (coll.input_len(c.rank()), coll.output_len(c.rank()));
                 let send = input(c.rank(), ni.max(count * n), dtype)[..ni * es].to_vec();
                 let mut want = vec![0u8; no * es];
-                c.collective_bytes(kind, Some(&send), &mut want, count, dtype, op, root).unwrap();
+                let spec = Spec::new(kind, count, dtype).with_op(op).with_root(root);
+                c.collective_bytes(spec, Some(&send), &mut want).unwrap();
                 // Out of place.
                 let (ds, dr) = (fake.alloc(ni * es + 3), fake.alloc(no * es + 5));
                 fake.write(ds, &send);
                 let stream = CudaStream(7);
-                c.collective_device(kind, Some(ds), dr, count, dtype, op, root, stream).unwrap();
+                c.collective_device(spec, Some(ds), dr, stream).unwrap();
                 c.device_synchronize(stream).unwrap();
                 assert_eq!(fake.read(dr.sub(0, no * es).unwrap()), want, "{kind} out of place, rank {}", c.rank());
                 // In place, on another stream.
                 let l = coll.in_place_layout(c.rank());
                 let whole = fake.alloc(l.len * es);
                 fake.write(whole.sub(l.input_at * es, ni * es).unwrap(), &send);
-                c.collective_device(kind, None, whole, count, dtype, op, root, CudaStream(8)).unwrap();
+                c.collective_device(spec, None, whole, CudaStream(8)).unwrap();
                 c.device_synchronize(CudaStream(8)).unwrap();
                 let got = fake.read(whole.sub(l.output_at * es, no * es).unwrap());
                 assert_eq!(got, want, "{kind} in place, rank {}", c.rank());
@@ -130,9 +131,10 @@ fn bad_device_arguments_are_errors_that_change_nothing() {
         "{wild:?}"
     );
     let null = DeviceBuf::new(0, 0);
-    c.collective_device(CollKind::AllGather, Some(null), null, 0, DataType::Int32, ReduceOp::Sum, 0, CudaStream(1))
+    c.collective_device(Spec::new(CollKind::AllGather, 0, DataType::Int32), Some(null), null, CudaStream(1))
         .expect("count 0 moves nothing, whatever the pointers");
-    let root = c.collective_device(CollKind::Broadcast, None, b, 4, DataType::Int32, ReduceOp::Sum, 3, CudaStream(1));
+    let bcast = Spec::new(CollKind::Broadcast, 4, DataType::Int32).with_root(3);
+    let root = c.collective_device(bcast, None, b, CudaStream(1));
     assert!(root.is_err());
     c.device_synchronize(CudaStream(1)).unwrap();
     assert_eq!(fake.read(b), vec![9; 16]);
@@ -217,8 +219,7 @@ fn staging_memory_grows_with_nothing_in_flight_at_the_same_call_on_every_rank() 
                 // All-gather: the output is twice the input on every rank.
                 let (half, whole) = (big.sub(0, 400_000).unwrap(), big.sub(400_000, 800_000).unwrap());
                 let u8s = DataType::Uint8;
-                c.collective_device(CollKind::AllGather, Some(half), whole, 400_000, u8s, ReduceOp::Sum, 0, s2)
-                    .unwrap();
+                c.collective_device(Spec::new(CollKind::AllGather, 400_000, u8s), Some(half), whole, s2).unwrap();
                 f32s(big, 400_000).unwrap();
                 c.device_synchronize(s1).unwrap();
                 c.device_synchronize(s2).unwrap();
@@ -266,18 +267,18 @@ fn staged_exchange(n: usize, per_pair: usize, lens: &[usize]) {
                     for k in 0..per_pair {
                         let b = fake.alloc(len(peer, k));
                         fake.write(b, &p2p_bytes(me, peer, k, len(peer, k)));
-                        ops.push(crate::DeviceP2p { send: true, peer, buf: b, dtype: DataType::Uint8 });
+                        ops.push(Op::send(b, DataType::Uint8, peer));
                     }
                 }
                 for peer in (0..n).rev() {
                     for k in 0..per_pair {
                         let b = fake.alloc(rlen(peer, k));
                         recvs.push((peer, k, b));
-                        ops.push(crate::DeviceP2p { send: false, peer, buf: b, dtype: DataType::Uint8 });
+                        ops.push(Op::recv(b, DataType::Uint8, peer));
                     }
                 }
                 let stream = CudaStream(3);
-                c.group_device(&ops, stream).unwrap();
+                c.run_ops(&ops, &[stream]).unwrap();
                 c.device_synchronize(stream).unwrap();
                 for (peer, k, b) in recvs {
                     assert_eq!(
@@ -308,14 +309,119 @@ fn device_send_recv_errors_name_the_operation_and_change_nothing() {
     c.use_device_backend(fake.clone(), 1 << 20);
     let b = fake.alloc(8);
     let e = c.send_device(b, DataType::Float32, 2, CudaStream(1)).unwrap_err().to_string();
-    assert!(e.contains("rank 0") && e.contains("send_device") && e.contains("peer 2"), "{e}");
+    assert!(e.contains("rank 0") && e.contains("send (operation 0") && e.contains("peer 2"), "{e}");
     let odd = fake.alloc(6);
     let e = c.recv_device(odd, DataType::Float32, 1, CudaStream(1)).unwrap_err().to_string();
-    assert!(e.contains("recv_device") && e.contains("6 bytes"), "{e}");
-    let too_many: Vec<crate::DeviceP2p> =
-        (0..33).map(|_| crate::DeviceP2p { send: true, peer: 1, buf: b, dtype: DataType::Uint8 }).collect();
-    let e = c.group_device(&too_many, CudaStream(1)).unwrap_err().to_string();
+    assert!(e.contains("recv (operation 0") && e.contains("6 bytes"), "{e}");
+    let too_many: Vec<Op> = (0..33).map(|_| Op::send(b, DataType::Uint8, 1)).collect();
+    let e = c.run_ops(&too_many, &[CudaStream(1)]).unwrap_err().to_string();
     assert!(e.contains("33 sends") && e.contains("split the group"), "{e}");
     // Nothing was sent: rank 1 sees no message, rank 0 still works.
     assert!(c.async_error().is_none());
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// One launch may mix host and device operations: every rank's group
+/// holds a device all-reduce, a host all-reduce, a device ring exchange and
+/// a host ring exchange. The host part has ended when the group returns;
+/// the device part when its stream has run.
+#[test]
+fn a_launch_mixing_host_and_device_operations_runs_both() {
+    let n = 3;
+    let comms = Communicator::init_threads(n).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let fake = Fake::new();
+                c.use_device_backend(fake.clone(), 16);
+                let me = c.rank();
+                let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+                let dsum = fake.alloc(40);
+                fake.write(dsum, &f32_bytes(&[(me + 1) as f32; 10]));
+                let (dsend, drecv) = (fake.alloc(8), fake.alloc(8));
+                fake.write(dsend, &[me as u8 + 100; 8]);
+                let hs = vec![(me * 10) as i32; 5];
+                let mut hr = vec![0i32; 5];
+                let hsend = vec![me as u8; 3];
+                let mut hrecv = vec![9u8; 3];
+                let stream = CudaStream(5);
+                c.group(|g| {
+                    g.stream(stream);
+                    g.send(&hsend, next).recv_device(drecv, DataType::Uint8, prev);
+                    g.collective_device(Spec::new(CollKind::AllReduce, 10, DataType::Float32), None, dsum);
+                    g.all_reduce(&hs, &mut hr, ReduceOp::Sum);
+                    g.recv(&mut hrecv, prev).send_device(dsend, DataType::Uint8, next);
+                })
+                .unwrap();
+                assert_eq!(hr, vec![30; 5], "rank {me}: the host all-reduce");
+                assert_eq!(hrecv, vec![prev as u8; 3], "rank {me}: the host message");
+                c.device_synchronize(stream).unwrap();
+                assert_eq!(fake.read(dsum), f32_bytes(&[6.0; 10]), "rank {me}: the device all-reduce");
+                assert_eq!(fake.read(drecv), vec![prev as u8 + 100; 8], "rank {me}: the device message");
+            });
+        }
+    });
+}
+
+/// A launch on several streams: they all wait for what came before on any
+/// of them, and all of them wait for the launch (NCCL's rule), so waiting
+/// for the second stream waits for a collective that ran on the first.
+#[test]
+fn a_launch_on_several_streams_joins_them() {
+    let comms = Communicator::init_threads(2).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || {
+                let fake = Fake::new();
+                c.use_device_backend(fake.clone(), 1 << 20);
+                let b = fake.alloc(4000);
+                fake.write(b, &f32_bytes(&[1.0; 1000]));
+                if c.rank() == 1 {
+                    // Rank 0's launch cannot finish before rank 1's starts.
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                let (s1, s2) = (CudaStream(1), CudaStream(2));
+                c.group(|g| {
+                    g.stream(s1).stream(s2);
+                    g.collective_device(Spec::new(CollKind::AllReduce, 1000, DataType::Float32), None, b);
+                })
+                .unwrap();
+                c.device_synchronize(s2).unwrap();
+                assert_eq!(fake.read(b), f32_bytes(&[2.0; 1000]), "rank {}: after its second stream", c.rank());
+                c.device_synchronize(s1).unwrap();
+            });
+        }
+    });
+}
+
+#[test]
+fn streams_go_with_device_operations_only() {
+    let comms = Communicator::init_threads(1).unwrap();
+    let c = &comms[0];
+    let fake = Fake::new();
+    c.use_device_backend(fake.clone(), 64);
+    let b = fake.alloc(16);
+    let op = Op::collective(Spec::new(CollKind::AllReduce, 4, DataType::Int32), None, b.into(), 0, 1).unwrap();
+    let e = c.run_ops(&[op], &[]).unwrap_err().to_string();
+    assert!(e.contains("rank 0") && e.contains("all_reduce on device memory needs a CUDA stream"), "{e}");
+    let mut host = [0u8; 4];
+    let hop = Op::collective(
+        Spec::new(CollKind::AllReduce, 1, DataType::Int32),
+        None,
+        crate::Buffer::Host(crate::Region::of_mut(&mut host)),
+        0,
+        1,
+    )
+    .unwrap();
+    let e = c.run_ops(&[hop], &[CudaStream(7)]).unwrap_err().to_string();
+    assert!(e.contains("host memory") && e.contains("pass none") && e.contains("0x7"), "{e}");
+    // An operation checked for another communicator's rank is refused.
+    let other = Op::collective(Spec::new(CollKind::AllReduce, 4, DataType::Int32), None, b.into(), 1, 2).unwrap();
+    let e = c.run_ops(&[other], &[CudaStream(1)]).unwrap_err().to_string();
+    assert!(e.contains("checked for rank 1 of 2"), "{e}");
+    c.run_ops(&[op, hop], &[CudaStream(1)]).unwrap();
+    c.device_synchronize(CudaStream(1)).unwrap();
 }
