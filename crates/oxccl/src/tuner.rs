@@ -16,7 +16,7 @@
 //! links, programs with the simulator on the matching links.
 
 use crate::programs::{self, ProgramId};
-use oxccl_algo::algos::{Algorithm, BuildOptions, build};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build, is_nccl_only};
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_algo::cost::{self, Link, Topology};
 use oxccl_algo::ir::Program;
@@ -53,10 +53,6 @@ const HOST_COPY_BW: f64 = 10e9;
 /// `t` with a host core's reduce and copy rates.
 fn on_host(t: Topology) -> Topology {
     t.with_reduce_bw(HOST_REDUCE_BW).with_copy_bw(HOST_COPY_BW)
-}
-
-fn is_one_sided(a: Algorithm) -> bool {
-    matches!(a, Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Direct)
 }
 
 /// Which algorithms each collective may use.
@@ -104,10 +100,7 @@ impl AlgoFilter {
                 }
                 match name.parse::<Algorithm>() {
                     Ok(a) => algos.push(Choice::Builtin(a)),
-                    Err(_)
-                        if ["collnet", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"]
-                            .contains(&name.to_ascii_lowercase().as_str()) =>
-                    {
+                    Err(_) if is_nccl_only(name) => {
                         tracing::warn!("OXCCL_ALGO: oxccl has no {name} algorithm; ignored");
                     }
                     Err(e) => {
@@ -281,7 +274,7 @@ impl Tuner {
     /// The predicted time of `c` for `coll`, if there is a model for it.
     pub fn estimate(&self, c: Choice, coll: &Collective) -> Option<f64> {
         match c {
-            Choice::Builtin(a) => cost::estimate(a, coll, &self.topo(coll, is_one_sided(a))),
+            Choice::Builtin(a) => cost::estimate(a, coll, &self.topo(coll, a.one_sided())),
             Choice::Program(_) => {
                 let p = self.build(c, coll).ok()?;
                 oxccl_algo::sim::simulate(&p, &self.topo(coll, p.has_one_sided())).ok().map(|r| r.time)
