@@ -25,7 +25,7 @@
 //! ```
 
 use crate::algos::Algorithm;
-use crate::collective::{CollKind, Collective};
+use crate::collective::Collective;
 use oxccl_core::{Error, Result};
 use std::fmt;
 use std::str::FromStr;
@@ -437,51 +437,57 @@ pub fn pipelined_rooted(depth: usize, bytes: usize, link: Link, gamma: f64) -> f
     nf(depth) * link.lat + s / link.bw + s * gamma
 }
 
+/// What the closed forms price a collective with: every hop at the
+/// topology's [`bottleneck`](Topology::bottleneck) link.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Terms {
+    /// Ranks.
+    pub nranks: usize,
+    /// `S`: the collective's size in bytes ([`Collective::size_bytes`]).
+    pub bytes: usize,
+    /// The root of a rooted collective.
+    pub root: usize,
+    /// The link every hop takes.
+    pub link: Link,
+    /// `γ`, seconds per byte reduced; 0 for a collective that does not
+    /// reduce.
+    pub gamma: f64,
+    /// `κ`, seconds per byte copied locally.
+    pub copy: f64,
+}
+
+impl Terms {
+    /// The terms of `coll` on `topo`.
+    pub fn of(coll: &Collective, topo: &Topology) -> Terms {
+        Terms {
+            nranks: coll.nranks,
+            bytes: coll.size_bytes(),
+            root: coll.root,
+            link: topo.bottleneck(),
+            gamma: if coll.kind.reduces() { topo.gamma() } else { 0.0 },
+            copy: topo.copy_cost(),
+        }
+    }
+}
+
 /// A quick closed-form guess of `algo`'s time for `coll` on `topo`, every
-/// hop priced as the topology's [`bottleneck`](Topology::bottleneck) link;
-/// `Some` for every pair [`build`](crate::algos::build) accepts, `None`
-/// for the others. A first guess for a tuner, not the simulator: it
-/// ignores NIC sharing and the placement of ranks. The direct algorithms,
-/// pairwise and linear follow the simulator's schedule on one node (see
-/// [`one_shot_all_reduce`] and the functions after it), local copies
-/// priced at the topology's [`copy_cost`](Topology::copy_cost).
+/// hop priced as the topology's [`bottleneck`](Topology::bottleneck) link:
+/// the algorithm's cost model ([`AlgoSpec::cost`](crate::algos::AlgoSpec::cost),
+/// in [`models`]); `Some` for every pair [`build`](crate::algos::build)
+/// accepts, `None` for the others. A first guess for a tuner, not the
+/// simulator: it ignores NIC sharing and the placement of ranks. The
+/// direct algorithms, pairwise and linear follow the simulator's schedule
+/// on one node (see [`one_shot_all_reduce`] and the functions after it),
+/// local copies priced at the topology's [`copy_cost`](Topology::copy_cost).
 pub fn estimate(algo: Algorithm, coll: &Collective, topo: &Topology) -> Option<f64> {
-    let (n, s, link, g, k) = (coll.nranks, coll.size_bytes(), topo.bottleneck(), topo.gamma(), topo.copy_cost());
-    let g = if coll.kind.reduces() { g } else { 0.0 };
-    Some(match (algo, coll.kind) {
-        (Algorithm::OneShot, CollKind::AllReduce) => one_shot_all_reduce(n, s, link, g, k),
-        (Algorithm::TwoShot, CollKind::AllReduce) => two_shot_all_reduce(n, s, link, g, k),
-        (Algorithm::Direct, CollKind::ReduceScatter) => direct_reduce_scatter(n, s, link, g, k),
-        (Algorithm::Direct, CollKind::AllGather | CollKind::AllToAll) => direct_all_gather(n, s, link, k),
-        (Algorithm::Direct, CollKind::Broadcast) => direct_from_root(n, s, false, link, k),
-        (Algorithm::Direct, CollKind::Scatter) => direct_from_root(n, s, true, link, k),
-        (Algorithm::Direct, CollKind::Gather) => direct_gather(n, s, link, k),
-        (Algorithm::Direct, CollKind::Reduce) => direct_reduce(n, coll.root, s, link, g, k),
-        (Algorithm::Direct, CollKind::SendRecv) if n > 1 && s > 0 => link.time(nf(s)),
-        (Algorithm::Direct, CollKind::SendRecv) => nf(s) * k,
-        (Algorithm::Pairwise, CollKind::AllToAll) => pairwise_all_to_all(n, s, link, k),
-        (Algorithm::Linear, CollKind::Gather) => linear_gather(n, s, link, k),
-        (Algorithm::Linear, CollKind::Scatter) => linear_scatter(n, s, link, k),
-        (Algorithm::Ring, CollKind::AllReduce) => ring_all_reduce(n, s, link, g),
-        (Algorithm::Ring | Algorithm::Rhd, CollKind::ReduceScatter) => {
-            ring_reduce_scatter(n, s, link, g).max(if algo == Algorithm::Rhd { log2_ceil(n) * link.lat } else { 0.0 })
-        }
-        (Algorithm::Ring, CollKind::AllGather) => ring_all_gather(n, s, link),
-        (Algorithm::Rhd, CollKind::AllGather) => {
-            ring_all_gather(n, s, link) - nf(n.saturating_sub(1)) * link.lat + log2_ceil(n) * link.lat
-        }
-        (Algorithm::Rhd, CollKind::AllReduce) => rhd_all_reduce(n, s, link, g),
-        (Algorithm::Doubling, CollKind::AllReduce) => doubling_all_reduce(n, s, link, g),
-        (Algorithm::Tree, CollKind::AllReduce) => tree_all_reduce(n, s, link, g),
-        (Algorithm::Ring, CollKind::Broadcast | CollKind::Reduce) => pipelined_rooted(n.saturating_sub(1), s, link, g),
-        (Algorithm::Tree, CollKind::Broadcast | CollKind::Reduce) => {
-            pipelined_rooted(log2_ceil(n) as usize, s, link, g)
-        }
-        _ => return None,
-    })
+    if !algo.supports(coll.kind) {
+        return None;
+    }
+    (algo.spec().cost)(coll.kind, &Terms::of(coll, topo))
 }
 
 mod direct;
+pub mod models;
 pub use direct::{
     direct_all_gather, direct_from_root, direct_gather, direct_reduce, direct_reduce_scatter, linear_gather,
     linear_scatter, one_shot_all_reduce, pairwise_all_to_all, reads, two_shot_all_reduce,

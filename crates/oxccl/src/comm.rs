@@ -67,7 +67,7 @@ impl Communicator {
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid(format!("rank {rank} is out of range for {nranks} ranks")));
         }
-        let filter = AlgoFilter::parse(cfg.algo.as_deref().unwrap_or(""), &cfg.programs)?;
+        let filter = AlgoFilter::parse(cfg.algo.as_deref().unwrap_or(""), &cfg.programs)?.set_by(&cfg.algo_from);
         for &p in &cfg.programs {
             let c = crate::programs::get(p).program.collective;
             if c.nranks != nranks && cfg.algo.as_deref().is_some_and(|a| a.contains(&crate::programs::name(p))) {

@@ -167,6 +167,9 @@ pub struct Resolved {
     pub socket_ifname: Option<String>,
     /// See [`Config::algo`].
     pub algo: Option<String>,
+    /// Where `algo` came from: `Config::algo`, `OXCCL_ALGO` or
+    /// `NCCL_ALGO` (the log says what decided an algorithm).
+    pub algo_from: String,
     /// See [`Config::check`].
     pub check: bool,
     /// See [`Config::buffsize`].
@@ -402,6 +405,13 @@ impl Config {
             Some(s) => s,
             None => env("OXCCL_SINGLE_COPY_MIN").map(|v| v.parse()).transpose()?.unwrap_or_default(),
         };
+        let (algo, algo_from) = match &self.algo {
+            Some(a) => (Some(a.clone()), "Config::algo".to_string()),
+            None => match lookup("OXCCL_ALGO") {
+                Some((name, v)) => (Some(v), name),
+                None => (None, "OXCCL_ALGO".to_string()),
+            },
+        };
         Ok(Resolved {
             programs,
             cma,
@@ -416,7 +426,8 @@ impl Config {
             timeout,
             transport,
             socket_ifname: self.socket_ifname.clone().or_else(|| env("OXCCL_SOCKET_IFNAME")),
-            algo: self.algo.clone().or_else(|| env("OXCCL_ALGO")),
+            algo,
+            algo_from,
             check,
             buffsize: buffsize.next_power_of_two(),
             tcp_buffsize: tcp_buffsize.next_power_of_two(),
@@ -497,5 +508,16 @@ pub fn announce(line: &str) {
             let _ = writeln!(f.lock(), "{line}");
         }
         None => eprintln!("{line}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_explicit_algo_says_where_it_came_from() {
+        let r = Config { algo: Some("ring".into()), ..Default::default() }.resolve().unwrap();
+        assert_eq!((r.algo.as_deref(), r.algo_from.as_str()), (Some("ring"), "Config::algo"));
     }
 }

@@ -6,7 +6,7 @@ use crate::call::Call;
 use crate::exec::sig::Sig;
 use crate::exec::{Bufs, Label, Lane, Task};
 use crate::job::{Action, Extras};
-use crate::tuner::{Choice, Tuner};
+use crate::tuner::{Choice, Decision, Reason, Tuner};
 use oxccl_algo::collective::Collective;
 use oxccl_algo::ir::{Program, Slice, Step};
 use oxccl_algo::scale::{OneSidedPeers, one_sided_peers};
@@ -59,7 +59,8 @@ const CACHE_ENTRIES: usize = 64;
 impl Cache {
     /// This rank's part of the program for `coll`, with `forced` or the
     /// tuner's choice; `who` names the communicator in the log line that
-    /// says which algorithm a new (collective, size) runs.
+    /// says which algorithm a new (collective, size) runs and what decided
+    /// it (`OXCCL_ALGO`, a program file, the cost model).
     pub fn part(
         &self,
         tuner: &Tuner,
@@ -81,19 +82,18 @@ impl Cache {
                 return Ok(p);
             }
         }
-        let choice = match forced {
-            Some(c) => c,
-            None => tuner.pick(coll)?,
+        let decision = match forced {
+            Some(choice) => Decision { choice, reason: Reason::Forced { setting: "the caller".into() } },
+            None => tuner.decide(coll)?,
         };
+        let choice = decision.choice;
         let prog = tuner.build(choice, coll)?;
         tracing::info!(
-            "{who}: {} of {} bytes ({}) on {} ranks runs {}{}",
+            "{who}: {} of {} bytes ({}) on {} ranks runs {decision}",
             coll.kind,
             coll.size_bytes(),
             coll.dtype,
             coll.nranks,
-            choice,
-            if forced.is_some() { "" } else { " (the tuner's pick)" }
         );
         let part = Arc::new(Part::of(choice, prog, rank));
         let mut g = self.map.lock();

@@ -32,7 +32,7 @@ use oxccl_algo::ir::Program;
 use oxccl_algo::{scale, verify};
 use oxccl_core::{Error, Result};
 use parking_lot::Mutex;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
 /// A registered program.
@@ -44,6 +44,8 @@ pub(crate) struct Entry {
     pub program: Program,
     /// Whether it is index-aligned (runs at every count).
     pub aligned: bool,
+    /// The file it was first loaded from ([`load`]), if any.
+    pub file: Option<PathBuf>,
 }
 
 static REGISTRY: LazyLock<Mutex<Vec<Arc<Entry>>>> = LazyLock::new(|| Mutex::new(Vec::new()));
@@ -52,6 +54,11 @@ static REGISTRY: LazyLock<Mutex<Vec<Arc<Entry>>>> = LazyLock::new(|| Mutex::new(
 /// program registered again gets the same id; another program under a
 /// name already taken, or a built-in algorithm's name, is an error.
 pub fn register(program: Program) -> Result<ProgramId> {
+    register_from(program, None)
+}
+
+/// [`register`], remembering the file the program came from.
+fn register_from(program: Program, file: Option<&Path>) -> Result<ProgramId> {
     let name = program.name.trim();
     if name.is_empty() || name.contains([',', ';', ':', '^']) || name.parse::<Algorithm>().is_ok() {
         return Err(Error::invalid(format!(
@@ -80,7 +87,7 @@ pub fn register(program: Program) -> Result<ProgramId> {
     if let Some(i) = reg.iter().position(|e| e.program == program) {
         return Ok(ProgramId(i as u32));
     }
-    reg.push(Arc::new(Entry { program, aligned }));
+    reg.push(Arc::new(Entry { program, aligned, file: file.map(Path::to_path_buf) }));
     Ok(ProgramId(reg.len() as u32 - 1))
 }
 
@@ -94,7 +101,7 @@ pub fn load(path: impl AsRef<Path>) -> Result<Vec<ProgramId>> {
         Ok(v) => v,
         Err(_) => vec![Program::from_json(&text).map_err(|e| named(e, path))?],
     };
-    progs.into_iter().map(|p| register(p).map_err(|e| named(e, path))).collect()
+    progs.into_iter().map(|p| register_from(p, Some(path)).map_err(|e| named(e, path))).collect()
 }
 
 fn named(e: Error, path: &Path) -> Error {
@@ -116,6 +123,12 @@ pub(crate) fn get(id: ProgramId) -> Arc<Entry> {
 /// The name `id` was registered under.
 pub fn name(id: ProgramId) -> String {
     get(id).program.name.clone()
+}
+
+/// The file program `id` was first loaded from (`None`: registered from
+/// memory).
+pub fn file(id: ProgramId) -> Option<PathBuf> {
+    get(id).file.clone()
 }
 
 /// The collective program `id` was written for (its count is the one it

@@ -12,11 +12,18 @@
 //! communicator is made, saying why.
 //!
 //! Two-sided algorithms are priced with the providers' FIFO links,
-//! one-sided ones (`oneshot`, `twoshot`, `direct`) with their one-sided
-//! links, programs with the simulator on the matching links.
+//! one-sided ones (`oneshot`, `twoshot`, `direct`: the table's
+//! [`one_sided`](oxccl_algo::algos::AlgoSpec::one_sided)) with their
+//! one-sided links, programs with the simulator on the matching links.
+//!
+//! [`Tuner::decide`] also says what decided ([`Reason`]): the algorithm
+//! setting (`OXCCL_ALGO`, `NCCL_ALGO` or `Config::algo`) leaving one
+//! candidate, a collective only one algorithm runs, or the cost model;
+//! `OXCCL_DEBUG=INFO` logs it with the first call of each (collective,
+//! size), and names the file a chosen program was loaded from.
 
 use crate::programs::{self, ProgramId};
-use oxccl_algo::algos::{Algorithm, BuildOptions, build};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build, is_nccl_only};
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_algo::cost::{self, Link, Topology};
 use oxccl_algo::ir::Program;
@@ -55,8 +62,56 @@ fn on_host(t: Topology) -> Topology {
     t.with_reduce_bw(HOST_REDUCE_BW).with_copy_bw(HOST_COPY_BW)
 }
 
-fn is_one_sided(a: Algorithm) -> bool {
-    matches!(a, Algorithm::OneShot | Algorithm::TwoShot | Algorithm::Direct)
+/// Why [`Tuner::decide`] chose what it chose.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// The algorithm setting left this one alone for the collective;
+    /// `setting` names it and its text (`OXCCL_ALGO="ring"`).
+    Forced {
+        /// The setting and its text.
+        setting: String,
+    },
+    /// Nothing else runs the collective here.
+    Only,
+    /// The cheapest by the cost model (programs: the simulator) among
+    /// every candidate, or among those `setting` allows.
+    Cost {
+        /// The setting and its text when it ruled some candidates out.
+        among: Option<String>,
+    },
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::Forced { setting } => write!(f, "forced by {setting}"),
+            Reason::Only => f.write_str("the only one that runs it"),
+            Reason::Cost { among: None } => f.write_str("the tuner's pick"),
+            Reason::Cost { among: Some(setting) } => write!(f, "the tuner's pick of those {setting} allows"),
+        }
+    }
+}
+
+/// What runs a collective, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// What runs it.
+    pub choice: Choice,
+    /// What decided.
+    pub reason: Reason,
+}
+
+impl std::fmt::Display for Decision {
+    /// `ring (the tuner's pick)`; a program loaded from a file says which.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({}", self.choice, self.reason)?;
+        if let Choice::Program(id) = self.choice
+            && let Some(file) = programs::file(id)
+        {
+            write!(f, "; loaded from {}", file.display())?;
+        }
+        f.write_str(")")
+    }
 }
 
 /// Which algorithms each collective may use.
@@ -65,6 +120,9 @@ pub struct AlgoFilter {
     /// For all collectives without an entry of their own: allowed set.
     all: Option<(bool, Vec<Choice>)>,
     per: HashMap<CollKind, (bool, Vec<Choice>)>,
+    /// The setting it was parsed from and its text, as the log names it
+    /// (`OXCCL_ALGO="ring"`); empty when nothing was set.
+    setting: String,
 }
 
 fn kind_key(s: &str) -> Option<CollKind> {
@@ -77,6 +135,9 @@ impl AlgoFilter {
     /// (besides the built-in algorithms') it may use.
     pub fn parse(text: &str, programs: &[ProgramId]) -> Result<AlgoFilter> {
         let mut f = AlgoFilter::default();
+        if !text.trim().is_empty() {
+            f.setting = format!("OXCCL_ALGO={:?}", text.trim());
+        }
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (kinds, list) = match part.split_once(':') {
                 Some((k, l)) => {
@@ -104,10 +165,7 @@ impl AlgoFilter {
                 }
                 match name.parse::<Algorithm>() {
                     Ok(a) => algos.push(Choice::Builtin(a)),
-                    Err(_)
-                        if ["collnet", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"]
-                            .contains(&name.to_ascii_lowercase().as_str()) =>
-                    {
+                    Err(_) if is_nccl_only(name) => {
                         tracing::warn!("OXCCL_ALGO: oxccl has no {name} algorithm; ignored");
                     }
                     Err(e) => {
@@ -132,6 +190,16 @@ impl AlgoFilter {
             }
         }
         Ok(f)
+    }
+
+    /// The same, saying that it came from `name` (`NCCL_ALGO`,
+    /// `Config::algo`) rather than `OXCCL_ALGO`, as the log says what
+    /// decided a choice.
+    pub fn set_by(mut self, name: &str) -> AlgoFilter {
+        if let Some((_, text)) = self.setting.split_once('=') {
+            self.setting = format!("{name}={text}");
+        }
+        self
     }
 
     /// Whether `algo` may run `kind`.
@@ -239,6 +307,14 @@ impl Tuner {
     /// (`allgather:tree`) is strict. Programs are candidates where they run
     /// `coll` (kind, ranks, root; a count they scale to).
     pub fn pick(&self, coll: &Collective) -> Result<Choice> {
+        self.decide(coll).map(|d| d.choice)
+    }
+
+    /// [`pick`](Tuner::pick)'s choice and what decided it: the algorithm
+    /// setting left one candidate ([`Reason::Forced`]), only one runs
+    /// `coll` ([`Reason::Only`]), or the cost model chose
+    /// ([`Reason::Cost`]).
+    pub fn decide(&self, coll: &Collective) -> Result<Decision> {
         let runs = |c: &Choice| match c {
             Choice::Builtin(_) => true,
             Choice::Program(id) => programs::runs(*id, coll),
@@ -246,8 +322,10 @@ impl Tuner {
         let supported: Vec<Choice> = self.candidates(coll.kind).into_iter().filter(runs).collect();
         let mut allowed: Vec<Choice> =
             supported.iter().copied().filter(|a| self.filter.allows(coll.kind, *a)).collect();
+        let mut restricted = allowed.len() < supported.len();
         if allowed.is_empty() && !self.filter.per.contains_key(&coll.kind) {
             allowed = supported.iter().copied().filter(|c| matches!(c, Choice::Builtin(_))).collect();
+            restricted = false;
         }
         if allowed.is_empty() {
             let have: Vec<String> = supported.iter().map(Choice::to_string).collect();
@@ -256,8 +334,10 @@ impl Tuner {
                 have.join(", ")
             )));
         }
+        let setting = || self.filter.setting.clone();
         if allowed.len() == 1 {
-            return Ok(allowed[0]);
+            let reason = if restricted { Reason::Forced { setting: setting() } } else { Reason::Only };
+            return Ok(Decision { choice: allowed[0], reason });
         }
         let best = allowed
             .iter()
@@ -265,7 +345,7 @@ impl Tuner {
             .min_by(|x, y| x.0.total_cmp(&y.0))
             .map(|(_, c)| c)
             .unwrap_or(allowed[0]);
-        Ok(best)
+        Ok(Decision { choice: best, reason: Reason::Cost { among: restricted.then(setting) } })
     }
 
     /// The topology priced for `coll` with `two` or `one`-sided links
@@ -281,7 +361,7 @@ impl Tuner {
     /// The predicted time of `c` for `coll`, if there is a model for it.
     pub fn estimate(&self, c: Choice, coll: &Collective) -> Option<f64> {
         match c {
-            Choice::Builtin(a) => cost::estimate(a, coll, &self.topo(coll, is_one_sided(a))),
+            Choice::Builtin(a) => cost::estimate(a, coll, &self.topo(coll, a.one_sided())),
             Choice::Program(_) => {
                 let p = self.build(c, coll).ok()?;
                 oxccl_algo::sim::simulate(&p, &self.topo(coll, p.has_one_sided())).ok().map(|r| r.time)
@@ -389,5 +469,55 @@ mod tests {
         assert!(tuner(8, "allreduce:pairwise").is_err());
         let t = tuner(8, "allreduce:twoshot").unwrap();
         assert_eq!(t.pick(&big).unwrap(), B(Algorithm::TwoShot), "one-sided algorithms run on host transports");
+    }
+
+    #[test]
+    fn the_decision_says_what_decided() {
+        let big = Collective::new(CollKind::AllReduce, 8, 64 << 20);
+        let d = tuner(8, "").unwrap().decide(&big).unwrap();
+        assert_eq!(d.reason, Reason::Cost { among: None });
+        assert_eq!(d.to_string(), format!("{} (the tuner's pick)", d.choice));
+        let d = tuner(8, "tree").unwrap().decide(&big).unwrap();
+        assert_eq!(d.to_string(), r#"tree (forced by OXCCL_ALGO="tree")"#);
+        let d = tuner(8, "allreduce:twoshot").unwrap().decide(&big).unwrap();
+        assert_eq!(d.reason, Reason::Forced { setting: r#"OXCCL_ALGO="allreduce:twoshot""#.into() });
+        // Through the C ABI the same list is NCCL_ALGO's; from a Config, its field's.
+        let filter = AlgoFilter::parse("tree", &[]).unwrap().set_by("NCCL_ALGO");
+        let t = Tuner::new((1, 8), (Some(shm()), None), filter, Vec::new(), 4 << 20).unwrap();
+        assert_eq!(t.decide(&big).unwrap().to_string(), r#"tree (forced by NCCL_ALGO="tree")"#);
+        // A list that leaves several: the tuner picks among them.
+        let d = tuner(8, "ring,tree").unwrap().decide(&big).unwrap();
+        assert!(matches!(d.choice, Choice::Builtin(Algorithm::Ring | Algorithm::Tree)), "{d}");
+        assert_eq!(d.reason, Reason::Cost { among: Some(r#"OXCCL_ALGO="ring,tree""#.into()) });
+        assert!(d.to_string().ends_with(r#"(the tuner's pick of those OXCCL_ALGO="ring,tree" allows)"#), "{d}");
+        // A list for all collectives does not decide those it names nothing of.
+        let gather = Collective::new(CollKind::AllGather, 8, 1 << 20);
+        assert_eq!(tuner(8, "tree").unwrap().decide(&gather).unwrap().reason, Reason::Cost { among: None });
+        // Send/recv has one algorithm whatever the list says.
+        let p2p = Collective::new(CollKind::SendRecv, 8, 16);
+        let d = tuner(8, "ring").unwrap().decide(&p2p).unwrap();
+        assert_eq!((d.choice, d.reason), (B(Algorithm::Direct), Reason::Only));
+        assert_eq!(tuner(8, "").unwrap().pick(&p2p).unwrap(), d.choice);
+    }
+
+    #[test]
+    fn a_program_file_is_named_in_the_decision() {
+        let coll = Collective::new(CollKind::AllReduce, 8, 64);
+        let mut p = build(Algorithm::Ring, &coll, &BuildOptions::default()).unwrap();
+        p.name = "tuner_reason_ring".into();
+        let file = std::env::temp_dir().join(format!("oxccl-tuner-{}.json", std::process::id()));
+        std::fs::write(&file, p.to_json()).unwrap();
+        let ids = programs::load(&file);
+        std::fs::remove_file(&file).unwrap();
+        let ids = ids.unwrap();
+        let filter = AlgoFilter::parse("tuner_reason_ring", &ids).unwrap();
+        let t = Tuner::new((1, 8), (Some(shm()), None), filter, ids.clone(), 4 << 20).unwrap();
+        let d = t.decide(&coll).unwrap();
+        assert_eq!(d.choice, Choice::Program(ids[0]));
+        let want = format!(
+            r#"program tuner_reason_ring (forced by OXCCL_ALGO="tuner_reason_ring"; loaded from {})"#,
+            file.display()
+        );
+        assert_eq!(d.to_string(), want);
     }
 }

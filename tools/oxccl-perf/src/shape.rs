@@ -22,14 +22,19 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// The shape of `kind` for a size of `bytes` on `nranks` ranks. Counts
-    /// per rank of the split collectives are rounded down to a multiple of
-    /// 16 bytes, as nccl-tests does (`(count/nranks) & -(16/eltSize)`).
+    /// The shape of `kind` for a size of `bytes` on `nranks` ranks:
+    /// `count = bytes / type size`, and the split collectives take
+    /// `count / nranks` elements per rank (the count rounded down to a
+    /// multiple of the rank count), as nccl-tests did until v2.13.12 and
+    /// as the peer benchmarks (`tools/peers`) do, so that every size of a
+    /// sweep that leaves an element per rank runs with it. (nccl-tests
+    /// since v2.13.12 also rounds a rank's part down to 16 bytes, so below
+    /// 16 bytes per rank it runs count 0.) A size that leaves no element
+    /// per rank is still printed and run, with count 0.
     pub fn new(kind: CollKind, bytes: usize, dtype: DataType, nranks: usize) -> Shape {
-        let es = dtype.size();
-        let count = bytes / es;
+        let count = bytes / dtype.size();
         let n = nranks.max(1);
-        let base = (count / n) & !(16 / es - 1);
+        let base = count / n;
         let whole = |c| Shape { send: c, recv: c, param: c, send_inplace: 0, recv_inplace: 0 };
         match kind {
             CollKind::AllReduce | CollKind::Broadcast | CollKind::Reduce | CollKind::SendRecv => whole(count),
@@ -98,13 +103,22 @@ mod tests {
         assert_eq!((r.send, r.recv, r.recv_inplace), (1 << 18, 1 << 16, 1 << 16));
         let a = Shape::new(CollKind::AllToAll, 1 << 20, DataType::Float32, 4);
         assert_eq!((a.send, a.recv, a.param), (1 << 18, 1 << 18, 1 << 16));
-        // Per-rank counts round down to 16 bytes: 1000 B of int8 over 3 ranks
-        // is 333 → 320 per rank; of doubles, 125 → 41 → 40.
-        assert_eq!(Shape::new(CollKind::AllGather, 1000, DataType::Int8, 3).param, 320);
-        assert_eq!(Shape::new(CollKind::Scatter, 1000, DataType::Float64, 3).param, 40);
-        assert_eq!(Shape::new(CollKind::Gather, 1000, DataType::Float64, 3).size_bytes(DataType::Float64), 960);
-        // Too small to split: zero, as nccl-tests prints it.
+        // Per-rank counts round down to whole elements: 1000 B of int8 over
+        // 3 ranks is 333 per rank; of doubles, 125 → 41.
+        assert_eq!(Shape::new(CollKind::AllGather, 1000, DataType::Int8, 3).param, 333);
+        assert_eq!(Shape::new(CollKind::Scatter, 1000, DataType::Float64, 3).param, 41);
+        assert_eq!(Shape::new(CollKind::Gather, 1000, DataType::Float64, 3).size_bytes(DataType::Float64), 984);
+        // Below 16 bytes per rank the split collectives still move what
+        // there is: 8 B of floats on 2 ranks is one float each.
+        for kind in [CollKind::AllGather, CollKind::ReduceScatter, CollKind::AllToAll, CollKind::Gather] {
+            let s = Shape::new(kind, 8, DataType::Float32, 2);
+            assert_eq!((s.param, s.size_bytes(DataType::Float32)), (1, 8), "{kind}");
+        }
+        let a = Shape::new(CollKind::AllToAll, 12, DataType::Int8, 4);
+        assert_eq!((a.send, a.recv, a.param), (12, 12, 3));
+        // Too small to split: zero, printed and run as nccl-tests does.
         assert_eq!(Shape::new(CollKind::AllGather, 8, DataType::Float32, 4).size_bytes(DataType::Float32), 0);
+        assert_eq!(Shape::new(CollKind::Scatter, 2, DataType::Float64, 2).param, 0);
         // Sizes that are not whole elements round down.
         assert_eq!(Shape::new(CollKind::Broadcast, 10, DataType::Float64, 2).param, 1);
     }

@@ -93,6 +93,28 @@ fn aggregation_blocking_and_averaging_flags() {
     check("gather", 2, &["-b", "256", "-e", "256", "-m", "5", "-a", "2", "-r", "1", "-z", "2", "-c", "0"], e)
 }
 
+#[test]
+fn sizes_below_16_bytes_per_rank_run_what_they_hold() {
+    // As the peer benchmarks (and nccl-tests before v2.13.12) run them:
+    // 4 B of floats on 2 ranks leave no element per rank (count 0, still
+    // a row), 8 B one, 16 B two; every one checked.
+    for stem in ["all_gather", "reduce_scatter", "alltoall", "gather", "scatter"] {
+        let args = ["-t", "2", "-b", "4", "-e", "16", "-f", "2", "-n", "2", "-d", "float", "-o", "sum", "-r", "1"];
+        let run = run_threads(stem, &args);
+        assert_eq!(run.code, Some(0), "{stem}: {}\n{}", run.stdout, run.stderr);
+        let e = Expect {
+            stem,
+            nranks: 2,
+            sizes: vec![4, 8, 16],
+            combos: combos(stem, &["float"], &["sum"], &[1]),
+            checked: true,
+        };
+        let p = verify(&run.stdout, &e).unwrap_or_else(|err| panic!("{stem}: {err}\n{}", run.stdout));
+        let got: Vec<(u64, u64)> = p.rows.iter().map(|r| (r.size, r.count)).collect();
+        assert_eq!(got, [(0, 0), (8, 1), (16, 2)], "{stem}");
+    }
+}
+
 /// The README's program, written for 4 floats on 2 ranks.
 const HAND: &str = include_str!("../../../tests/programs/hand.json");
 

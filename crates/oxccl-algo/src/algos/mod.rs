@@ -15,13 +15,19 @@
 //! All of them work for any number of ranks (powers of two or not), any
 //! count (0, 1, counts that do not divide by the rank count) and any root.
 //! Zero-length pieces generate no steps.
+//!
+//! Each is described by its entry in [`TABLE`] (name, aliases,
+//! collectives, builder, cost model); everything here that enumerates
+//! algorithms reads the table.
 
 mod direct;
 mod rhd;
 mod ring;
 mod rooted;
+mod table;
 mod tree;
 
+pub use table::{AlgoSpec, Builder, CostModel, NCCL_ONLY, TABLE};
 pub use tree::{TreeLinks, btree, dtree};
 
 use crate::collective::{CollKind, Collective};
@@ -31,7 +37,8 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
-/// A collective algorithm.
+/// A collective algorithm: the key of its entry in [`TABLE`] (in the same
+/// order, checked when the crate compiles).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
@@ -56,51 +63,33 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Every algorithm.
-    pub const ALL: [Algorithm; 9] = [
-        Algorithm::Ring,
-        Algorithm::Tree,
-        Algorithm::Rhd,
-        Algorithm::Doubling,
-        Algorithm::OneShot,
-        Algorithm::TwoShot,
-        Algorithm::Direct,
-        Algorithm::Pairwise,
-        Algorithm::Linear,
-    ];
+    /// Every algorithm, in [`TABLE`]'s order.
+    pub const ALL: [Algorithm; TABLE.len()] = table::all();
+
+    /// Its entry in [`TABLE`].
+    pub const fn spec(self) -> &'static AlgoSpec {
+        &TABLE[self as usize]
+    }
 
     /// The name used on command lines and in `OXCCL_ALGO`.
     pub const fn name(self) -> &'static str {
-        match self {
-            Algorithm::Ring => "ring",
-            Algorithm::Tree => "tree",
-            Algorithm::Rhd => "rhd",
-            Algorithm::Doubling => "doubling",
-            Algorithm::OneShot => "oneshot",
-            Algorithm::TwoShot => "twoshot",
-            Algorithm::Direct => "direct",
-            Algorithm::Pairwise => "pairwise",
-            Algorithm::Linear => "linear",
-        }
+        self.spec().name
     }
 
     /// The collectives this algorithm implements.
     pub fn kinds(self) -> &'static [CollKind] {
-        use CollKind::*;
-        match self {
-            Algorithm::Ring => &[AllReduce, ReduceScatter, AllGather, Broadcast, Reduce],
-            Algorithm::Tree => &[AllReduce, Broadcast, Reduce],
-            Algorithm::Rhd => &[AllReduce, ReduceScatter, AllGather],
-            Algorithm::Doubling | Algorithm::OneShot | Algorithm::TwoShot => &[AllReduce],
-            Algorithm::Direct => &[ReduceScatter, AllGather, AllToAll, Broadcast, Reduce, Gather, Scatter, SendRecv],
-            Algorithm::Pairwise => &[AllToAll],
-            Algorithm::Linear => &[Gather, Scatter],
-        }
+        self.spec().collectives
     }
 
     /// Whether this algorithm implements `kind`.
     pub fn supports(self, kind: CollKind) -> bool {
         self.kinds().contains(&kind)
+    }
+
+    /// Whether its programs use one-sided access, so that the tuner prices
+    /// it with the providers' one-sided links.
+    pub fn one_sided(self) -> bool {
+        self.spec().one_sided
     }
 
     /// The algorithms that implement `kind`.
@@ -117,22 +106,21 @@ impl fmt::Display for Algorithm {
 
 impl FromStr for Algorithm {
     type Err = Error;
+    /// An algorithm by its name or one of its aliases, in any case.
     fn from_str(s: &str) -> Result<Algorithm> {
         let key = s.trim().to_ascii_lowercase();
-        let alias = match key.as_str() {
-            "halving_doubling" | "rabenseifner" | "recursive" => "rhd",
-            "one_shot" => "oneshot",
-            "two_shot" => "twoshot",
-            "recursive_doubling" | "rd" => "doubling",
-            "chain" => "ring",
-            other => other,
-        };
-        Algorithm::ALL.into_iter().find(|a| a.name() == alias).ok_or_else(|| {
-            Error::invalid(format!(
-                "unknown algorithm {s:?}; expected one of ring tree rhd doubling oneshot twoshot direct pairwise linear"
-            ))
+        let found = TABLE.iter().find(|e| e.name == key || e.aliases.contains(&key.as_str()));
+        found.map(|e| e.algorithm).ok_or_else(|| {
+            let names: Vec<&str> = TABLE.iter().map(|e| e.name).collect();
+            Error::invalid(format!("unknown algorithm {s:?}; expected one of {}", names.join(" ")))
         })
     }
+}
+
+/// Whether `name` is one of NCCL's algorithms that oxccl does not have
+/// ([`NCCL_ONLY`], in any case).
+pub fn is_nccl_only(name: &str) -> bool {
+    NCCL_ONLY.contains(&name.trim().to_ascii_lowercase().as_str())
 }
 
 /// Knobs of program generation.
@@ -193,36 +181,7 @@ pub fn build_into(algo: Algorithm, coll: &Collective, opts: &BuildOptions, progr
             have.join(" ")
         )));
     }
-    let c = *coll;
-    let p = program;
-    match (algo, coll.kind) {
-        (Algorithm::Ring, CollKind::AllReduce) => ring::all_reduce(p, c, opts),
-        (Algorithm::Ring, CollKind::ReduceScatter) => ring::reduce_scatter(p, c, opts),
-        (Algorithm::Ring, CollKind::AllGather) => ring::all_gather(p, c, opts),
-        (Algorithm::Ring, CollKind::Broadcast) => rooted::chain_broadcast(p, c, opts),
-        (Algorithm::Ring, CollKind::Reduce) => rooted::chain_reduce(p, c, opts),
-        (Algorithm::Tree, CollKind::AllReduce) => tree::all_reduce(p, c, opts),
-        (Algorithm::Tree, CollKind::Broadcast) => rooted::tree_broadcast(p, c, opts),
-        (Algorithm::Tree, CollKind::Reduce) => rooted::tree_reduce(p, c, opts),
-        (Algorithm::Rhd, CollKind::AllReduce) => rhd::all_reduce(p, c),
-        (Algorithm::Rhd, CollKind::ReduceScatter) => rhd::reduce_scatter(p, c),
-        (Algorithm::Rhd, CollKind::AllGather) => rhd::all_gather(p, c),
-        (Algorithm::Doubling, _) => rhd::all_reduce_doubling(p, c),
-        (Algorithm::OneShot, _) => direct::one_shot(p, c),
-        (Algorithm::TwoShot, _) => direct::two_shot(p, c),
-        (Algorithm::Direct, CollKind::ReduceScatter) => direct::reduce_scatter(p, c),
-        (Algorithm::Direct, CollKind::AllGather) => direct::all_gather(p, c),
-        (Algorithm::Direct, CollKind::AllToAll) => direct::all_to_all(p, c),
-        (Algorithm::Direct, CollKind::Broadcast) => direct::broadcast(p, c),
-        (Algorithm::Direct, CollKind::Reduce) => direct::reduce(p, c),
-        (Algorithm::Direct, CollKind::Gather) => direct::gather(p, c),
-        (Algorithm::Direct, CollKind::Scatter) => direct::scatter(p, c),
-        (Algorithm::Direct, CollKind::SendRecv) => rooted::send_recv(p, c),
-        (Algorithm::Pairwise, _) => rooted::pairwise_all_to_all(p, c),
-        (Algorithm::Linear, CollKind::Gather) => rooted::gather(p, c),
-        (Algorithm::Linear, CollKind::Scatter) => rooted::scatter(p, c),
-        _ => unreachable!("supports() and this table disagree on {algo} {}", coll.kind),
-    }
-    p.trim();
+    (algo.spec().build)(program, *coll, opts);
+    program.trim();
     Ok(())
 }

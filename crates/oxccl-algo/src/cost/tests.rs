@@ -1,6 +1,7 @@
 //! Tests of link parsing, topologies and the closed forms.
 
 use super::*;
+use crate::collective::CollKind;
 
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-12 * a.abs().max(b.abs())

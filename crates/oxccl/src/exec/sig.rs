@@ -21,6 +21,9 @@ const ROOT_BITS: u32 = 20;
 const SEQ_BITS: u32 = 24;
 const OPS: [&str; 6] = ["sum", "prod", "max", "min", "avg", "mulsum"];
 
+// The tag carries a kind's index in CollKind::ALL in 4 bits.
+const _: () = assert!(CollKind::ALL.len() <= 16, "a collective kind no longer fits the tag's 4 bits");
+
 /// One collective call's signature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Sig {
@@ -40,12 +43,11 @@ impl Sig {
         let k = CollKind::ALL.iter().position(|&c| c == kind).unwrap_or(0) as u8;
         let t = DataType::ALL.iter().position(|&d| d == dtype).unwrap_or(0) as u8;
         let op = if kind.reduces() { OPS.iter().position(|&n| n == op.name()).map_or(0, |i| i as u8 + 1) } else { 0 };
-        let rooted = matches!(kind, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter);
         Sig {
             kind: k,
             dtype: t,
             op,
-            root: if rooted { root as u32 & ((1 << ROOT_BITS) - 1) } else { 0 },
+            root: if kind.is_rooted() { root as u32 & ((1 << ROOT_BITS) - 1) } else { 0 },
             seq: seq as u32 & ((1 << SEQ_BITS) - 1),
         }
     }
@@ -86,10 +88,7 @@ impl Sig {
         if self.op > 0 {
             parts.push(OPS.get(usize::from(self.op) - 1).map_or_else(|| format!("op {}", self.op), |o| o.to_string()));
         }
-        if self
-            .kind()
-            .is_some_and(|k| matches!(k, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter))
-        {
+        if self.kind().is_some_and(CollKind::is_rooted) {
             parts.push(format!("root {}", self.root));
         }
         format!("{kind} #{} ({})", self.seq, parts.join(", "))

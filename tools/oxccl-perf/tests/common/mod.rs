@@ -221,10 +221,12 @@ pub fn factor(stem: &str, n: usize) -> f64 {
     }
 }
 
-/// (size, count) nccl-tests prints for a requested size.
+/// (size, count) nccl-tests (before v2.13.12) and the peer benchmarks
+/// print for a requested size: the split collectives' count per rank is
+/// `count / nranks`.
 pub fn expected_size_count(stem: &str, bytes: u64, es: u64, n: u64) -> (u64, u64) {
     let count = bytes / es;
-    let per_rank = (count / n) / (16 / es) * (16 / es);
+    let per_rank = count / n;
     match stem {
         "all_gather" | "reduce_scatter" | "alltoall" | "gather" | "scatter" => (per_rank * n * es, per_rank),
         _ => (count * es, count),

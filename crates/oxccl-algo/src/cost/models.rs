@@ -1,0 +1,93 @@
+//! Each algorithm's cost model: its closed form per collective, from the
+//! collective's [`Terms`]. The algorithm table
+//! ([`AlgoSpec::cost`](crate::algos::AlgoSpec::cost)) points here; every
+//! collective an entry lists has a `Some` (tests/table.rs checks it).
+
+use super::{
+    Terms, direct_all_gather, direct_from_root, direct_gather, direct_reduce, direct_reduce_scatter,
+    doubling_all_reduce, linear_gather, linear_scatter, log2_ceil, nf, one_shot_all_reduce, pairwise_all_to_all,
+    pipelined_rooted, rhd_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter, tree_all_reduce,
+    two_shot_all_reduce,
+};
+use crate::collective::CollKind::{self, *};
+
+/// Ring; broadcast and reduce as a pipelined chain of depth `n-1`.
+pub fn ring(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (n, s, link, g) = (t.nranks, t.bytes, t.link, t.gamma);
+    Some(match kind {
+        AllReduce => ring_all_reduce(n, s, link, g),
+        ReduceScatter => ring_reduce_scatter(n, s, link, g),
+        AllGather => ring_all_gather(n, s, link),
+        Broadcast | Reduce => pipelined_rooted(n.saturating_sub(1), s, link, g),
+        _ => return None,
+    })
+}
+
+/// Double binary tree; broadcast and reduce down or up a binary tree.
+pub fn tree(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (n, s, link, g) = (t.nranks, t.bytes, t.link, t.gamma);
+    Some(match kind {
+        AllReduce => tree_all_reduce(n, s, link, g),
+        Broadcast | Reduce => pipelined_rooted(log2_ceil(n) as usize, s, link, g),
+        _ => return None,
+    })
+}
+
+/// Recursive halving/doubling: the ring's bandwidth terms with `⌈log2 n⌉`
+/// latencies.
+pub fn rhd(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (n, s, link, g) = (t.nranks, t.bytes, t.link, t.gamma);
+    Some(match kind {
+        AllReduce => rhd_all_reduce(n, s, link, g),
+        ReduceScatter => ring_reduce_scatter(n, s, link, g).max(log2_ceil(n) * link.lat),
+        AllGather => ring_all_gather(n, s, link) - nf(n.saturating_sub(1)) * link.lat + log2_ceil(n) * link.lat,
+        _ => return None,
+    })
+}
+
+/// Recursive doubling of whole buffers (all-reduce).
+pub fn doubling(kind: CollKind, t: &Terms) -> Option<f64> {
+    (kind == AllReduce).then(|| doubling_all_reduce(t.nranks, t.bytes, t.link, t.gamma))
+}
+
+/// One-shot all-reduce.
+pub fn one_shot(kind: CollKind, t: &Terms) -> Option<f64> {
+    (kind == AllReduce).then(|| one_shot_all_reduce(t.nranks, t.bytes, t.link, t.gamma, t.copy))
+}
+
+/// Two-shot all-reduce.
+pub fn two_shot(kind: CollKind, t: &Terms) -> Option<f64> {
+    (kind == AllReduce).then(|| two_shot_all_reduce(t.nranks, t.bytes, t.link, t.gamma, t.copy))
+}
+
+/// Direct one-sided access; send/recv is one message (a local copy on
+/// one rank or for nothing to send).
+pub fn direct(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (n, s, link, g, k) = (t.nranks, t.bytes, t.link, t.gamma, t.copy);
+    Some(match kind {
+        ReduceScatter => direct_reduce_scatter(n, s, link, g, k),
+        AllGather | AllToAll => direct_all_gather(n, s, link, k),
+        Broadcast => direct_from_root(n, s, false, link, k),
+        Scatter => direct_from_root(n, s, true, link, k),
+        Gather => direct_gather(n, s, link, k),
+        Reduce => direct_reduce(n, t.root, s, link, g, k),
+        SendRecv if n > 1 && s > 0 => link.time(nf(s)),
+        SendRecv => nf(s) * k,
+        _ => return None,
+    })
+}
+
+/// Pairwise all-to-all.
+pub fn pairwise(kind: CollKind, t: &Terms) -> Option<f64> {
+    (kind == AllToAll).then(|| pairwise_all_to_all(t.nranks, t.bytes, t.link, t.copy))
+}
+
+/// Linear gather and scatter.
+pub fn linear(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (n, s, link, k) = (t.nranks, t.bytes, t.link, t.copy);
+    match kind {
+        Gather => Some(linear_gather(n, s, link, k)),
+        Scatter => Some(linear_scatter(n, s, link, k)),
+        _ => None,
+    }
+}
