@@ -24,7 +24,6 @@
 //! assert!((t - (6.0 * 5e-6 + 1.5 * (1u64 << 20) as f64 / 50e9)).abs() < 1e-15);
 //! ```
 
-use crate::algos::Algorithm;
 use crate::collective::Collective;
 use oxccl_core::{Error, Result};
 use std::fmt;
@@ -468,22 +467,6 @@ impl Terms {
             copy: topo.copy_cost(),
         }
     }
-}
-
-/// A quick closed-form guess of `algo`'s time for `coll` on `topo`, every
-/// hop priced as the topology's [`bottleneck`](Topology::bottleneck) link:
-/// the algorithm's cost model ([`AlgoSpec::cost`](crate::algos::AlgoSpec::cost),
-/// in [`models`]); `Some` for every pair [`build`](crate::algos::build)
-/// accepts, `None` for the others. A first guess for a tuner, not the
-/// simulator: it ignores NIC sharing and the placement of ranks. The
-/// direct algorithms, pairwise and linear follow the simulator's schedule
-/// on one node (see [`one_shot_all_reduce`] and the functions after it),
-/// local copies priced at the topology's [`copy_cost`](Topology::copy_cost).
-pub fn estimate(algo: Algorithm, coll: &Collective, topo: &Topology) -> Option<f64> {
-    if !algo.supports(coll.kind) {
-        return None;
-    }
-    (algo.spec().cost)(coll.kind, &Terms::of(coll, topo))
 }
 
 mod direct;

@@ -1,8 +1,9 @@
 //! The simulator against the closed forms of the cost model, on the
 //! programs the algorithms generate.
 
+use oxccl_algo::algos::estimate;
 use oxccl_algo::algos::{Algorithm, BuildOptions, build};
-use oxccl_algo::cost::{Link, Topology, estimate, log2_ceil, rhd_all_reduce, ring_all_reduce};
+use oxccl_algo::cost::{Link, Topology, log2_ceil, rhd_all_reduce, ring_all_reduce};
 use oxccl_algo::sim::simulate;
 use oxccl_algo::{CollKind, Collective, Program};
 

@@ -2,8 +2,9 @@
 //! back, every collective an entry lists built, verified and priced at a
 //! few rank counts, and none it does not list accepted.
 
+use oxccl_algo::algos::estimate;
 use oxccl_algo::algos::{Algorithm, BuildOptions, NCCL_ONLY, TABLE, build, is_nccl_only};
-use oxccl_algo::cost::{Link, Topology, estimate};
+use oxccl_algo::cost::{Link, Topology};
 use oxccl_algo::verify::verify;
 use oxccl_algo::{CollKind, Collective};
 use std::collections::HashSet;

@@ -25,7 +25,7 @@
 use crate::programs::{self, ProgramId};
 use oxccl_algo::algos::{Algorithm, BuildOptions, build, is_nccl_only};
 use oxccl_algo::collective::{CollKind, Collective};
-use oxccl_algo::cost::{self, Link, Topology};
+use oxccl_algo::cost::{Link, Topology};
 use oxccl_algo::ir::Program;
 use oxccl_core::{Error, Result};
 use oxccl_transport::provider::{LinkCost, LinkParams};
@@ -361,7 +361,7 @@ impl Tuner {
     /// The predicted time of `c` for `coll`, if there is a model for it.
     pub fn estimate(&self, c: Choice, coll: &Collective) -> Option<f64> {
         match c {
-            Choice::Builtin(a) => cost::estimate(a, coll, &self.topo(coll, a.one_sided())),
+            Choice::Builtin(a) => oxccl_algo::algos::estimate(a, coll, &self.topo(coll, a.one_sided())),
             Choice::Program(_) => {
                 let p = self.build(c, coll).ok()?;
                 oxccl_algo::sim::simulate(&p, &self.topo(coll, p.has_one_sided())).ok().map(|r| r.time)

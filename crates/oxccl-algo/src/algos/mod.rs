@@ -185,3 +185,19 @@ pub fn build_into(algo: Algorithm, coll: &Collective, opts: &BuildOptions, progr
     program.trim();
     Ok(())
 }
+
+/// A quick closed-form guess of `algo`'s time for `coll` on `topo`, every
+/// hop priced as the topology's [`bottleneck`](crate::cost::Topology::bottleneck) link:
+/// the algorithm's cost model ([`AlgoSpec::cost`](AlgoSpec::cost),
+/// in [`models`](crate::cost::models)); `Some` for every pair [`build`]
+/// accepts, `None` for the others. A first guess for a tuner, not the
+/// simulator: it ignores NIC sharing and the placement of ranks. The
+/// direct algorithms, pairwise and linear follow the simulator's schedule
+/// on one node (see [`one_shot_all_reduce`](crate::cost::one_shot_all_reduce) and the functions after it),
+/// local copies priced at the topology's [`copy_cost`](crate::cost::Topology::copy_cost).
+pub fn estimate(algo: Algorithm, coll: &Collective, topo: &crate::cost::Topology) -> Option<f64> {
+    if !algo.supports(coll.kind) {
+        return None;
+    }
+    (algo.spec().cost)(coll.kind, &crate::cost::Terms::of(coll, topo))
+}

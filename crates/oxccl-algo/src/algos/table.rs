@@ -2,7 +2,7 @@
 //! order. Everything that enumerates algorithms reads it: names and
 //! aliases ([`Algorithm::from_str`](std::str::FromStr)), the collectives
 //! each builds ([`Algorithm::kinds`]), its builder ([`build`](super::build)),
-//! its closed-form cost ([`estimate`](crate::cost::estimate)) and which
+//! its closed-form cost ([`estimate`](super::estimate)) and which
 //! links the tuner prices it with ([`Algorithm::one_sided`]).
 //!
 //! Adding an algorithm: a variant of [`Algorithm`], its entry at the same

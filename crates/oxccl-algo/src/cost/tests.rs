@@ -1,6 +1,7 @@
 //! Tests of link parsing, topologies and the closed forms.
 
 use super::*;
+use crate::algos::{Algorithm, estimate};
 use crate::collective::CollKind;
 
 fn close(a: f64, b: f64) -> bool {
