@@ -1,5 +1,7 @@
 //! `oxccl-plan`: the command line of the training memory/communication
-//! planner (see the `oxccl_plan` crate for the formulas).
+//! planner (package `oxccl-plan-cli`; the formulas and answers are the
+//! `oxccl-plan` crate's, `crates/oxccl-plan`, which has no command line).
+//! Only argument parsing and printing live here.
 //!
 //! Every subcommand prints a table, or with `--json` one JSON object;
 //! `--explain` adds the formulas used. Bad input is an error on stderr

@@ -4,9 +4,17 @@
 //! states of a data-parallel run take per GPU under DDP and ZeRO-1/2/3,
 //! the fewest GPUs that hold a model (or why no number does), what the
 //! ring collectives of a step cost, and how much of a step a pipeline
-//! sits idle. A library (`oxccl_plan`) and a binary (`oxccl-plan`).
+//! sits idle, as plain, serializable data. This crate is the library
+//! (package `oxccl-plan`, no command-line parsing); the `oxccl-plan`
+//! command that prints its answers is `tools/oxccl-plan` (package
+//! `oxccl-plan-cli`), and `oxccl-zero` takes its memory formulas from
+//! [`memory`], so that what the optimizer measures and what the planner
+//! predicts come from one formula.
 //!
 //! ## Quick start
+//!
+//! The command (`cargo build --release -p oxccl-plan-cli`, then
+//! `target/release/oxccl-plan`):
 //!
 //! ```text
 //! oxccl-plan memory --params 7.5e9 --dp 64              # the ZeRO paper's Figure 1 row
@@ -23,6 +31,8 @@
 //! ([`units`]). Bad input (zero ranks, a negative size, nonsense, `--gpus`
 //! not a multiple of `tp·pp` …) is an error on stderr naming the flag and
 //! value, exit status 2, nothing on stdout.
+//!
+//! The library:
 //!
 //! ```
 //! use oxccl_plan::memory::{Model, Stage};
