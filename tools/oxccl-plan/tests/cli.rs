@@ -117,7 +117,8 @@ fn variants_are_selectable() {
 
 #[test]
 fn min_gpus_json_one_stage() {
-    let v = json(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--stage", "3"]);
+    // The bare formula (no reserve): 16·70e9/N ≤ 80e9 → N = 14.
+    let v = json(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--stage", "3", "--reserve", "0"]);
     assert_eq!(v["min_gpus"], 14);
     assert_eq!(v["dp"], 14);
     assert!(v["reason"].is_null());
@@ -130,7 +131,7 @@ fn min_gpus_json_one_stage() {
 
 #[test]
 fn min_gpus_json_every_stage() {
-    let v = json(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--tp", "8"]);
+    let v = json(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--tp", "8", "--reserve", "0"]);
     let s = &v["stages"];
     // Ψ' = 8.75e9: DDP 140 GB never; ZeRO-1 35 GB + 105/N → N = 3;
     // ZeRO-2 17.5 GB + 122.5/N → N = 2; ZeRO-3 140/N → N = 2; ×8 GPUs.
@@ -139,6 +140,91 @@ fn min_gpus_json_every_stage() {
     assert_eq!(s["zero2"]["min_gpus"], 16);
     assert_eq!(s["zero3"]["min_gpus"], 16);
     assert_eq!(s["zero1"]["dp"], 3);
+}
+
+#[test]
+fn min_gpus_keeps_a_default_reserve_and_says_so() {
+    // 10% of 80 GB kept free: 1120 GB / N ≤ 72 GB → N = 16 (not 14).
+    let v = json(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--stage", "3"]);
+    assert_eq!(v["min_gpus"], 16);
+    assert_eq!(f(&v["reserve"]), 8e9);
+    assert_eq!(v["reserve_assumed"], true);
+    assert_eq!(f(&v["reserve_rule"]["fraction"]), 0.1);
+    let t = stdout(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--stage", "3"]);
+    assert!(t.contains("# reserve: 10% of the GPU = 8 GB (7.451 GiB) kept free") && t.contains("the default"), "{t}");
+    assert!(t.lines().any(|l| l.starts_with("ZeRO-3") && l.contains("16")), "{t}");
+    // A size or a share instead: 1120/N ≤ 60 → N = 19, either way.
+    for reserve in ["20GB", "25%"] {
+        let v = json(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--stage", "3", "--reserve", reserve]);
+        assert_eq!((v["min_gpus"].as_u64(), f(&v["reserve"])), (Some(19), 20e9), "--reserve {reserve}");
+        assert_eq!(v["reserve_assumed"], false);
+    }
+    let t = stdout(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--reserve", "0"]);
+    assert!(t.contains("# reserve: none kept free"), "{t}");
+    // memory's fits column keeps the same reserve: 70 GB + 8 GB fit in 80 GB, 75 GB + 8 GB do not.
+    let fits = |params: &str| {
+        let v = json(&["memory", "--params", params, "--dp", "16", "--stage", "3", "--gpu-mem", "80GB"]);
+        assert_eq!((f(&v["reserve"]), &v["reserve_assumed"]), (8e9, &Value::Bool(true)));
+        v["fits"].as_bool().unwrap()
+    };
+    assert!(fits("70e9"));
+    assert!(!fits("75e9"));
+}
+
+#[test]
+fn memory_stage_shows_that_stage_only() {
+    let v = json(&["memory", "--params", "7.5e9", "--dp", "64", "--stage", "3"]);
+    assert_eq!(v["stage"], "zero3");
+    assert_eq!(f(&v["bytes_per_rank"]), 1.875e9);
+    assert_eq!(v["formula"], "16Ψ/N");
+    assert_eq!(f(&v["comm_per_step"]["elements_per_param"]), 3.0);
+    assert!(v.get("stages").is_none(), "{v}");
+    assert_eq!(v["dp"], 64);
+    // The same answer as in the all-stage output.
+    let all = json(&["memory", "--params", "7.5e9", "--dp", "64"]);
+    assert_eq!(all["stages"]["zero3"]["bytes_per_rank"], v["bytes_per_rank"]);
+    let t = stdout(&["memory", "--params", "7.5e9", "--dp", "64", "--stage", "zero-1", "--explain"]);
+    let rows: Vec<&str> = t.lines().filter(|l| ["DDP", "ZeRO-"].iter().any(|s| l.starts_with(s))).collect();
+    assert_eq!(rows.len(), 1, "{t}");
+    assert!(rows[0].starts_with("ZeRO-1") && rows[0].contains("31.41"), "{t}");
+    // --explain: that stage's formula, not the others'.
+    assert!(t.contains("  ZeRO-1  (P+G)·Ψ + O·Ψ/N = 4Ψ + 12Ψ/N"), "{t}");
+    assert!(!t.contains("= 16Ψ =") && !t.contains("= 2Ψ + 14Ψ/N =") && !t.contains("= 16Ψ/N ="), "{t}");
+}
+
+#[test]
+fn comm_latency_defaults_to_5us_and_says_so() {
+    let base = ["comm", "--bytes", "1e9", "--ranks", "16", "--bandwidth", "25GB/s", "--no-sim"];
+    let v = json(&base);
+    assert_eq!(f(&v["latency_s"]), 5e-6);
+    assert_eq!(v["latency_assumed"], true);
+    let mut given = base.to_vec();
+    given.extend(["--latency", "5us"]);
+    let g = json(&given);
+    assert_eq!(g["latency_assumed"], false);
+    assert_eq!(g["all_reduce_s"], v["all_reduce_s"]);
+    let t = stdout(&base);
+    assert!(t.contains("α = 5 us (assumed: the --latency default"), "{t}");
+    assert!(!stdout(&given).contains("assumed"));
+    // memory's step times take the same default, and say so.
+    let m = json(&["memory", "--params", "1e9", "--dp", "16", "--bandwidth", "25GB/s"]);
+    assert_eq!((f(&m["latency_s"]), &m["latency_assumed"]), (5e-6, &Value::Bool(true)));
+    let t = f(&m["stages"]["ddp"]["comm_per_step"]["time_s"]);
+    assert!((t - 30.0 * (5e-6 + 5e-3)).abs() < 1e-12, "{t}");
+    let text = stdout(&["memory", "--params", "1e9", "--dp", "16", "--bandwidth", "25GB/s"]);
+    assert!(text.contains("# comm time: ring closed forms over a link of β = 25GB/s, α = 5 us (assumed"), "{text}");
+}
+
+#[test]
+fn gigabytes_are_decimal_and_gibibytes_binary_and_print_as_such() {
+    let v = json(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GiB", "--reserve", "0", "--stage", "3"]);
+    assert_eq!(f(&v["gpu_mem"]), 80.0 * 1024f64.powi(3));
+    // 1120e9 / N ≤ 85.9e9 → N = 14 (13.04 → 14); at 80GB it is also 14, at 75GB 15.
+    assert_eq!(v["min_gpus"], 14);
+    let t = stdout(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GiB", "--reserve", "0"]);
+    assert!(t.contains("GPUs of 85.9 GB (80 GiB)"), "{t}");
+    let t = stdout(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--reserve", "0"]);
+    assert!(t.contains("GPUs of 80 GB (74.51 GiB)"), "{t}");
 }
 
 #[test]
@@ -191,7 +277,7 @@ fn tables_and_explanations_for_people() {
     let c = stdout(&["comm", "--bytes", "1e9", "--ranks", "16", "--bandwidth", "25GB/s", "--latency", "5us"]);
     assert!(c.contains("closed form") && c.contains("simulated") && c.contains("sim/closed"), "{c}");
     assert!(c.lines().any(|l| l.starts_with("all_reduce") && l.contains("75.15 ms") && l.contains("1.058")), "{c}");
-    let m = stdout(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB"]);
+    let m = stdout(&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--reserve", "0"]);
     assert!(m.lines().any(|l| l.starts_with("ZeRO-3") && l.contains("14")), "{m}");
     assert!(m.contains("# ZeRO-1: no GPU count fits"), "{m}");
     let b = stdout(&["bubble", "--stages", "8", "--microbatches", "16"]);
@@ -246,6 +332,11 @@ fn bad_input_names_the_flag_and_exits_2() {
         (&["min-gpus", "--params", "70e9", "--gpu-mem", "0"], &["--gpu-mem"]),
         (&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--reserve", "90GB"], &["--reserve", "--gpu-mem"]),
         (&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--stage", "5"], &["--stage", "'5'"]),
+        (&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--reserve", "100%"], &["--reserve", "below 100%"]),
+        (&["min-gpus", "--params", "70e9", "--gpu-mem", "80GB", "--reserve", "8G"], &["--reserve", "ambiguous"]),
+        (&["memory", "--params", "7.5e9", "--dp", "4", "--reserve", "8GB"], &["--reserve", "--gpu-mem"]),
+        (&["memory", "--params", "7.5e9", "--dp", "4", "--stage", "7"], &["--stage", "'7'", "not a stage"]),
+        (&["memory", "--params", "7.5e9", "--dp", "4", "--latency", "5us"], &["--latency", "--bandwidth"]),
         (&["bubble", "--stages", "0", "--microbatches", "4"], &["--stages", "'0'"]),
         (&["bubble", "--stages", "8", "--microbatches", "nonsense"], &["--microbatches", "nonsense"]),
     ];

@@ -26,10 +26,14 @@
 //! row (the exit status stays 0; scripts that skip `#` lines see only the
 //! sizes that ran).
 //!
-//! Sizes take nccl-tests' K/M/G suffixes (powers of 1024). Time is in
-//! microseconds, `algbw = size / time` and `busbw = algbw ·` the
-//! collective's bus factor, both in GB/s (10⁹ bytes per second), as
-//! nccl-tests has them. Sizes run in parallel on `--threads` threads,
+//! Sizes are bytes with an optional unit, read as everywhere in oxccl's
+//! tools (`oxccl_plan::units`): `KB`, `MB`, `GB`, `TB` are powers of 1000
+//! (`8GB` = 8·10⁹), `KiB`, `MiB`, `GiB`, `TiB` powers of 1024 (`8GiB` =
+//! 8·2³⁰); a bare `K`, `M`, `G`, `T` (`-e 8G`) keeps nccl-tests' meaning,
+//! a power of 1024. Bandwidths likewise (`450GB/s` = 450·10⁹ bytes per
+//! second, `50GiB/s`, `100Gb/s` in bits). Time is in microseconds, `algbw
+//! = size / time` and `busbw = algbw ·` the collective's bus factor, both
+//! in GB/s (10⁹ bytes per second), as nccl-tests has them. Sizes run in parallel on `--threads` threads,
 //! biggest programs first, never more at once than fits in memory.
 
 mod program;
@@ -49,7 +53,7 @@ use sweep::{Row, Table};
     name = "oxccl-sim",
     version,
     about = "Predict collective algorithms' time, algbw and busbw on a modelled cluster (nccl-tests columns)",
-    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\nModel: per-rank intra-node ports, one NIC per node shared by its ranks, first-come first-served; see oxccl_algo::sim."
+    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n\nSizes: 8GB = 8·10^9 bytes, 8GiB = 8·2^30, and a bare 8G = 8·2^30 as in nccl-tests; bandwidths 450GB/s = 450·10^9 bytes/s, 50GiB/s, 100Gb/s (bits).\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\nModel: per-rank intra-node ports, one NIC per node shared by its ranks, first-come first-served; see oxccl_algo::sim."
 )]
 struct Args {
     /// Collective, as nccl-tests names it: all_reduce, all_gather,
@@ -70,10 +74,10 @@ struct Args {
     /// Link between nodes, one NIC per node shared by its ranks.
     #[arg(long, default_value = "50GB/s,5us", value_parser = parse_link)]
     inter: Link,
-    /// Smallest size in bytes (K/M/G suffixes) [default: 32M].
+    /// Smallest size in bytes (8K = 8KiB = 8192, 8KB = 8000) [default: 32M].
     #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
     minbytes: Option<u64>,
-    /// Largest size in bytes (K/M/G suffixes) [default: 32M].
+    /// Largest size in bytes (8G = 8GiB = 8·2³⁰, 8GB = 8·10⁹) [default: 32M].
     #[arg(short = 'e', long = "maxbytes", value_parser = parse_size)]
     maxbytes: Option<u64>,
     /// Multiply the size by this much from one row to the next [default: 2].
@@ -101,7 +105,7 @@ struct Args {
     /// Root of rooted collectives.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     root: usize,
-    /// Largest pipeline chunk in bytes (K/M suffixes) [default: 2M, NCCL's].
+    /// Largest pipeline chunk in bytes (2M = 2MiB, 2MB = 2·10⁶) [default: 2M, NCCL's].
     #[arg(long = "chunk", value_parser = parse_size)]
     chunk: Option<u64>,
     /// At most this many pipeline chunks per slice [default: 64].
@@ -154,22 +158,39 @@ fn plain(e: &oxccl_core::Error) -> String {
     }
 }
 
-/// Parses nccl-tests sizes: a number with an optional K, M, G or T suffix
-/// (powers of 1024) and an optional trailing B.
+/// Parses a size in bytes: a whole number with an optional unit, `GB` =
+/// 10⁹ and `GiB` = 2³⁰ as the planner reads them
+/// ([`oxccl_plan::units::parse_bytes`]), or a bare `K`, `M`, `G`, `T`
+/// (either case) for a power of 1024, as nccl-tests' `-e 8G`.
 fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let body = t.strip_suffix(['B', 'b']).unwrap_or(t);
-    let (num, mult) = match body.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&body[..body.len() - 1], 1u64 << 10),
-        Some('M') => (&body[..body.len() - 1], 1 << 20),
-        Some('G') => (&body[..body.len() - 1], 1 << 30),
-        Some('T') => (&body[..body.len() - 1], 1 << 40),
-        _ => (body, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("size {s:?} is not a number with an optional K, M, G suffix (e.g. 8, 128K, 8G)"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    let bare = t.char_indices().last().and_then(|(i, c)| {
+        let shift = match c.to_ascii_uppercase() {
+            'K' => 10,
+            'M' => 20,
+            'G' => 30,
+            'T' => 40,
+            _ => return None,
+        };
+        Some((&t[..i], shift))
+    });
+    let bytes = match bare {
+        Some((num, shift)) => num.trim().parse::<f64>().ok().map(|n| n * 2f64.powi(shift)),
+        None => oxccl_plan::units::parse_bytes(t).ok(),
+    }
+    .ok_or_else(|| {
+        format!(
+            "size {s:?} is not a number with an optional unit: K, M, G, T (powers of 1024, as nccl-tests), \
+             KiB … TiB (powers of 1024) or KB … TB (powers of 1000), e.g. 8, 128K, 8GiB, 8GB"
+        )
+    })?;
+    if bytes < 0.0 || bytes.fract() != 0.0 {
+        return Err(format!("size {s:?} is not a whole number of bytes, at least 0"));
+    }
+    if bytes >= 2f64.powi(64) {
+        return Err(format!("size {s:?} is too large"));
+    }
+    Ok(bytes as u64)
 }
 
 fn main() -> ExitCode {
@@ -303,10 +324,26 @@ mod tests {
         assert_eq!(parse_size("8").unwrap(), 8);
         assert_eq!(parse_size("128K").unwrap(), 128 << 10);
         assert_eq!(parse_size("8G").unwrap(), 8 << 30);
-        assert_eq!(parse_size("32MB").unwrap(), 32 << 20);
         assert_eq!(parse_size("1k").unwrap(), 1024);
         assert!(parse_size("eight").unwrap_err().contains("not a number"));
         assert!(parse_size("99999999999T").unwrap_err().contains("too large"));
+    }
+
+    #[test]
+    fn gigabytes_are_decimal_and_gibibytes_binary() {
+        // The planner's convention: GB = 10⁹, GiB = 2³⁰ (nccl-tests'
+        // bare G stays 2³⁰).
+        assert_eq!(parse_size("32MB").unwrap(), 32_000_000);
+        assert_eq!(parse_size("32MiB").unwrap(), 32 << 20);
+        assert_eq!(parse_size("8GB").unwrap(), 8_000_000_000);
+        assert_eq!(parse_size("8 GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_size("1.5KB").unwrap(), 1500);
+        assert_eq!(parse_size("1.5K").unwrap(), 1536);
+        assert_eq!(parse_size("2TB").unwrap(), 2_000_000_000_000);
+        assert_eq!(parse_size("64B").unwrap(), 64);
+        assert!(parse_size("1.5").unwrap_err().contains("whole number"));
+        assert!(parse_size("-8K").unwrap_err().contains("at least 0"));
+        assert!(parse_size("8XB").unwrap_err().contains("KB … TB"));
     }
 
     #[test]

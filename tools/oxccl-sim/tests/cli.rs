@@ -136,6 +136,38 @@ fn a_hand_written_program_is_priced() {
 }
 
 #[test]
+fn gigabytes_are_decimal_and_gibibytes_binary() {
+    // One convention with oxccl-plan: GB = 10⁹ bytes, GiB = 2³⁰; a bare G
+    // is nccl-tests' 2³⁰. Bandwidths alike, printed in GB/s of 10⁹.
+    let sizes = |b: &str, e: &str, step: &str, intra: &str| {
+        let text = stdout(&[
+            "all_reduce",
+            "--ranks-per-node",
+            "2",
+            "--algo",
+            "ring",
+            "-b",
+            b,
+            "-e",
+            e,
+            "-i",
+            step,
+            "--intra",
+            intra,
+        ]);
+        (data_rows(&text).iter().map(|r| num(&r[0])).collect::<Vec<f64>>(), text)
+    };
+    let (got, text) = sizes("1GB", "1GiB", "73741824", "450GB/s,0.6us");
+    assert_eq!(got, [1e9, 1073741824.0]);
+    assert!(text.contains("intra 450GB/s,600ns"), "{text}");
+    let (got, text) = sizes("1G", "1G", "1", "50GiB/s,0.6us");
+    assert_eq!(got, [1073741824.0]);
+    assert!(text.contains("intra 53.687091GB/s"), "{text}");
+    let (got, _) = sizes("500MB", "500MiB", "24288000", "450GB/s,0.6us");
+    assert_eq!(got, [500e6, 524288000.0]);
+}
+
+#[test]
 fn bad_flags_get_clear_errors() {
     let e = stderr_of_failure(&["all_reduce", "--intra", "450GB/s"]);
     assert!(e.contains("BANDWIDTH,LATENCY"), "{e}");

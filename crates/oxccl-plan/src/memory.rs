@@ -21,7 +21,7 @@
 //! alone fills the GPU: [`min_gpus`] then says so, and how much model
 //! parallelism would make room.
 
-use crate::units::{format_count, format_gb_gib, short};
+use crate::units::{format_count, format_gb_gib, parse_bytes, short};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -172,6 +172,65 @@ impl StageCost {
             terms.push(format!("{} GB", short(self.constant / 1e9)));
         }
         if terms.is_empty() { "0".to_string() } else { terms.join(" + ") }
+    }
+}
+
+/// What each GPU keeps free besides the model states: a number of bytes,
+/// or a share of the GPU's memory.
+///
+/// The formulas count parameters, gradients and optimizer states only. A
+/// training process also holds activations (which depend on the batch,
+/// the sequence length and recomputation, none of which the planner
+/// knows), temporary buffers and communication buckets, what the caching
+/// allocator loses to fragmentation, and the CUDA context (hundreds of
+/// megabytes per process). A plan that fills 100% of the memory with
+/// model states does not run, so the planner keeps [`Reserve::DEFAULT`]
+/// (10% of the GPU) free unless told otherwise. That is a floor for
+/// those costs, not an estimate of the activations: give a measured
+/// figure where there is one (`--reserve 20GB`), or `--reserve 0` for the
+/// bare formulas.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reserve {
+    /// This many bytes per GPU.
+    Bytes(f64),
+    /// This share of each GPU's memory, `0 ≤ f < 1`.
+    Fraction(f64),
+}
+
+impl Reserve {
+    /// 10% of the GPU's memory (see the type's doc for why).
+    pub const DEFAULT: Reserve = Reserve::Fraction(0.10);
+
+    /// The bytes kept free on a GPU of `gpu_mem` bytes.
+    pub fn bytes(self, gpu_mem: f64) -> f64 {
+        match self {
+            Reserve::Bytes(b) => b,
+            Reserve::Fraction(f) => f * gpu_mem,
+        }
+    }
+
+    /// `"10% of the GPU = 8 GB (7.451 GiB)"`, `"8 GB (7.451 GiB)"`, `"none"`.
+    pub fn describe(self, gpu_mem: f64) -> String {
+        match self {
+            _ if self.bytes(gpu_mem) == 0.0 => "none".to_string(),
+            Reserve::Bytes(b) => format_gb_gib(b),
+            Reserve::Fraction(f) => format!("{}% of the GPU = {}", short(f * 100.0), format_gb_gib(f * gpu_mem)),
+        }
+    }
+}
+
+impl FromStr for Reserve {
+    type Err = String;
+    /// A share of the GPU, `10%` (at least 0, below 100), or a byte size
+    /// as [`parse_bytes`] reads it: `8GB`, `7.5GiB`, `0`.
+    fn from_str(s: &str) -> Result<Reserve, String> {
+        let Some(pct) = s.trim().strip_suffix('%') else { return parse_bytes(s).map(Reserve::Bytes) };
+        let p: f64 = pct.trim().parse().map_err(|_| format!("{s:?} is not a percentage (write 10% or a size, 8GB)"))?;
+        if !(0.0..100.0).contains(&p) {
+            return Err(format!("{s:?} must be at least 0% and below 100% of the GPU"));
+        }
+        Ok(Reserve::Fraction(p / 100.0 + 0.0))
     }
 }
 
@@ -369,5 +428,22 @@ mod tests {
         let z3 = StageCost::zero(Stage::Zero3, &StateBytes::default());
         let r = min_gpus(Stage::Zero3, &z3, &Model::new(1000), 2000.0, 2000.0);
         assert!(r.reason.unwrap().contains("reserve leaves no room"));
+    }
+
+    #[test]
+    fn reserves_are_a_share_or_a_size() {
+        assert_eq!("10%".parse(), Ok(Reserve::Fraction(0.1)));
+        assert_eq!(" 0% ".parse(), Ok(Reserve::Fraction(0.0)));
+        assert_eq!("8GB".parse(), Ok(Reserve::Bytes(8e9)));
+        assert_eq!("1GiB".parse(), Ok(Reserve::Bytes(1024f64.powi(3))));
+        assert_eq!("0".parse(), Ok(Reserve::Bytes(0.0)));
+        assert!("100%".parse::<Reserve>().unwrap_err().contains("below 100%"));
+        assert!("-5%".parse::<Reserve>().unwrap_err().contains("at least 0%"));
+        assert!("lots%".parse::<Reserve>().unwrap_err().contains("not a percentage"));
+        assert!("8G".parse::<Reserve>().unwrap_err().contains("ambiguous"));
+        assert_eq!(Reserve::DEFAULT.bytes(80e9), 8e9);
+        assert_eq!(Reserve::DEFAULT.describe(80e9), "10% of the GPU = 8 GB (7.451 GiB)");
+        assert_eq!(Reserve::Bytes(20e9).describe(80e9), "20 GB (18.63 GiB)");
+        assert_eq!(Reserve::Fraction(0.0).describe(80e9), "none");
     }
 }

@@ -4,14 +4,24 @@
 //! states of a data-parallel run take per GPU under DDP and ZeRO-1/2/3,
 //! the fewest GPUs that hold a model (or why no number does), what the
 //! ring collectives of a step cost, and how much of a step a pipeline
-//! sits idle. A library (`oxccl_plan`) and a binary (`oxccl-plan`).
+//! sits idle, as plain, serializable data. This crate is the library
+//! (package `oxccl-plan`, no command-line parsing); the `oxccl-plan`
+//! command that prints its answers is `tools/oxccl-plan` (package
+//! `oxccl-plan-cli`), and `oxccl-zero` takes its memory formulas from
+//! [`memory`], so that what the optimizer measures and what the planner
+//! predicts come from one formula.
 //!
 //! ## Quick start
+//!
+//! The command (`cargo build --release -p oxccl-plan-cli`, then
+//! `target/release/oxccl-plan`):
 //!
 //! ```text
 //! oxccl-plan memory --params 7.5e9 --dp 64              # the ZeRO paper's Figure 1 row
 //! oxccl-plan memory --params 70B --gpus 512 --tp 8 --pp 4 --gpu-mem 80GB
-//! oxccl-plan min-gpus --params 70e9 --gpu-mem 80GB --stage 3 --json
+//! oxccl-plan min-gpus --params 70e9 --gpu-mem 80GB --stage 3 --json   # 10% kept free
+//! oxccl-plan min-gpus --params 70e9 --gpu-mem 80GB --reserve 20GB
+//! oxccl-plan memory --params 70e9 --dp 16 --stage 3 --gpu-mem 80GB
 //! oxccl-plan comm --bytes 1e9 --ranks 16 --bandwidth 25GB/s --latency 5us
 //! oxccl-plan bubble --stages 8 --microbatches 16
 //! ```
@@ -19,10 +29,13 @@
 //! Every subcommand prints a table (notes on `#` lines), or one JSON
 //! object with `--json`; `--explain` adds the formulas used (in JSON, an
 //! `"explain"` array). Counts take `7.5e9`, `7.5B`, `175M`, `1T`; byte
-//! sizes take `GB` (10⁹) or `GiB` (2³⁰) and the planner prints both
-//! ([`units`]). Bad input (zero ranks, a negative size, nonsense, `--gpus`
+//! sizes take `GB` (10⁹) or `GiB` (2³⁰) and the planner prints both,
+//! each under its own name ([`units`]; oxccl-sim reads them the same
+//! way). Bad input (zero ranks, a negative size, nonsense, `--gpus`
 //! not a multiple of `tp·pp` …) is an error on stderr naming the flag and
 //! value, exit status 2, nothing on stdout.
+//!
+//! The library:
 //!
 //! ```
 //! use oxccl_plan::memory::{Model, Stage};
@@ -39,16 +52,20 @@
 //!   `(P+G)Ψ + OΨ/N`, `PΨ + (G+O)Ψ/N`, `(P+G+O)Ψ/N` with `P = G = 2`,
 //!   `O = 12` (`--param-bytes`, `--grad-bytes`, `--master-bytes`,
 //!   `--moment-bytes` ×2, or `--optimizer-bytes` for all of `O`); the
-//!   fewest GPUs (`dp·tp·pp`) of a given memory, with `--reserve` for
-//!   activations and workspace, and why DDP/ZeRO-1/ZeRO-2 may fit on no
-//!   count: their `a·Ψ'` does not shrink with `N`.
+//!   fewest GPUs (`dp·tp·pp`) of a given memory, less a reserve kept
+//!   free for activations, workspace, fragmentation and the CUDA context
+//!   ([`memory::Reserve`]: 10% of the GPU unless `--reserve` says
+//!   otherwise), and why DDP/ZeRO-1/ZeRO-2 may fit on no count: their
+//!   `a·Ψ'` does not shrink with `N`.
 //! - [`variants`]: the formulas of DeepSpeed's estimators and Megatron-LM's
 //!   distributed-optimizer table (`--variant deepspeed`,
 //!   `deepspeed-legacy`, `megatron`), sources cited there.
 //! - [`comm`]: ring all-reduce / reduce-scatter / all-gather closed forms
 //!   (`oxccl_algo::cost`) next to the simulator's time of the same ring
-//!   programs (`oxccl_algo::sim`), and the collectives of a training step
-//!   per stage (`2Ψ`, `2Ψ`, `2Ψ`, `3Ψ` elements).
+//!   programs (`oxccl_algo::sim`), over a link of bandwidth `β` and
+//!   latency `α` (5 µs unless given: [`comm::DEFAULT_LATENCY_S`]), and the
+//!   collectives of a training step per stage (`2Ψ`, `2Ψ`, `2Ψ`, `3Ψ`
+//!   elements).
 //! - [`pipeline`]: the bubble `(p−1)/(m+p−1)`.
 //! - [`plan`]: the answers as plain, serializable data.
 //!

@@ -1,5 +1,7 @@
 //! `oxccl-plan`: the command line of the training memory/communication
-//! planner (see the `oxccl_plan` crate for the formulas).
+//! planner (package `oxccl-plan-cli`; the formulas and answers are the
+//! `oxccl-plan` crate's, `crates/oxccl-plan`, which has no command line).
+//! Only argument parsing and printing live here.
 //!
 //! Every subcommand prints a table, or with `--json` one JSON object;
 //! `--explain` adds the formulas used. Bad input is an error on stderr
@@ -11,7 +13,8 @@ mod table;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use oxccl_algo::algos::BuildOptions;
 use oxccl_algo::cost::{Link, parse_bandwidth, parse_latency};
-use oxccl_plan::memory::{Model, Stage, StateBytes};
+use oxccl_plan::comm::DEFAULT_LATENCY_S;
+use oxccl_plan::memory::{Model, Reserve, Stage, StateBytes};
 use oxccl_plan::units::{parse_bytes, parse_bytes_per_param, parse_count};
 use oxccl_plan::variants::{Precision, Variant};
 use std::process::ExitCode;
@@ -20,11 +23,19 @@ const AFTER_HELP: &str = "Examples:
   oxccl-plan memory --params 7.5e9 --dp 64
   oxccl-plan memory --params 70B --gpus 512 --tp 8 --pp 4 --gpu-mem 80GB --explain
   oxccl-plan memory --params 7.5B --dp 64 --variant megatron --precision bf16
+  oxccl-plan memory --params 70e9 --dp 16 --stage 3 --gpu-mem 80GB
   oxccl-plan min-gpus --params 70e9 --gpu-mem 80GB --stage 3 --json
+  oxccl-plan min-gpus --params 70e9 --gpu-mem 80GB --reserve 20GB
   oxccl-plan comm --bytes 1e9 --ranks 16 --bandwidth 25GB/s --latency 5us
   oxccl-plan bubble --stages 8 --microbatches 16
 
-Counts take 7.5e9, 7.5B, 175M, 1T; sizes take GB (10^9) or GiB (2^30).
+Counts take 7.5e9, 7.5B, 175M, 1T; sizes take GB (10^9 bytes) or GiB (2^30),
+and print as both; a bare G is refused as ambiguous.
+--gpu-mem keeps a reserve free for activations, workspace, fragmentation and
+the CUDA context: 10% of the GPU unless --reserve says otherwise (a size or a
+percentage; --reserve 0 for the bare formulas).
+--latency is 5us unless given (oxccl-sim's inter-node link); the output says
+when it was assumed.
 --explain prints the formulas; --json prints one JSON object.";
 
 #[derive(Parser, Debug)]
@@ -133,18 +144,23 @@ struct MemoryArgs {
     /// All GPUs instead of --dp: N = gpus/(tp·pp).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_count)]
     gpus: Option<u64>,
+    /// One stage: 0 (ddp), 1, 2 or 3 [default: all four].
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_stage)]
+    stage: Option<Stage>,
     #[command(flatten)]
     variant: VariantArgs,
     /// GPU memory, to say which stages fit (80GB = 80·10⁹, 80GiB = 80·2³⁰).
     #[arg(long = "gpu-mem", allow_hyphen_values = true, value_parser = parse_bytes)]
     gpu_mem: Option<f64>,
-    /// Bytes per GPU set aside for activations and workspace.
-    #[arg(long, allow_hyphen_values = true, default_value = "0", value_parser = parse_bytes)]
-    reserve: f64,
+    /// Kept free on each GPU for activations, workspace, fragmentation and
+    /// the CUDA context: a size (8GB) or a share of --gpu-mem (10%)
+    /// [default: 10%; 0 for none].
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_reserve, requires = "gpu_mem")]
+    reserve: Option<Reserve>,
     /// Data-parallel link bandwidth, to time each step's collectives (25GB/s, 200Gb/s).
-    #[arg(long, allow_hyphen_values = true, value_parser = parse_bw, requires = "latency")]
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_bw)]
     bandwidth: Option<f64>,
-    /// Data-parallel link latency (5us, 500ns).
+    /// Data-parallel link latency (5us, 500ns) [default: 5us, oxccl-sim's inter-node link].
     #[arg(long, allow_hyphen_values = true, value_parser = parse_lat, requires = "bandwidth")]
     latency: Option<f64>,
     /// Reduction throughput: adds γ = 1/reduce-bw per reduced byte [default: free].
@@ -159,9 +175,11 @@ struct MinGpusArgs {
     /// Memory of one GPU (80GB = 80·10⁹ bytes, 80GiB = 80·2³⁰).
     #[arg(long = "gpu-mem", allow_hyphen_values = true, value_parser = parse_bytes)]
     gpu_mem: f64,
-    /// Bytes per GPU set aside for activations and workspace.
-    #[arg(long, allow_hyphen_values = true, default_value = "0", value_parser = parse_bytes)]
-    reserve: f64,
+    /// Kept free on each GPU for activations, workspace, fragmentation and
+    /// the CUDA context: a size (8GB) or a share of --gpu-mem (10%)
+    /// [default: 10%; 0 for none].
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_reserve)]
+    reserve: Option<Reserve>,
     /// One stage: 0 (ddp), 1, 2 or 3 [default: all four].
     #[arg(long, allow_hyphen_values = true, value_parser = parse_stage)]
     stage: Option<Stage>,
@@ -180,9 +198,10 @@ struct CommArgs {
     /// β: link bandwidth per rank and direction (25GB/s, 200Gb/s, 50GiB/s).
     #[arg(long, allow_hyphen_values = true, value_parser = parse_bw)]
     bandwidth: f64,
-    /// α: link latency per message (5us, 500ns, 0).
+    /// α: link latency per message (5us, 500ns, 0) [default: 5us,
+    /// oxccl-sim's inter-node link; the output says it was assumed].
     #[arg(long, allow_hyphen_values = true, value_parser = parse_lat)]
-    latency: f64,
+    latency: Option<f64>,
     /// Reduction throughput: adds γ = 1/reduce-bw per reduced byte to
     /// all-reduce and reduce-scatter [default: off, the textbook form].
     #[arg(long = "reduce-bw", allow_hyphen_values = true, value_parser = parse_bw)]
@@ -224,6 +243,10 @@ fn parse_stage(s: &str) -> Result<Stage, String> {
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse()
+}
+
+fn parse_reserve(s: &str) -> Result<Reserve, String> {
     s.parse()
 }
 
@@ -272,27 +295,28 @@ fn run(cli: &Cli) -> Result<String, String> {
             dp.checked_mul(model.model_parallel())
                 .ok_or_else(|| format!("--dp {dp} × tp·pp {} is too many GPUs", model.model_parallel()))?;
             let variant = a.variant.variant()?;
-            if let Some(m) = a.gpu_mem {
-                check_mem(m, a.reserve)?;
-            }
-            let link = a.bandwidth.zip(a.latency).map(|(bw, lat)| (Link::new(bw, lat), gamma(a.reduce_bw)));
-            let plan = oxccl_plan::plan::memory(&model, dp, &variant, a.gpu_mem, a.reserve, link);
-            Ok(render::memory(&plan, out))
+            let reserve = a.gpu_mem.map(|m| check_mem(m, a.reserve)).transpose()?;
+            let link = a.bandwidth.map(|bw| link(bw, a.latency));
+            let timed = link.map(|l| (l.link, gamma(a.reduce_bw)));
+            let plan =
+                oxccl_plan::plan::memory(&model, dp, &variant, a.gpu_mem, reserve.map_or(0.0, |r| r.bytes), timed);
+            Ok(render::memory(&plan, &render::Given { stage: a.stage, reserve, link }, out))
         }
         Command::MinGpus(a) => {
             let model = a.model.checked()?;
-            check_mem(a.gpu_mem, a.reserve)?;
+            let reserve = check_mem(a.gpu_mem, a.reserve)?;
             let variant = a.variant.variant()?;
             let stages = a.stage.map_or(Stage::ALL.to_vec(), |s| vec![s]);
-            let plan = oxccl_plan::plan::min_gpus_plan(&stages, &variant, &model, a.gpu_mem, a.reserve);
-            Ok(render::min_gpus(&plan, a.stage.is_some(), out))
+            let plan = oxccl_plan::plan::min_gpus_plan(&stages, &variant, &model, a.gpu_mem, reserve.bytes);
+            let given = render::Given { stage: a.stage, reserve: Some(reserve), link: None };
+            Ok(render::min_gpus(&plan, &given, out))
         }
         Command::Comm(a) => {
             if a.bytes < 1.0 || a.bytes.fract() != 0.0 {
                 return Err(format!("--bytes {} must be a whole number of bytes, at least 1", a.bytes));
             }
             let ranks = usize::try_from(a.ranks).map_err(|_| format!("--ranks {} is too many", a.ranks))?;
-            let link = Link::new(a.bandwidth, a.latency);
+            let link = link(a.bandwidth, a.latency);
             let mut opts = BuildOptions::default();
             if let Some(c) = a.chunk {
                 if c < 1.0 {
@@ -303,8 +327,8 @@ fn run(cli: &Cli) -> Result<String, String> {
             if let Some(k) = a.max_chunks {
                 opts.max_chunks = usize::try_from(k).unwrap_or(usize::MAX);
             }
-            let plan = oxccl_plan::comm::plan(ranks, a.bytes as u64, link, a.reduce_bw, &opts, !a.no_sim);
-            Ok(render::comm(&plan, &opts, out))
+            let plan = oxccl_plan::comm::plan(ranks, a.bytes as u64, link.link, a.reduce_bw, &opts, !a.no_sim);
+            Ok(render::comm(&plan, &link, &opts, out))
         }
         Command::Bubble(a) => {
             let b = oxccl_plan::pipeline::bubble(a.stages, a.microbatches, a.interleave);
@@ -318,18 +342,31 @@ fn gamma(reduce_bw: Option<f64>) -> f64 {
     reduce_bw.map_or(0.0, |bw| 1.0 / bw)
 }
 
-fn check_mem(gpu_mem: f64, reserve: f64) -> Result<(), String> {
+/// A link of `bandwidth` and `--latency`, or the default latency,
+/// remembering which.
+fn link(bandwidth: f64, latency: Option<f64>) -> render::LinkUsed {
+    render::LinkUsed {
+        link: Link::new(bandwidth, latency.unwrap_or(DEFAULT_LATENCY_S)),
+        latency_assumed: latency.is_none(),
+    }
+}
+
+/// The reserve for a GPU of `gpu_mem` bytes: `--reserve`, or the default;
+/// an error when it leaves nothing for model states.
+fn check_mem(gpu_mem: f64, reserve: Option<Reserve>) -> Result<render::ReserveUsed, String> {
     if gpu_mem <= 0.0 {
         return Err(format!("--gpu-mem {gpu_mem} must be more than 0 bytes"));
     }
-    if reserve >= gpu_mem {
+    let rule = reserve.unwrap_or(Reserve::DEFAULT);
+    let bytes = rule.bytes(gpu_mem);
+    if bytes >= gpu_mem {
         return Err(format!(
             "--reserve {} leaves nothing of --gpu-mem {} for model states",
-            oxccl_plan::units::format_gb_gib(reserve),
+            oxccl_plan::units::format_gb_gib(bytes),
             oxccl_plan::units::format_gb_gib(gpu_mem)
         ));
     }
-    Ok(())
+    Ok(render::ReserveUsed { rule, bytes, gpu_mem, assumed: reserve.is_none() })
 }
 
 impl ModelArgs {

@@ -37,6 +37,13 @@ use oxccl_algo::{CollKind, Collective};
 use oxccl_core::DataType;
 use serde::Serialize;
 
+/// `α` when none is given: 5 µs per message, oxccl-sim's default
+/// inter-node link (`--inter 50GB/s,5us`), the order of one message
+/// across a switch between hosts. Intra-node links are faster (oxccl-sim
+/// takes 0.6 µs); latency matters only for small buffers or many ranks,
+/// so give the link's own figure there.
+pub const DEFAULT_LATENCY_S: f64 = 5e-6;
+
 /// Times of the three ring collectives, in seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct RingTimes {

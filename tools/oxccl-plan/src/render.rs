@@ -3,9 +3,9 @@
 
 use crate::table::Table;
 use oxccl_algo::algos::BuildOptions;
-use oxccl_algo::cost::format_bandwidth;
+use oxccl_algo::cost::{Link, format_bandwidth};
 use oxccl_plan::comm::{CommPlan, MAX_STEPS};
-use oxccl_plan::memory::Stage;
+use oxccl_plan::memory::{Reserve, Stage};
 use oxccl_plan::pipeline::Bubble;
 use oxccl_plan::plan::{MemoryPlan, MinGpusPlan};
 use oxccl_plan::units::{format_bytes, format_count, format_gb_gib, gb, gib, short};
@@ -44,6 +44,92 @@ impl Out {
     }
 }
 
+/// The link a subcommand timed with, and whether its latency was the
+/// default.
+#[derive(Clone, Copy, Debug)]
+pub struct LinkUsed {
+    /// β and α.
+    pub link: Link,
+    /// `--latency` was not given: α is the default.
+    pub latency_assumed: bool,
+}
+
+impl LinkUsed {
+    /// `β = 25GB/s, α = 5 us`, saying when α is the default.
+    fn words(&self) -> String {
+        let assumed = if self.latency_assumed {
+            " (assumed: the --latency default, oxccl-sim's inter-node link; give --latency to change it)"
+        } else {
+            ""
+        };
+        format!("β = {}, α = {}{assumed}", format_bandwidth(self.link.bw), time(self.link.lat))
+    }
+
+    /// The link's fields for JSON output.
+    fn insert(&self, v: &mut Value) {
+        if let Value::Object(m) = v {
+            m.insert("bandwidth_bytes_per_s".into(), self.link.bw.into());
+            m.insert("latency_s".into(), self.link.lat.into());
+            m.insert("latency_assumed".into(), self.latency_assumed.into());
+        }
+    }
+}
+
+/// The reserve a subcommand kept free on each GPU, and whether it was
+/// the default.
+#[derive(Clone, Copy, Debug)]
+pub struct ReserveUsed {
+    /// As given, or [`Reserve::DEFAULT`].
+    pub rule: Reserve,
+    /// The bytes it keeps free.
+    pub bytes: f64,
+    /// The GPU's memory.
+    pub gpu_mem: f64,
+    /// `--reserve` was not given.
+    pub assumed: bool,
+}
+
+impl ReserveUsed {
+    /// A `# reserve:` line.
+    fn line(&self) -> String {
+        let why = match (self.assumed, self.bytes > 0.0) {
+            (true, _) => {
+                "the default, for activations, workspace, fragmentation and the CUDA context; --reserve to change it"
+            }
+            (false, true) => "--reserve",
+            (false, false) => "--reserve: model states may fill the whole GPU",
+        };
+        format!("# reserve: {} kept free on each GPU ({why})\n", self.rule.describe(self.gpu_mem))
+    }
+
+    /// `reserve_rule` and `reserve_assumed` for JSON output (the bytes
+    /// are the plan's `reserve`).
+    fn insert(&self, v: &mut Value) {
+        if let Value::Object(m) = v {
+            m.insert("reserve_rule".into(), serde_json::to_value(self.rule).unwrap_or(Value::Null));
+            m.insert("reserve_assumed".into(), self.assumed.into());
+        }
+    }
+}
+
+/// What the command line chose that the plan does not record.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Given {
+    /// Only this stage.
+    pub stage: Option<Stage>,
+    /// The reserve, with a GPU size.
+    pub reserve: Option<ReserveUsed>,
+    /// The link, with a bandwidth.
+    pub link: Option<LinkUsed>,
+}
+
+impl Given {
+    /// The stages to print.
+    fn stages(&self) -> Vec<Stage> {
+        self.stage.map_or(Stage::ALL.to_vec(), |s| vec![s])
+    }
+}
+
 /// Seconds with a unit and four significant digits: `75.15 ms`.
 fn time(t: f64) -> String {
     let (v, unit) = match t {
@@ -79,8 +165,9 @@ fn step_words(stage: Stage) -> &'static str {
     }
 }
 
-/// `oxccl-plan memory`.
-pub fn memory(p: &MemoryPlan, out: Out) -> String {
+/// `oxccl-plan memory`: every stage, or with `--stage` one, whose answer
+/// is then flat at the top level of the JSON (as `min-gpus` does).
+pub fn memory(p: &MemoryPlan, given: &Given, out: Out) -> String {
     let timed = p.stages.ddp.comm_per_step.time_s.is_some();
     let mut headers = vec!["stage", "formula", ">GB/GPU", ">GiB/GPU"];
     if p.gpu_mem.is_some() {
@@ -92,7 +179,8 @@ pub fn memory(p: &MemoryPlan, out: Out) -> String {
     }
     let mut t = Table::new(&headers);
     let mut notes = Vec::new();
-    for s in Stage::ALL {
+    let stages = given.stages();
+    for &s in &stages {
         let m = p.stages.get(s);
         let num = |v: Option<f64>| v.map_or("n/a".to_string(), short);
         let mut row = vec![s.label().to_string(), m.formula.clone().unwrap_or("—".into()), num(m.gb), num(m.gib)];
@@ -120,7 +208,13 @@ pub fn memory(p: &MemoryPlan, out: Out) -> String {
         variant_line(&p.variant),
     );
     if let Some(m) = p.gpu_mem {
-        text += &format!("# fits: model states + reserve {} ≤ GPU {}\n", format_gb_gib(p.reserve), format_gb_gib(m));
+        text += &format!("# fits: model states + reserve ≤ GPU {}\n", format_gb_gib(m));
+    }
+    if let Some(r) = &given.reserve {
+        text += &r.line();
+    }
+    if let Some(l) = &given.link {
+        text += &format!("# comm time: ring closed forms over a link of {}\n", l.words());
     }
     text += "#\n";
     text += &t.render();
@@ -135,7 +229,7 @@ pub fn memory(p: &MemoryPlan, out: Out) -> String {
         format_count(psi)
     ));
     ex.extend(p.variant.details());
-    for s in Stage::ALL {
+    for &s in &stages {
         let m = p.stages.get(s);
         match (&m.formula, m.bytes_per_rank) {
             (Some(f), Some(b)) => {
@@ -157,12 +251,27 @@ pub fn memory(p: &MemoryPlan, out: Out) -> String {
         ex.push("comm time: ring closed forms, all-reduce 2(N−1)(α + S/(Nβ)), RS/AG (N−1)(α + S/(Nβ))".into());
     }
     ex.push(format!("source: {}", p.source));
-    out.emit(p, text, ex)
+    let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
+    if let Some(r) = &given.reserve {
+        r.insert(&mut v);
+    }
+    if let Some(l) = &given.link {
+        l.insert(&mut v);
+    }
+    if let (Some(stage), Value::Object(m)) = (given.stage, &mut v) {
+        let mut all = m.remove("stages").unwrap_or(Value::Null);
+        m.insert("stage".into(), stage.key().into());
+        if let Some(Value::Object(one)) = all.get_mut(stage.key()).map(Value::take) {
+            m.extend(one);
+        }
+    }
+    out.emit(v, text, ex)
 }
 
 /// `oxccl-plan min-gpus`: one stage's answer flat at the top level, or
 /// all four under `"stages"`.
-pub fn min_gpus(p: &MinGpusPlan, single: bool, out: Out) -> String {
+pub fn min_gpus(p: &MinGpusPlan, given: &Given, out: Out) -> String {
+    let single = given.stage.is_some();
     let mut t = Table::new(&["stage", ">min GPUs", ">dp", ">tp·pp", ">GB/GPU", ">GiB/GPU"]);
     let mut notes = Vec::new();
     for a in &p.answers {
@@ -181,12 +290,12 @@ pub fn min_gpus(p: &MinGpusPlan, single: bool, out: Out) -> String {
         }
     }
     let mut text = format!(
-        "# oxccl-plan min-gpus: Ψ = {} parameters, tp {} × pp {}, GPUs of {}{}\n# {}\n# min GPUs = dp·tp·pp, the smallest dp whose model states fit\n#\n",
+        "# oxccl-plan min-gpus: Ψ = {} parameters, tp {} × pp {}, GPUs of {}\n{}# {}\n# min GPUs = dp·tp·pp, the smallest dp whose model states fit\n#\n",
         format_count(p.params as f64),
         p.tp,
         p.pp,
         format_gb_gib(p.gpu_mem),
-        if p.reserve > 0.0 { format!(" less {} reserve", format_gb_gib(p.reserve)) } else { String::new() },
+        given.reserve.map_or(String::new(), |r| r.line()),
         variant_line(&p.variant),
     );
     text += &t.render();
@@ -202,6 +311,9 @@ pub fn min_gpus(p: &MinGpusPlan, single: bool, out: Out) -> String {
     ex.extend(p.variant.details());
     ex.push(format!("source: {}", p.source));
     let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
+    if let Some(r) = &given.reserve {
+        r.insert(&mut v);
+    }
     if let Value::Object(m) = &mut v {
         let answers = m.remove("answers").unwrap_or(Value::Null);
         match answers {
@@ -231,7 +343,7 @@ pub fn min_gpus(p: &MinGpusPlan, single: bool, out: Out) -> String {
 }
 
 /// `oxccl-plan comm`.
-pub fn comm(p: &CommPlan, opts: &BuildOptions, out: Out) -> String {
+pub fn comm(p: &CommPlan, link: &LinkUsed, opts: &BuildOptions, out: Out) -> String {
     let (n, s) = (p.ranks, p.bytes);
     let mut t = Table::new(&["collective", ">closed form", ">simulated", ">sim/closed", ">sent/rank"]);
     let c = &p.closed_form;
@@ -255,10 +367,9 @@ pub fn comm(p: &CommPlan, opts: &BuildOptions, out: Out) -> String {
         format!("reductions at {} (γ = 1/{})", format_bandwidth(r), format_bandwidth(r))
     });
     let mut text = format!(
-        "# oxccl-plan comm: ring collectives of S = {} on N = {n} ranks; link β = {}, α = {}; {reduce}\n",
+        "# oxccl-plan comm: ring collectives of S = {} on N = {n} ranks; link {}; {reduce}\n",
         format_gb_gib(s as f64),
-        format_bandwidth(p.bandwidth_bytes_per_s),
-        time(p.latency_s),
+        link.words(),
     );
     text += "# closed form: the textbook ring, all-reduce 2(N−1)(α + S/(Nβ)), reduce-scatter and all-gather (N−1)(α + S/(Nβ))\n";
     match (&p.simulated, &p.simulation_skipped) {
@@ -296,7 +407,11 @@ pub fn comm(p: &CommPlan, opts: &BuildOptions, out: Out) -> String {
         "simulation: oxccl_algo::algos::build(Ring) + oxccl_algo::sim::simulate on Topology::one_rank_per_node(N, link)"
             .into(),
     ];
-    out.emit(p, text, ex)
+    let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("latency_assumed".into(), link.latency_assumed.into());
+    }
+    out.emit(v, text, ex)
 }
 
 /// `oxccl-plan bubble`.

@@ -5,10 +5,17 @@
 //! (billion), `175M`, `1T`, `10K`. Byte sizes ([`parse_bytes`]): a number
 //! with an optional unit, decimal (`B`, `KB`, `MB`, `GB`, `TB`, `PB`:
 //! powers of 10³) or binary (`KiB`, `MiB`, `GiB`, `TiB`, `PiB`: powers
-//! of 2¹⁰). The planner does not reuse `oxccl_core::size::parse_size`:
-//! that one follows nccl-tests, where `G` and `GB` mean 2³⁰, while a GPU
-//! sold as "80GB" and the ZeRO paper's "120 GB" are 10⁹-byte gigabytes.
-//! A bare `K`/`M`/`G`/`T` suffix on a byte size is refused as ambiguous.
+//! of 2¹⁰). This is the one convention of oxccl's tools: `oxccl-sim`
+//! reads its sizes through [`parse_bytes`] too (only its nccl-tests-style
+//! bare `8G` stays 2³⁰), and bandwidths follow it
+//! (`oxccl_algo::cost::parse_bandwidth`: `25GB/s` = 25·10⁹ bytes per
+//! second, `25GiB/s` = 25·2³⁰). The planner does not reuse `oxccl_core::size::parse_size`:
+//! that one follows nccl-tests for `oxccl-perf` and the environment
+//! variables, where `G` and `GB` mean 2³⁰, while a GPU sold as "80GB" and
+//! the ZeRO paper's "120 GB" are 10⁹-byte gigabytes. A bare
+//! `K`/`M`/`G`/`T` suffix on a byte size is refused here as ambiguous.
+//! Printed sizes name their unit: `GB` for 10⁹, `GiB` for 2³⁰
+//! ([`format_gb_gib`] prints both).
 
 /// A count written `N`, `N.NeE`, or with a `K`, `M`, `B` (or `G`) or `T`
 /// suffix for thousand, million, billion, trillion; it must be a whole
