@@ -53,6 +53,7 @@ fn latency(v: &Bound<'_, PyAny>) -> PyResult<f64> {
 /// messages, steps, and nccl-tests' algorithm bandwidth.
 #[pyfunction]
 #[pyo3(signature = (json, nodes, ranks_per_node, intra_bw, intra_lat, inter_bw, inter_lat, reduce_bw=None, copy_bw=None))]
+// The arguments are the Python function's keyword arguments, one each.
 #[allow(clippy::too_many_arguments)]
 pub fn simulate<'py>(
     py: Python<'py>,

@@ -40,6 +40,9 @@ impl AdamW {
     /// Step `step` (counted from 1) over equal-length slices: the gradient
     /// is `grad × scale` (scale folds in averaging and clipping); writes
     /// the new working parameters into `out`.
+    // AdamW's state is three slices beside the gradient and the output, each
+    // borrowed on its own (a struct of them would be built and taken apart
+    // at every call for nothing).
     #[allow(clippy::too_many_arguments)]
     pub fn update<P: Param>(
         &self,

@@ -112,18 +112,15 @@ impl Clocks {
     }
 
     /// Records an access by `p` (at step `pc`) to `owner`'s buffer `buf`,
-    /// `[start, end)`; returns the earlier access it races with and where.
-    #[allow(clippy::too_many_arguments)]
+    /// elements `range`; returns the earlier access it races with and where.
     pub(crate) fn access(
         &mut self,
-        p: usize,
-        pc: usize,
-        owner: usize,
-        buf: usize,
-        start: usize,
-        end: usize,
+        (p, pc): (usize, usize),
+        (owner, buf): (usize, usize),
+        range: std::ops::Range<usize>,
         write: bool,
     ) -> Result<(), (Rec, usize, usize)> {
+        let (start, end) = (range.start, range.end);
         if start == end {
             return Ok(());
         }

@@ -327,14 +327,14 @@ pub struct RdmaSender {
 }
 
 impl RdmaSender {
-    #[allow(clippy::too_many_arguments)]
+    /// A sender over `link` from `buf`, into the receiver's ring of `cap`
+    /// bytes at `(remote_addr, remote_rkey)`, writing at most `chunk`
+    /// bytes at once.
     pub(crate) fn new(
         mut link: Link,
         buf: Buf,
-        cap: usize,
-        chunk: usize,
-        remote_addr: u64,
-        remote_rkey: u32,
+        (cap, chunk): (usize, usize),
+        (remote_addr, remote_rkey): (u64, u32),
         bad_rkey_after: Option<u64>,
     ) -> Result<RdmaSender> {
         let q = link.qps.len();

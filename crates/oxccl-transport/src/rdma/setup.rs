@@ -330,7 +330,7 @@ pub(crate) fn connect(ep: &Endpoint, peer: usize, ch: Option<Channel>) -> Result
     let link = Link::new(qps, cq, s, who)?;
     Ok(match (ch, staging) {
         (Some(_), Some(buf)) => {
-            Conn::Data(Box::new(RdmaSender::new(link, buf, l.cap, l.chunk, raddr, rkey, l.faults.bad_rkey_after)?))
+            Conn::Data(Box::new(RdmaSender::new(link, buf, (l.cap, l.chunk), (raddr, rkey), l.faults.bad_rkey_after)?))
         }
         _ => Conn::OneSided(link),
     })

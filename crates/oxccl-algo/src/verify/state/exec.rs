@@ -173,7 +173,7 @@ impl Machine<'_> {
         let Some(race) = self.race.as_mut() else {
             return Ok(());
         };
-        match race.access(pi, pc, owner, pb, off, off + len, write) {
+        match race.access((pi, pc), (owner, pb), off..off + len, write) {
             Ok(()) => Ok(()),
             Err((rec, s, e)) => {
                 let what = if write { "writes" } else { "reads" };
