@@ -36,7 +36,6 @@
 //! `ncclCommAbort`), user reduction operators, registration records, and
 //! host memory from `ncclMemAlloc` where there is no GPU.
 #![allow(unsafe_code, non_snake_case)]
-#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod abi;
 pub mod coll;
