@@ -76,7 +76,7 @@ pub mod tuner;
 pub use buf::{CudaStream, DeviceBuf, Span};
 pub use call::Call;
 pub use comm::{Communicator, Work};
-pub use config::{Config, DeviceExec, DevicePath, SingleCopy};
+pub use config::{Config, DeviceExec, DevicePath, SingleCopy, unique_id};
 pub use device_api::DeviceP2p;
 pub use group::Group;
 /// The `half` crate oxccl's `f16`/`bf16` element types come from, so users

@@ -34,7 +34,7 @@ impl Communicator {
         let new_rank = members.iter().position(|&(_, r)| r == me);
         // Round two: each color's first member publishes a fresh id.
         let leader = color.is_some() && new_rank == Some(0);
-        let id = if leader { Some(UniqueId::new()?) } else { None };
+        let id = if leader { Some(self.config().unique_id()?) } else { None };
         let ids = self.boot().all_gather(id.as_ref().map(|i| &i.as_bytes()[..]).unwrap_or(&[]))?;
         let (Some(new_rank), Some(&(_, first))) = (new_rank, members.first()) else {
             return Ok(None);
@@ -56,7 +56,7 @@ impl Communicator {
         let (stay, new_rank) = self.staying(exclude)?;
         let mut bytes = [0u8; UniqueId::SIZE];
         if new_rank == 0 {
-            bytes = *UniqueId::new()?.as_bytes();
+            bytes = *self.config().unique_id()?.as_bytes();
             let sent = bytes;
             self.group(|g| {
                 for &r in &stay[1..] {
