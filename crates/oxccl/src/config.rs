@@ -539,6 +539,13 @@ static ANNOUNCE: std::sync::OnceLock<Option<parking_lot::Mutex<std::fs::File>>> 
 /// WARN, `VERSION` printing only [`announce`]'s line), once per process.
 /// Without the variable, warnings are still printed. Colour only on a
 /// terminal.
+///
+/// A message logged before this runs is lost (`tracing` drops events that
+/// no subscriber sees), so every public entry point that can log calls it
+/// first: [`Communicator::init`](crate::Communicator::init),
+/// [`from_env`](crate::Communicator::from_env),
+/// [`with_launch_secret`](crate::with_launch_secret) (before its warning),
+/// the C ABI's set-up.
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {

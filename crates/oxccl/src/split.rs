@@ -136,6 +136,8 @@ impl Communicator {
     /// secret is derived from the address and the job key, which anyone
     /// who knows them can compute (a warning says so once).
     pub fn from_env() -> Result<Communicator> {
+        // Logging starts first: what the launch path warns must be seen.
+        crate::config::init_logging();
         let env = Launch::from_vars(|k| std::env::var(k).ok())?;
         let id = with_launch_secret(UniqueId::for_env(env.addr, &env.job), |k| std::env::var(k).ok())?;
         Communicator::init(&id, env.size, env.rank, Config::default())
@@ -143,7 +145,9 @@ impl Communicator {
 }
 
 /// `id` with the secret `OXCCL_SECRET` or `OXCCL_SECRET_FILE` gives (read
-/// through `get`); unchanged, with a warning once, when neither is set.
+/// through `get`); unchanged, with a warning once, when neither is set
+/// (logging starts here if it has not: tools call this before any
+/// communicator exists).
 pub fn with_launch_secret(id: UniqueId, get: impl Fn(&str) -> Option<String>) -> Result<UniqueId> {
     if let Some(s) = get("OXCCL_SECRET").filter(|s| !s.is_empty()) {
         return Ok(id.with_secret_from(s.as_bytes()));
@@ -158,6 +162,7 @@ pub fn with_launch_secret(id: UniqueId, get: impl Fn(&str) -> Option<String>) ->
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        crate::config::init_logging();
         tracing::warn!(
             "no OXCCL_SECRET or OXCCL_SECRET_FILE: the communicator's secret is derived from the rendezvous \
              address and the job key, so anyone who knows both can join; set one of them on every rank"

@@ -148,3 +148,55 @@ fn config_fields_win_over_transport_variables() {
     assert!(out.contains("IFNAME set=lo unset=refused"), "{out}");
     assert!(out.contains("RDMA set=soft unset=disabled"), "{out}");
 }
+
+/// What `with_launch_secret` warns without a secret (README: "a warning
+/// says so").
+const NO_SECRET: &str = "no OXCCL_SECRET or OXCCL_SECRET_FILE";
+
+/// A one-rank job under torchrun's variables, as the parent set them.
+#[test]
+#[ignore = "helper of the launcher warning tests (needs their environment)"]
+fn launch_child() {
+    assert!(std::env::var("RANK").is_ok(), "run through the parent test");
+    let comm = Communicator::from_env().unwrap();
+    assert_eq!((comm.rank(), comm.size()), (0, 1));
+}
+
+/// `with_launch_secret` alone, as tools call it before their own init.
+#[test]
+#[ignore = "helper of the launcher warning tests (needs their environment)"]
+fn secret_child() {
+    let id = oxccl::UniqueId::for_env("127.0.0.1:1".parse().unwrap(), "job");
+    assert_eq!(oxccl::with_launch_secret(id, |_| None).unwrap(), id);
+}
+
+/// torchrun's variables for a one-rank job on a free local port.
+fn torchrun() -> Vec<(&'static str, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    vec![
+        ("RANK", "0".into()),
+        ("WORLD_SIZE", "1".into()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+    ]
+}
+
+#[test]
+fn launcher_without_a_secret_warns_on_stderr() {
+    let vars = torchrun();
+    let envs: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (ok, out, err) = child("launch_child", &envs);
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(err.contains(NO_SECRET) && err.contains("anyone who knows both can join"), "stderr:\n{err}");
+    assert_eq!(err.matches(NO_SECRET).count(), 1, "warned once:\n{err}");
+
+    let (ok, out, err) = child("secret_child", &[]);
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(err.contains(NO_SECRET), "with_launch_secret called before any communicator:\n{err}");
+
+    // With a secret there is nothing to warn about.
+    let envs = [envs, vec![("OXCCL_SECRET", "a passphrase")]].concat();
+    let (ok, out, err) = child("launch_child", &envs);
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(!err.contains(NO_SECRET), "stderr:\n{err}");
+}
