@@ -29,15 +29,25 @@ pub const TIMEOUT: NcclResult = 8;
 /// `ncclNumResults`.
 pub const NUM_RESULTS: NcclResult = 9;
 
-/// NCCL's text for each code (`ncclGetErrorString`), NUL-terminated.
+/// The text for each code (`ncclGetErrorString`), NUL-terminated: NCCL's,
+/// with hints that hold here. NCCL's "run with NCCL_DEBUG=WARN for
+/// details" would add nothing: WARN is oxccl's default level, and the
+/// failed call's message is already logged at it. The details are in
+/// `ncclGetLastError`; INFO adds how the communicator was set up.
 pub fn code_text(code: NcclResult) -> &'static [u8] {
     match code {
         SUCCESS => b"no error\0",
-        UNHANDLED_CUDA_ERROR => b"unhandled cuda error (run with NCCL_DEBUG=INFO for details)\0",
-        SYSTEM_ERROR => b"unhandled system error (run with NCCL_DEBUG=INFO for details)\0",
+        UNHANDLED_CUDA_ERROR => {
+            b"unhandled cuda error (ncclGetLastError() says which call failed; NCCL_DEBUG=INFO also logs the \
+              device set-up)\0"
+        }
+        SYSTEM_ERROR => {
+            b"unhandled system error (ncclGetLastError() says what failed; NCCL_DEBUG=INFO also logs the \
+              transports' set-up)\0"
+        }
         INTERNAL_ERROR => b"internal error - please report this issue to the oxccl developers\0",
-        INVALID_ARGUMENT => b"invalid argument (run with NCCL_DEBUG=WARN for details)\0",
-        INVALID_USAGE => b"invalid usage (run with NCCL_DEBUG=WARN for details)\0",
+        INVALID_ARGUMENT => b"invalid argument (ncclGetLastError() says which and why)\0",
+        INVALID_USAGE => b"invalid usage (ncclGetLastError() says what was wrong)\0",
         REMOTE_ERROR => b"remote process exited or there was a network error\0",
         IN_PROGRESS => b"NCCL operation in progress\0",
         TIMEOUT => b"operation timed out\0",

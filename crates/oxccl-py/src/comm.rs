@@ -10,10 +10,11 @@ use pyo3::types::{PyDict, PyTuple};
 use std::time::Duration;
 
 /// A new unique id (NCCL's `ncclGetUniqueId`), as the hex text every rank
-/// passes to `init`. The process that makes it runs the bootstrap root.
+/// passes to `init`. The process that makes it runs the bootstrap root, on
+/// the interface `OXCCL_SOCKET_IFNAME` selects.
 #[pyfunction]
 pub fn unique_id() -> PyResult<String> {
-    Ok(UniqueId::new().py()?.to_string())
+    Ok(oxccl::unique_id().py()?.to_string())
 }
 
 /// One communicator.

@@ -10,8 +10,15 @@
 //! channel). One-sided access goes to the provider's native path where it
 //! has one for that peer, else through the control plane ([`crate::control`]).
 //!
-//! Adding a provider: implement [`Factory`] and [`Provider`] and add the
-//! factory to [`registry`]; nothing here matches on kinds.
+//! [`FabricOptions`] hold what every provider shares and each provider's
+//! own typed settings ([`ShmOptions`], [`TcpOptions`], [`RdmaOptions`]);
+//! [`registry`] hands each factory its part. Nothing here reads the
+//! environment: oxccl's `Config` resolves the variables once and builds
+//! these.
+//!
+//! Adding a provider: implement [`Factory`] and [`Provider`], give its
+//! settings a field here and add the factory to [`registry`]; nothing here
+//! matches on kinds.
 #![allow(unsafe_code)]
 
 use crate::bootstrap::Bootstrap;
@@ -26,21 +33,57 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use crate::provider::FabricOptions;
-
 pub use crate::CHANNELS;
+pub use crate::rdma::RdmaOptions;
+pub use crate::shm::ShmOptions;
+pub use crate::tcp::TcpOptions;
 
 /// Connection slots per peer: the collective channels and p2p (the
 /// control plane holds its own ends).
 const SLOTS: usize = CHANNELS + 1;
 
-/// The providers, in order of preference.
-pub fn registry() -> Vec<Box<dyn Factory>> {
+/// How the fabric is built: what every provider shares, then each
+/// provider's own settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricOptions {
+    /// Force one provider between all ranks (also ranks of one process).
+    pub transport: Option<Kind>,
+    /// Bytes of each connection's FIFO (in-process, shared memory, RDMA
+    /// rings; TCP has its own, [`TcpOptions::buffer`]).
+    pub buffsize: usize,
+    /// Deadline of set-up waits.
+    pub timeout: Duration,
+    /// Shared memory.
+    pub shm: ShmOptions,
+    /// TCP. `connect_timeout` is capped by `timeout`.
+    pub tcp: TcpOptions,
+    /// RDMA (the `OXCCL_IB_*` settings, the software HCA's, injected
+    /// faults).
+    pub rdma: RdmaOptions,
+}
+
+impl Default for FabricOptions {
+    /// oxccl's defaults: FIFOs of 4 MiB, TCP's of 512 KiB (smaller chunks
+    /// pipeline better through the kernel's socket buffers), 300 s.
+    fn default() -> FabricOptions {
+        FabricOptions {
+            transport: None,
+            buffsize: 4 << 20,
+            timeout: Duration::from_secs(300),
+            shm: ShmOptions::default(),
+            tcp: TcpOptions { buffer: 512 << 10, ..TcpOptions::default() },
+            rdma: RdmaOptions::default(),
+        }
+    }
+}
+
+/// The providers, in order of preference, each with its settings.
+pub fn registry(opts: &FabricOptions) -> Vec<Box<dyn Factory>> {
     vec![
         Box::new(crate::mem::MemFactory),
-        Box::new(crate::shm::ShmFactory),
-        Box::new(crate::rdma::RdmaFactory),
-        Box::new(crate::tcp::TcpFactory),
+        Box::new(crate::shm::ShmFactory { opts: opts.shm }),
+        Box::new(crate::rdma::RdmaFactory { opts: opts.rdma.clone() }),
+        Box::new(crate::tcp::TcpFactory { opts: opts.tcp.clone() }),
     ]
 }
 
@@ -198,7 +241,7 @@ impl Fabric {
         let (rank, n) = (boot.rank(), boot.nranks());
         let peers = boot.peers().to_vec();
         let me = &peers[rank];
-        let factories = registry();
+        let factories = registry(opts);
         // Which providers each rank can use at all: a pair uses one only
         // where both can.
         let why_not: Vec<Option<String>> = factories.iter().map(|f| f.available().err()).collect();
@@ -238,15 +281,16 @@ impl Fabric {
             carrier.push(c.ok_or_else(|| Error::InvalidUsage(format!("no provider reaches rank {p}")))?);
         }
         let mut providers = Vec::with_capacity(factories.len());
+        let (buffsize, timeout) = (opts.buffsize, opts.timeout);
         let serves: Vec<Vec<bool>> = (0..factories.len()).map(|i| carrier.iter().map(|&c| c == i).collect()).collect();
         for (i, f) in factories.iter().enumerate() {
-            let setup = Setup { rank, peers: &peers, nonce, opts, serves: &serves[i], boot: &boot };
+            let setup = Setup { rank, peers: &peers, nonce, buffsize, timeout, serves: &serves[i], boot: &boot };
             providers.push(f.open(&setup)?);
         }
         let bell = providers.iter().find_map(|p| p.shared_bell()).unwrap_or_else(Doorbell::heap);
         for (i, p) in providers.iter_mut().enumerate() {
             let published = boot.all_gather(&p.publish())?;
-            let setup = Setup { rank, peers: &peers, nonce, opts, serves: &serves[i], boot: &boot };
+            let setup = Setup { rank, peers: &peers, nonce, buffsize, timeout, serves: &serves[i], boot: &boot };
             p.connect(&setup, &published, &bell)?;
         }
         boot.barrier()?;

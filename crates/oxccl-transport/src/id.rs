@@ -10,12 +10,14 @@
 //! passed through a file or the environment), rank 0's init binds the id's
 //! address itself.
 //!
-//! Interface choice ([`interface_ip`]): `OXCCL_SOCKET_IFNAME` works like
-//! `NCCL_SOCKET_IFNAME`: a comma-separated list of name prefixes (`eth,ib`),
-//! `^` in front to exclude them (`^docker,lo`), `=` for exact names
-//! (`=eth0`, `^=docker0`). Without it, the first non-loopback IPv4
-//! interface that is up (docker bridges and link-local addresses skipped),
-//! else loopback.
+//! Interface choice ([`interface_ip`]): a spec in the syntax of
+//! `OXCCL_SOCKET_IFNAME` and NCCL's `NCCL_SOCKET_IFNAME`: a comma-separated
+//! list of name prefixes (`eth,ib`), `^` in front to exclude them
+//! (`^docker,lo`), `=` for exact names (`=eth0`, `^=docker0`). Without one,
+//! the first non-loopback IPv4 interface that is up (docker bridges and
+//! link-local addresses skipped), else loopback. Nothing here reads the
+//! variable: oxccl's `Config` does (`Config::unique_id`, `oxccl::unique_id`)
+//! and passes the spec to [`UniqueId::new_on`].
 
 #![allow(unsafe_code)]
 
@@ -30,7 +32,8 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::wire::{u16_at, u32_at};
 use crate::{Error, Result};
 
-/// The environment variable naming the interface(s) to use.
+/// The environment variable naming the interface(s) to use (read by
+/// oxccl's `Config`; named here in error messages).
 pub const SOCKET_IFNAME_ENV: &str = "OXCCL_SOCKET_IFNAME";
 
 const MAGIC: [u8; 8] = *b"OXCCLUID";
@@ -65,17 +68,19 @@ impl UniqueId {
     /// Size of an id in bytes (NCCL's `NCCL_UNIQUE_ID_BYTES`).
     pub const SIZE: usize = 128;
 
-    /// A fresh id: picks the interface ([`interface_ip`]`(None)`), binds rank
-    /// 0's bootstrap listener on it (ephemeral port) now, draws a random
-    /// nonce and parks the listener for this process's rank 0
+    /// A fresh id on the default interface ([`interface_ip`]`(None)`):
+    /// binds rank 0's bootstrap listener on it (ephemeral port) now, draws
+    /// a random nonce and parks the listener for this process's rank 0
     /// ([`take_listener`]). A listener whose rank 0 never runs in this
-    /// process stays open until the process exits.
+    /// process stays open until the process exits. It does not read
+    /// `OXCCL_SOCKET_IFNAME`: programs call `oxccl::unique_id` (or
+    /// `Config::unique_id`), which does.
     pub fn new() -> Result<UniqueId> {
         UniqueId::new_on(None)
     }
 
-    /// [`new`](UniqueId::new) on the interface `ifname` selects (the
-    /// [`interface_ip`] spec; `None` reads `OXCCL_SOCKET_IFNAME`).
+    /// [`new`](UniqueId::new) on the interface `ifname` selects (an
+    /// [`interface_ip`] spec; `None`: the default interface).
     pub fn new_on(ifname: Option<&str>) -> Result<UniqueId> {
         let ip = interface_ip(ifname)?;
         let listener = listen(SocketAddr::new(ip, 0)).map_err(|e| {
@@ -293,22 +298,14 @@ struct IfAddr {
 /// The IP address to bind and advertise.
 ///
 /// `ifname` is a spec in the `OXCCL_SOCKET_IFNAME` syntax (see the module
-/// docs); `None` reads `OXCCL_SOCKET_IFNAME` from the environment, and if
-/// that is unset or empty picks the first non-loopback IPv4 interface that
-/// is up, else `127.0.0.1`. Among the interfaces a spec selects, an IPv4
-/// address is preferred over a (non link-local) IPv6 one. A spec that
-/// selects nothing is an error listing the interfaces there are.
+/// docs); `None` (or a blank spec) picks the first non-loopback IPv4
+/// interface that is up, else `127.0.0.1`. Among the interfaces a spec
+/// selects, an IPv4 address is preferred over a (non link-local) IPv6 one.
+/// A spec that selects nothing is an error listing the interfaces there
+/// are.
 pub fn interface_ip(ifname: Option<&str>) -> Result<IpAddr> {
-    let env;
-    let spec = match ifname {
-        Some(s) => Some(s),
-        None => {
-            env = std::env::var(SOCKET_IFNAME_ENV).ok();
-            env.as_deref()
-        }
-    };
     let addrs = interfaces()?;
-    match spec.map(str::trim).filter(|s| !s.is_empty()) {
+    match ifname.map(str::trim).filter(|s| !s.is_empty()) {
         Some(spec) => pick_by_spec(&addrs, spec),
         None => Ok(pick_default(&addrs)),
     }

@@ -198,7 +198,7 @@ impl Factory for MemFactory {
     }
     fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>> {
         let hub = Hub::get(u128::from_le_bytes(setup.nonce), setup.nranks())?;
-        Ok(Box::new(MemProvider { hub, rank: setup.rank, buffsize: setup.opts.buffsize }))
+        Ok(Box::new(MemProvider { hub, rank: setup.rank, buffsize: setup.buffsize }))
     }
 }
 

@@ -28,51 +28,6 @@ use crate::{Channel, Error, Kind, Receiver, Result, Sender};
 use std::os::fd::RawFd;
 use std::time::Duration;
 
-/// How the fabric is built.
-#[derive(Clone, Debug)]
-pub struct FabricOptions {
-    /// Force one provider between all ranks (also ranks of one process).
-    pub transport: Option<Kind>,
-    /// Bytes of each connection's FIFO.
-    pub buffsize: usize,
-    /// Bytes of each TCP connection's FIFO.
-    pub tcp_buffsize: usize,
-    /// Sockets per TCP connection.
-    pub nsocks: usize,
-    /// Interface for TCP (NCCL's `NCCL_SOCKET_IFNAME` syntax).
-    pub ifname: Option<String>,
-    /// Deadline of setup waits.
-    pub timeout: Duration,
-    /// Shared memory may read and write peers' memory with
-    /// `process_vm_readv`/`process_vm_writev` (cross-memory attach) where
-    /// the kernel allows it (`OXCCL_SHM_CMA`, default on).
-    pub cma: bool,
-    /// Messages of at least this many bytes go by reference over shared
-    /// memory (the receiver copies them once, straight from the sender's
-    /// buffer); `None`: from where this machine's measured single copy
-    /// beats the FIFO's two (perhaps never); `usize::MAX`: never.
-    pub single_copy_min: Option<usize>,
-    /// Encrypt TCP data connections after their handshake (`OXCCL_ENCRYPT`;
-    /// every rank must agree, which the bootstrap, encrypting too, checks).
-    pub encrypt: bool,
-}
-
-impl Default for FabricOptions {
-    fn default() -> FabricOptions {
-        FabricOptions {
-            transport: None,
-            buffsize: 4 << 20,
-            tcp_buffsize: 512 << 10,
-            nsocks: 2,
-            ifname: None,
-            timeout: Duration::from_secs(300),
-            cma: true,
-            single_copy_min: None,
-            encrypt: false,
-        }
-    }
-}
-
 /// A link's cost: bandwidth in bytes per second, latency in seconds.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkCost {
@@ -103,8 +58,11 @@ pub struct Setup<'a> {
     pub peers: &'a [PeerInfo],
     /// The communicator's nonce (names, handshakes).
     pub nonce: [u8; 16],
-    /// The fabric's options.
-    pub opts: &'a FabricOptions,
+    /// Bytes of each connection's FIFO (providers with settings of their
+    /// own, as TCP, may use those instead).
+    pub buffsize: usize,
+    /// Deadline of set-up waits.
+    pub timeout: Duration,
     /// Per rank: whether this provider carries traffic with it.
     pub serves: &'a [bool],
     /// The bootstrap (its local address picks the TCP interface).
@@ -123,7 +81,9 @@ impl Setup<'_> {
     }
 }
 
-/// Makes providers of one kind.
+/// Makes providers of one kind. A factory holds its provider's own
+/// settings (the fabric builds it from `FabricOptions`: see
+/// `fabric::registry`); what every provider shares comes in [`Setup`].
 pub trait Factory: Send + Sync {
     /// The kind of provider it makes.
     fn kind(&self) -> Kind;

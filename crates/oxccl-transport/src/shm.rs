@@ -43,7 +43,7 @@ use crate::{CONTROL_CHANNEL, Channel, Error, P2P_CHANNEL, Piece, Receiver, Resul
 use std::sync::atomic::{AtomicU64, Ordering};
 
 mod provider;
-pub use provider::{ShmFactory, ShmProvider};
+pub use provider::{ShmFactory, ShmOptions, ShmProvider};
 
 const _: () = assert!(BUSY_OFFSET + 8 * REG_SLOTS <= SEG_HEADER && REG_OFFSET >= BELL_OFFSET + 8);
 

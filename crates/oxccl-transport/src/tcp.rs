@@ -82,10 +82,10 @@ fn handshake_proven(secret: &crate::auth::Secret, challenge: &[u8], hs: &[u8], p
 /// Settings of the TCP provider.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TcpOptions {
-    /// Sockets per connection (1..=64); default 2, or `OXCCL_NSOCKS`.
+    /// Sockets per connection (1..=64); default 2 (oxccl: `OXCCL_NSOCKS`).
     pub streams: usize,
     /// Capacity of each connection's local FIFO at either end: a multiple
-    /// of 64, default 4 MiB.
+    /// of 64, default 4 MiB (the fabric's default is 512 KiB).
     pub buffer: usize,
     /// How long a sender keeps trying to connect, and how long an accepted
     /// socket may take to present its handshake. Default 30 s.
@@ -97,21 +97,21 @@ pub struct TcpOptions {
     /// Encrypt data sockets after their handshake (AES-256-GCM, keyed from
     /// the communicator's secret: see `seal`); every rank must agree.
     pub encrypt: bool,
+    /// The interface the fabric's provider listens on, in the
+    /// `OXCCL_SOCKET_IFNAME` syntax ([`crate::id::interface_ip`]); `None`:
+    /// the bootstrap's. [`Tcp::new`] is given its address and ignores it.
+    pub ifname: Option<String>,
 }
 
 impl Default for TcpOptions {
     fn default() -> TcpOptions {
-        let streams = std::env::var("OXCCL_NSOCKS")
-            .ok()
-            .and_then(|s| s.trim().parse::<usize>().ok())
-            .filter(|&n| (1..=usize::from(MAX_STREAMS)).contains(&n))
-            .unwrap_or(2);
         TcpOptions {
-            streams,
+            streams: 2,
             buffer: 4 << 20,
             connect_timeout: Duration::from_secs(30),
             socket_buffer: 4 << 20,
             encrypt: false,
+            ifname: None,
         }
     }
 }

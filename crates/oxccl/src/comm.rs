@@ -12,7 +12,7 @@ use crate::tuner::{AlgoFilter, Tuner};
 use oxccl_algo::collective::CollKind;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
-use oxccl_transport::fabric::{Fabric, FabricOptions};
+use oxccl_transport::fabric::Fabric;
 use oxccl_transport::futex::Doorbell;
 use oxccl_transport::id::UniqueId;
 use oxccl_transport::{Kind, PeerStats};
@@ -84,22 +84,7 @@ impl Communicator {
             rank,
             &BootOptions { timeout: cfg.timeout, host_id: None, encrypt: cfg.encrypt },
         )?);
-        let opts = FabricOptions {
-            transport: cfg.transport,
-            buffsize: cfg.buffsize,
-            tcp_buffsize: cfg.tcp_buffsize,
-            nsocks: cfg.nsocks,
-            ifname: cfg.socket_ifname.clone(),
-            timeout: cfg.timeout,
-            cma: cfg.cma,
-            encrypt: cfg.encrypt,
-            single_copy_min: match cfg.single_copy {
-                crate::config::SingleCopy::Auto => None,
-                crate::config::SingleCopy::From(n) => Some(n),
-                crate::config::SingleCopy::Off => Some(usize::MAX),
-            },
-        };
-        let fabric = Fabric::new(boot.clone(), id.nonce(), &opts)?;
+        let fabric = Fabric::new(boot.clone(), id.nonce(), &cfg.fabric_options())?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
         let tuner = Tuner::new(fabric.layout(), fabric.links(), filter, cfg.programs.clone(), fifo)?;
@@ -158,7 +143,7 @@ impl Communicator {
         if n == 0 {
             return Err(Error::invalid("init_threads: at least one rank"));
         }
-        let id = UniqueId::new()?;
+        let id = config.unique_id()?;
         let handles: Vec<_> = (0..n)
             .map(|r| {
                 let (id, config) = (id, config.clone());

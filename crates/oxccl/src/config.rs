@@ -1,10 +1,22 @@
 //! Configuration: an explicit [`Config`] first, then `OXCCL_*` variables,
 //! then defaults.
+//!
+//! The environment is read here and nowhere else: [`Config::resolve`]
+//! decides every setting once, and [`Resolved::fabric_options`] hands the
+//! transports their typed settings, so a field a program sets is never
+//! overridden by a variable a transport reads on its own. The bootstrap
+//! interface of a fresh id comes the same way ([`Config::unique_id`],
+//! [`unique_id`]).
 
 use crate::programs::{self, ProgramId};
 use oxccl_core::{Error, Result};
 use oxccl_transport::Kind;
+use oxccl_transport::fabric::{FabricOptions, ShmOptions, TcpOptions};
+use oxccl_transport::id::UniqueId;
 use std::time::Duration;
+
+pub use oxccl_transport::fabric::RdmaOptions;
+pub use oxccl_transport::rdma::env::{HcaFilter, IbOptions, IbProvider};
 
 /// What a communicator may be told. Every field left `None` falls back to
 /// its environment variable, then to the default.
@@ -75,6 +87,11 @@ pub struct Config {
     /// default off). Every rank must agree: init fails naming a rank that
     /// differs.
     pub encrypt: Option<bool>,
+    /// RDMA settings: `None` reads the `OXCCL_IB_*` variables (see
+    /// `oxccl_transport::rdma::env`; a bad value fails init, naming it),
+    /// then the defaults; `Some` is used as it is and no `OXCCL_IB_*`
+    /// variable is read (start from `RdmaOptions::default()`).
+    pub rdma: Option<RdmaOptions>,
 }
 
 /// When shared memory sends a message by reference
@@ -200,6 +217,36 @@ pub struct Resolved {
     pub single_copy: SingleCopy,
     /// See [`Config::encrypt`].
     pub encrypt: bool,
+    /// See [`Config::rdma`].
+    pub rdma: RdmaOptions,
+}
+
+impl Resolved {
+    /// What the transports are built with: the shared settings, and each
+    /// provider's own.
+    pub fn fabric_options(&self) -> FabricOptions {
+        FabricOptions {
+            transport: self.transport,
+            buffsize: self.buffsize,
+            timeout: self.timeout,
+            shm: ShmOptions {
+                cma: self.cma,
+                single_copy_min: match self.single_copy {
+                    SingleCopy::Auto => None,
+                    SingleCopy::From(n) => Some(n),
+                    SingleCopy::Off => Some(usize::MAX),
+                },
+            },
+            tcp: TcpOptions {
+                streams: self.nsocks,
+                buffer: self.tcp_buffsize,
+                encrypt: self.encrypt,
+                ifname: self.socket_ifname.clone(),
+                ..FabricOptions::default().tcp
+            },
+            rdma: self.rdma.clone(),
+        }
+    }
 }
 
 /// Whether `NCCL_*` names stand in for their `OXCCL_*` twins.
@@ -315,7 +362,28 @@ fn parse_bool(name: &str) -> Result<Option<bool>> {
     }
 }
 
+/// A fresh id on the interface `OXCCL_SOCKET_IFNAME` (or, where the C ABI
+/// honours NCCL's names, `NCCL_SOCKET_IFNAME`) selects, else the default
+/// one ([`Config::unique_id`] of the default configuration). What
+/// `ncclGetUniqueId` and Python's `unique_id` return.
+pub fn unique_id() -> Result<UniqueId> {
+    Config::default().unique_id()
+}
+
 impl Config {
+    /// A fresh id (rank 0's bootstrap listener bound now) on the interface
+    /// [`socket_ifname`](Config::socket_ifname) selects, else
+    /// `OXCCL_SOCKET_IFNAME`, else the default one
+    /// ([`UniqueId::new_on`]).
+    pub fn unique_id(&self) -> Result<UniqueId> {
+        UniqueId::new_on(self.ifname().as_deref())
+    }
+
+    /// See [`Config::socket_ifname`].
+    fn ifname(&self) -> Option<String> {
+        self.socket_ifname.clone().or_else(|| env("OXCCL_SOCKET_IFNAME"))
+    }
+
     /// Fills every unset field from the environment and defaults; an
     /// error names a malformed variable.
     pub fn resolve(&self) -> Result<Resolved> {
@@ -351,7 +419,11 @@ impl Config {
         in_range("buffer size", "OXCCL_BUFFSIZE", self.buffsize.is_some(), buffsize, 16 << 10, 1 << 30)?;
         let nsocks = num_setting(self.nsocks, "OXCCL_NSOCKS", 2)?;
         if !(1..=16).contains(&nsocks) {
-            return Err(Error::invalid(format!("sockets per connection {nsocks} must be 1 to 16")));
+            let set_by = match self.nsocks {
+                Some(_) => "Config::nsocks".to_string(),
+                None => lookup("OXCCL_NSOCKS").map_or_else(|| "OXCCL_NSOCKS".into(), |(n, v)| format!("{n}={v:?}")),
+            };
+            return Err(Error::invalid(format!("{set_by}: sockets per connection {nsocks} must be 1 to 16")));
         }
         let spin = match self.spin {
             Some(s) => s,
@@ -412,7 +484,12 @@ impl Config {
                 None => (None, "OXCCL_ALGO".to_string()),
             },
         };
+        let rdma = match &self.rdma {
+            Some(r) => r.clone(),
+            None => RdmaOptions::from_lookup(env)?,
+        };
         Ok(Resolved {
+            rdma,
             programs,
             cma,
             encrypt,
@@ -425,7 +502,7 @@ impl Config {
             device_fifo: device_fifo / 128 * 128,
             timeout,
             transport,
-            socket_ifname: self.socket_ifname.clone().or_else(|| env("OXCCL_SOCKET_IFNAME")),
+            socket_ifname: self.ifname(),
             algo,
             algo_from,
             check,
@@ -473,6 +550,13 @@ static ANNOUNCE: std::sync::OnceLock<Option<parking_lot::Mutex<std::fs::File>>> 
 /// WARN, `VERSION` printing only [`announce`]'s line), once per process.
 /// Without the variable, warnings are still printed. Colour only on a
 /// terminal.
+///
+/// A message logged before this runs is lost (`tracing` drops events that
+/// no subscriber sees), so every public entry point that can log calls it
+/// first: [`Communicator::init`](crate::Communicator::init),
+/// [`from_env`](crate::Communicator::from_env),
+/// [`with_launch_secret`](crate::with_launch_secret) (before its warning),
+/// the C ABI's set-up.
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {

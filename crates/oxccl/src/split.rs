@@ -34,7 +34,7 @@ impl Communicator {
         let new_rank = members.iter().position(|&(_, r)| r == me);
         // Round two: each color's first member publishes a fresh id.
         let leader = color.is_some() && new_rank == Some(0);
-        let id = if leader { Some(UniqueId::new()?) } else { None };
+        let id = if leader { Some(self.config().unique_id()?) } else { None };
         let ids = self.boot().all_gather(id.as_ref().map(|i| &i.as_bytes()[..]).unwrap_or(&[]))?;
         let (Some(new_rank), Some(&(_, first))) = (new_rank, members.first()) else {
             return Ok(None);
@@ -56,7 +56,7 @@ impl Communicator {
         let (stay, new_rank) = self.staying(exclude)?;
         let mut bytes = [0u8; UniqueId::SIZE];
         if new_rank == 0 {
-            bytes = *UniqueId::new()?.as_bytes();
+            bytes = *self.config().unique_id()?.as_bytes();
             let sent = bytes;
             self.group(|g| {
                 for &r in &stay[1..] {
@@ -136,6 +136,8 @@ impl Communicator {
     /// secret is derived from the address and the job key, which anyone
     /// who knows them can compute (a warning says so once).
     pub fn from_env() -> Result<Communicator> {
+        // Logging starts first: what the launch path warns must be seen.
+        crate::config::init_logging();
         let env = Launch::from_vars(|k| std::env::var(k).ok())?;
         let id = with_launch_secret(UniqueId::for_env(env.addr, &env.job), |k| std::env::var(k).ok())?;
         Communicator::init(&id, env.size, env.rank, Config::default())
@@ -143,7 +145,9 @@ impl Communicator {
 }
 
 /// `id` with the secret `OXCCL_SECRET` or `OXCCL_SECRET_FILE` gives (read
-/// through `get`); unchanged, with a warning once, when neither is set.
+/// through `get`); unchanged, with a warning once, when neither is set
+/// (logging starts here if it has not: tools call this before any
+/// communicator exists).
 pub fn with_launch_secret(id: UniqueId, get: impl Fn(&str) -> Option<String>) -> Result<UniqueId> {
     if let Some(s) = get("OXCCL_SECRET").filter(|s| !s.is_empty()) {
         return Ok(id.with_secret_from(s.as_bytes()));
@@ -158,6 +162,7 @@ pub fn with_launch_secret(id: UniqueId, get: impl Fn(&str) -> Option<String>) ->
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
+        crate::config::init_logging();
         tracing::warn!(
             "no OXCCL_SECRET or OXCCL_SECRET_FILE: the communicator's secret is derived from the rendezvous \
              address and the job key, so anyone who knows both can join; set one of them on every rank"

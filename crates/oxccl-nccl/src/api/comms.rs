@@ -121,7 +121,7 @@ nccl_api! {
                 })?;
                 oxccl::with_launch_secret(UniqueId::for_env(addr, "NCCL_COMM_ID"), |k| std::env::var(k).ok())?
             }
-            None => UniqueId::new_on(oxccl::config::lookup("OXCCL_SOCKET_IFNAME").map(|(_, v)| v).as_deref())?,
+            None => oxccl::unique_id()?,
         };
         let mut c = UniqueIdC { internal: [0; 128] };
         for (d, s) in c.internal.iter_mut().zip(id.as_bytes()) {

@@ -29,6 +29,15 @@ int main(void) {
   EXPECT(!strcmp(ncclGetErrorString(ncclSuccess), "no error"), "success text");
   EXPECT(strstr(ncclGetErrorString(ncclInvalidArgument), "invalid argument"), "invalid argument text");
   EXPECT(strstr(ncclGetErrorString(ncclInProgress), "in progress"), "in progress text");
+  /* The hints point where the details are: ncclGetLastError, not NCCL_DEBUG=WARN (the default
+   * level here, which adds nothing). */
+  ncclResult_t hinted[] = {ncclUnhandledCudaError, ncclSystemError, ncclInvalidArgument, ncclInvalidUsage};
+  for (size_t i = 0; i < sizeof hinted / sizeof hinted[0]; i++) {
+    const char* t = ncclGetErrorString(hinted[i]);
+    EXPECT(strstr(t, "ncclGetLastError()") && !strstr(t, "NCCL_DEBUG=WARN"), "code %d's text: %s",
+           (int)hinted[i], t);
+    checks++;
+  }
   FAILS(ncclGetVersion(NULL), ncclInvalidArgument, "version is NULL");
 
   /* Non-blocking init of a 2-rank communicator from two threads' worth of

@@ -5,7 +5,7 @@
 //! [`Kind`]; every provider must pass them, natively or emulated.
 
 use crate::bootstrap::{BootOptions, Bootstrap};
-use crate::fabric::{Fabric, FabricOptions, OpId};
+use crate::fabric::{Fabric, FabricOptions, OpId, RdmaOptions, ShmOptions, TcpOptions};
 use crate::id::UniqueId;
 use crate::provider::MemDesc;
 use crate::region::Region;
@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Runs `f0` and `f1` as ranks 0 and 1 of a fabric forced onto `kind`
-/// (with `cma` for shared memory), each on its own thread.
+/// (with `cma` for shared memory; RDMA as the test's `OXCCL_IB_*`
+/// variables say, as oxccl's `Config` would read them: the RDMA test runs
+/// these cases in a child with `OXCCL_IB_PROVIDER=soft`), each on its own
+/// thread.
 pub fn two_ranks(
     kind: Kind,
     cma: bool,
@@ -25,13 +28,14 @@ pub fn two_ranks(
     f1: impl FnOnce(Fabric) + Send + 'static,
 ) {
     let id = UniqueId::new().expect("a unique id");
+    let rdma = RdmaOptions::from_lookup(|n| std::env::var(n).ok()).expect("the test's OXCCL_IB_* variables");
     let opts = FabricOptions {
         transport: Some(kind),
         buffsize: 64 << 10,
-        tcp_buffsize: 64 << 10,
-        cma,
         timeout: DEADLINE,
-        ..FabricOptions::default()
+        shm: ShmOptions { cma, ..ShmOptions::default() },
+        tcp: TcpOptions { buffer: 64 << 10, ..FabricOptions::default().tcp },
+        rdma,
     };
     let make = move |rank: usize| {
         let boot = Bootstrap::init(&id, 2, rank, &BootOptions { timeout: DEADLINE, ..BootOptions::default() })

@@ -16,10 +16,11 @@
 //! | `OXCCL_IBVERBS_LIB` | libibverbs to `dlopen` | `libibverbs.so.1` |
 //! | `OXCCL_IB_PROVIDER` | `ibv` (libibverbs) or `soft` (the software HCA) | `ibv` |
 //!
-//! [`IbOptions::from_lookup`] reads them through a function, so tests never
-//! touch the process environment; [`IbOptions::from_env`] reads the
-//! environment. An empty value counts as unset. A bad value is an error
-//! naming the variable, the value and what is allowed.
+//! [`IbOptions::from_lookup`] reads them through a function (oxccl's
+//! `Config` passes its own lookup of the environment, once; tests pass a
+//! table), so the provider itself never reads a variable. An empty value
+//! counts as unset. A bad value is an error naming the variable, the value
+//! and what is allowed.
 
 use super::verbs::{GidEntry, GidType, LinkLayer, PortInfo};
 use crate::{Error, Result};
@@ -205,11 +206,6 @@ fn int_in(name: &str, v: &str, lo: u64, hi: u64, what: &str) -> Result<u64> {
 }
 
 impl IbOptions {
-    /// Reads the variables from the process environment.
-    pub fn from_env() -> Result<IbOptions> {
-        IbOptions::from_lookup(|n| std::env::var(n).ok())
-    }
-
     /// Reads the variables through `get` (a name → its value); unset and
     /// empty values take the defaults.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<IbOptions> {

@@ -17,7 +17,9 @@
 //! - `direct`: one-sided gets and puts by RDMA READ/WRITE into registered
 //!   user buffers, with a registration cache.
 //! - [`provider`]: the fabric's view ([`RdmaFactory`], [`RdmaProvider`]).
-//! - [`env`](mod@env): the `OXCCL_IB_*` variables.
+//! - [`env`](mod@env): the `OXCCL_IB_*` variables, parsed through a lookup
+//!   function ([`RdmaOptions::from_lookup`] gathers every RDMA setting;
+//!   oxccl's `Config` calls it once: the provider reads no variable).
 //!
 //! ## Availability
 //! No library, no device or no kernel support (`ENOSYS`) makes RDMA
@@ -36,7 +38,8 @@ mod setup;
 pub mod soft;
 pub mod verbs;
 
-pub use provider::{RdmaFactory, RdmaProvider};
+pub use provider::{RdmaFactory, RdmaOptions, RdmaProvider};
+pub use setup::Faults;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Weak;

@@ -58,15 +58,42 @@ fn pick_port(dev: &Arc<dyn Device>, opts: &IbOptions) -> Result<(PortInfo, GidEn
     Ok((port, gid))
 }
 
+/// Settings of the RDMA provider.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RdmaOptions {
+    /// The `OXCCL_IB_*` settings (NCCL's `NCCL_IB_*` meanings).
+    pub ib: IbOptions,
+    /// The software HCA's bug-finding options (`OXCCL_IB_SOFT_*`).
+    pub soft: SoftOptions,
+    /// Faults to inject (`OXCCL_IB_INJECT`; tests only).
+    pub faults: Faults,
+}
+
+impl RdmaOptions {
+    /// Every RDMA variable read through `get` (a name → its value; unset
+    /// and blank values take the defaults); an error names the variable,
+    /// its value and what it accepts.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<RdmaOptions> {
+        Ok(RdmaOptions {
+            ib: IbOptions::from_lookup(&get)?,
+            soft: SoftOptions::from_lookup(&get)?,
+            faults: Faults::parse(get("OXCCL_IB_INJECT").as_deref())?,
+        })
+    }
+}
+
 /// Makes [`RdmaProvider`]s.
-pub struct RdmaFactory;
+pub struct RdmaFactory {
+    /// The provider's settings.
+    pub opts: RdmaOptions,
+}
 
 impl Factory for RdmaFactory {
     fn kind(&self) -> Kind {
         Kind::Rdma
     }
     fn available(&self) -> std::result::Result<(), String> {
-        availability(&IbOptions::from_env().map_err(|e| e.to_string())?)
+        availability(&self.opts.ib)
     }
     fn reaches(&self, _me: &PeerInfo, _peer: &PeerInfo) -> bool {
         // Whether both ends have RDMA is the fabric's check (available);
@@ -77,16 +104,13 @@ impl Factory for RdmaFactory {
         if !setup.serves_any() {
             return Ok(Box::new(RdmaProvider { rank: setup.rank, inner: None, direct: None, sticky: None }));
         }
-        let opts = IbOptions::from_env()?;
+        let opts = self.opts.ib.clone();
         let ip = match setup.boot.local_ip() {
             IpAddr::V4(v) => v,
             IpAddr::V6(_) => Ipv4Addr::LOCALHOST,
         };
         let dev: Arc<dyn Device> = match opts.provider {
-            IbProvider::Soft => {
-                let so = SoftOptions::from_lookup(|n| std::env::var(n).ok())?;
-                SoftDevice::open(ip, so)?
-            }
+            IbProvider::Soft => SoftDevice::open(ip, self.opts.soft)?,
             IbProvider::Ibv => ibv_devices(&opts)
                 .map_err(|u| Error::Unavailable(format!("rank {}: RDMA: {u}", setup.rank)))?
                 .into_iter()
@@ -94,8 +118,8 @@ impl Factory for RdmaFactory {
                 .ok_or_else(|| Error::Unavailable(format!("rank {}: no RDMA device", setup.rank)))?,
         };
         let (port, gid) = pick_port(&dev, &opts)?;
-        let faults = Faults::parse(std::env::var("OXCCL_IB_INJECT").ok().as_deref())?;
-        let cap = setup.opts.buffsize.next_power_of_two().max(64 << 10);
+        let faults = self.opts.faults;
+        let cap = setup.buffsize.next_power_of_two().max(64 << 10);
         let chunk = opts.chunk.next_power_of_two().min(cap / 2);
         let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), 0)).map_err(|e| {
             Error::System(format!("rank {}: RDMA side channel: cannot listen on {ip}: {e}", setup.rank))
@@ -118,7 +142,7 @@ impl Factory for RdmaFactory {
             secret: setup.boot.secret(),
             cap,
             chunk,
-            timeout: setup.opts.timeout,
+            timeout: setup.timeout,
             faults,
         };
         let ep = Arc::new(Endpoint { local, cards: OnceLock::new() });

@@ -106,7 +106,7 @@ impl Endpoint {
 
 /// Faults tests inject (`OXCCL_IB_INJECT`; never set it otherwise).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Faults {
+pub struct Faults {
     /// `rkey:<bytes>`: senders write with a wrong rkey after that many bytes.
     pub bad_rkey_after: Option<u64>,
     /// `rnr`: receivers stop reposting receives.
@@ -116,7 +116,9 @@ pub(crate) struct Faults {
 }
 
 impl Faults {
-    pub(crate) fn parse(v: Option<&str>) -> Result<Faults> {
+    /// Parses a value of `OXCCL_IB_INJECT` (`None` or blank: no faults);
+    /// an error names the variable, the value and what it accepts.
+    pub fn parse(v: Option<&str>) -> Result<Faults> {
         let mut f = Faults::default();
         let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(f) };
         let bad = || Error::invalid(format!("OXCCL_IB_INJECT={v:?}: expected rkey:<bytes>, rnr or cq:<entries>"));

@@ -104,8 +104,31 @@ pub fn measured() -> Measured {
     })
 }
 
+/// Settings of the shared-memory provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShmOptions {
+    /// Peers may read and write each other's memory with
+    /// `process_vm_readv`/`process_vm_writev` (cross-memory attach) where
+    /// the kernel allows it (`OXCCL_SHM_CMA`, default on).
+    pub cma: bool,
+    /// Messages of at least this many bytes go by reference (the receiver
+    /// copies them once, straight from the sender's buffer); `None`: from
+    /// where this machine's measured single copy beats the FIFO's two
+    /// (perhaps never); `usize::MAX`: never (`OXCCL_SINGLE_COPY_MIN`).
+    pub single_copy_min: Option<usize>,
+}
+
+impl Default for ShmOptions {
+    fn default() -> ShmOptions {
+        ShmOptions { cma: true, single_copy_min: None }
+    }
+}
+
 /// Makes [`ShmProvider`]s: processes on one host.
-pub struct ShmFactory;
+pub struct ShmFactory {
+    /// The provider's settings.
+    pub opts: ShmOptions,
+}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -122,11 +145,11 @@ impl Factory for ShmFactory {
         let n = setup.nranks();
         let inbox = if setup.serves_any() {
             let name = format!("oxccl-{}-{}", hex(&setup.nonce[..8]), setup.rank);
-            Some(Inbox::create(&name, setup.rank, n, CHANNELS, setup.opts.buffsize)?)
+            Some(Inbox::create(&name, setup.rank, n, CHANNELS, setup.buffsize)?)
         } else {
             None
         };
-        let single_copy = match (setup.opts.cma, setup.opts.single_copy_min) {
+        let single_copy = match (self.opts.cma, self.opts.single_copy_min) {
             (false, _) => usize::MAX,
             (true, Some(min)) => min,
             (true, None) if setup.serves_any() => measured().single_copy_min,
@@ -138,6 +161,7 @@ impl Factory for ShmFactory {
             inbox,
             outboxes: HashMap::new(),
             watches: Vec::new(),
+            allow_cma: self.opts.cma,
             cma: vec![false; n],
             pids: setup.peers.iter().map(|p| p.pid as i32).collect(),
             slots: [0; REG_SLOTS],
@@ -154,6 +178,8 @@ pub struct ShmProvider {
     inbox: Option<Inbox>,
     outboxes: HashMap<usize, Outbox>,
     watches: Vec<(usize, PidWatch)>,
+    /// Cross-memory attach allowed ([`ShmOptions::cma`]).
+    allow_cma: bool,
     /// Per peer: cross-memory attach works.
     cma: Vec<bool>,
     pids: Vec<i32>,
@@ -291,8 +317,8 @@ impl Provider for ShmProvider {
             })?;
             self.watches.push((p, watch));
             self.outboxes.insert(p, outbox);
-            self.cma[p] = setup.opts.cma && vm_read_permitted(self.pids[p]);
-            if setup.opts.cma && !self.cma[p] {
+            self.cma[p] = self.allow_cma && vm_read_permitted(self.pids[p]);
+            if self.allow_cma && !self.cma[p] {
                 refused.push(p);
             }
         }

@@ -8,10 +8,13 @@ use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
 use crate::provider::{Factory, LinkCost, LinkParams, Provider, Setup, Wake};
 use crate::{Channel, Error, Kind, Receiver, Result, Sender};
-use std::time::Duration;
 
 /// Makes [`TcpProvider`]s: anything reachable.
-pub struct TcpFactory;
+pub struct TcpFactory {
+    /// The provider's settings (`connect_timeout` is capped by the
+    /// fabric's set-up deadline).
+    pub opts: TcpOptions,
+}
 
 impl Factory for TcpFactory {
     fn kind(&self) -> Kind {
@@ -24,18 +27,11 @@ impl Factory for TcpFactory {
         if !setup.serves_any() {
             return Ok(Box::new(TcpProvider { tcp: None }));
         }
-        let opts = setup.opts;
-        let ip = match &opts.ifname {
+        let ip = match &self.opts.ifname {
             Some(name) => crate::id::interface_ip(Some(name))?,
             None => setup.boot.local_ip(),
         };
-        let topts = TcpOptions {
-            streams: opts.nsocks,
-            buffer: opts.tcp_buffsize,
-            connect_timeout: opts.timeout.min(Duration::from_secs(30)),
-            encrypt: opts.encrypt,
-            ..TcpOptions::default()
-        };
+        let topts = TcpOptions { connect_timeout: self.opts.connect_timeout.min(setup.timeout), ..self.opts.clone() };
         Ok(Box::new(TcpProvider {
             tcp: Some(Tcp::new(setup.rank, setup.nranks(), setup.nonce, setup.boot.secret(), ip, topts)?),
         }))

@@ -132,7 +132,7 @@ fn hca_loopback_write_imm_and_read() {
         eprintln!("skipped: set OXCCL_IB_TEST_HCA to an HCA name (mlx5_0) to run this test");
         return;
     };
-    let opts = IbOptions::from_env().expect("OXCCL_IB_* variables");
+    let opts = IbOptions::from_lookup(|n| std::env::var(n).ok()).expect("OXCCL_IB_* variables");
     let filter = HcaFilter::parse(&format!("={hca}")).unwrap();
     let devs = open_devices(&filter, opts.ibverbs_lib.as_deref()).unwrap_or_else(|u| panic!("{hca}: {u}"));
     let dev = &devs[0];

@@ -10,8 +10,8 @@
 //! then falls back to TCP. Nothing here panics on what the machine lacks.
 //!
 //! ```no_run
-//! # use oxccl_transport::rdma::{env::IbOptions, ibv};
-//! let opts = IbOptions::from_env()?;
+//! # use oxccl_transport::rdma::{env::{HcaFilter, IbOptions}, ibv};
+//! let opts = IbOptions { hca: HcaFilter::parse("mlx5")?, ..IbOptions::default() };
 //! match ibv::open(&opts) {
 //!     Ok(devs) => println!("RDMA on {}", devs.iter().map(|d| d.name().to_string()).collect::<Vec<_>>().join(", ")),
 //!     Err(why) => println!("no RDMA: {why}"),
