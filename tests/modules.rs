@@ -368,3 +368,37 @@ fn the_checker_sees_a_cycle_and_resolves_reexports() {
     assert!(crate_cycles(&src.join("lib.rs"), &dir).is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Every `.rs` file under `dir` (recursively).
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// One module-file convention: a module with children is a directory with
+/// its `mod.rs` (never `x.rs` beside a directory `x/`), in every crate and
+/// tool.
+#[test]
+fn a_module_with_children_is_a_directory_with_its_mod_rs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("the workspace");
+    let mut files = Vec::new();
+    for top in ["crates", "tools"] {
+        for e in std::fs::read_dir(root.join(top)).expect("a folder").flatten() {
+            rust_files(&e.path().join("src"), &mut files);
+        }
+    }
+    assert!(files.len() > 100, "only {} source files found", files.len());
+    let beside: Vec<String> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n != "mod.rs" && n != "lib.rs" && n != "main.rs"))
+        .filter(|f| f.with_extension("").is_dir())
+        .map(|f| f.strip_prefix(&root).unwrap_or(f).display().to_string())
+        .collect();
+    assert!(beside.is_empty(), "modules with children outside a mod.rs (move x.rs to x/mod.rs): {beside:?}");
+}

@@ -49,7 +49,7 @@
 //! This module knows nothing of the communicator: its set-up takes a
 //! [`Ctx`] (rank, bootstrap, configuration), and the staging path returns
 //! the host jobs it needs run ([`stage::Stager::run`]), planned by closures
-//! the caller passes; the launch's device part (`device_api.rs`) calls in
+//! the caller passes; the launch's device part (`device_api`) calls in
 //! here.
 
 pub(crate) mod backend;
