@@ -11,10 +11,14 @@
 //! - [`matrix`]: every collective × type × operator × count × placement;
 //! - [`on_threads`]: ranks as threads over a chosen transport;
 //! - [`child`]: ranks as processes (the test binary is its own child);
-//! - [`netns`]: two "hosts", network namespaces joined by veth.
+//! - [`netns`]: two "hosts", network namespaces joined by veth;
+//! - [`skip_or_fail`]: a test that cannot run here says why, or fails
+//!   where CI set the `OXCCL_REQUIRE_*` variable that names what it needs.
 
 pub mod child;
 pub mod netns;
+
+pub use oxccl_skip::{required, skip_or_fail};
 
 use oxccl::{CollKind, Communicator, Config, DataType, Kind, ReduceOp, Spec};
 use oxccl_algo::collective::Collective;

@@ -1,5 +1,7 @@
 //! Two "hosts" for tests: network namespaces joined by a veth pair
-//! (10.211.0.1 and 10.211.0.2), removed on drop. Needs root and iproute2.
+//! (10.211.0.1 and 10.211.0.2), removed on drop. Needs root and iproute2:
+//! without them the test skips, or fails where `OXCCL_REQUIRE_NETNS` is set
+//! (CI).
 
 use oxccl::UniqueId;
 use std::process::Command;
@@ -12,8 +14,8 @@ pub struct Hosts {
 }
 
 impl Hosts {
-    /// Makes them, or says why it cannot (prints `SKIPPED <test>: …`) and
-    /// returns `None`: not root, or no `ip`.
+    /// Makes them, or says why it cannot and returns `None` (not root, or
+    /// no `ip`): a skip, or a failure where `OXCCL_REQUIRE_NETNS` is set.
     pub fn new(test: &str) -> Option<Hosts> {
         // The effective uid from /proc (no unsafe in tests).
         let root = std::fs::read_to_string("/proc/self/status")
@@ -21,7 +23,10 @@ impl Hosts {
             .unwrap_or(false);
         let has_ip = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
         if !root || !has_ip {
-            println!("SKIPPED {test}: needs root and iproute2 (root: {root}, ip: {has_ip})");
+            let why = format!(
+                "two hosts for {test} need root and iproute2 (root: {root}, ip: {has_ip}; apt-get install iproute2)"
+            );
+            crate::skip_or_fail("OXCCL_REQUIRE_NETNS", why);
             return None;
         }
         // Unique per test of this process: tests of one binary run at once.

@@ -7,7 +7,8 @@
 //!
 //! The harness is built once per source version with `c++ -std=c++20 -O1`
 //! into `CARGO_TARGET_TMPDIR` (`$CXX` overrides the compiler); without a C++
-//! compiler the tests say so and pass.
+//! compiler the tests say so and pass, or fail where `OXCCL_REQUIRE_CC` is
+//! set (CI).
 
 mod common;
 

@@ -2,7 +2,8 @@
 //! compiled with the system's C compiler (`$CC`, else `cc`) prints every
 //! field's offset and size, both structs' sizes and every constant; they must
 //! equal `offset_of!`/`size_of` and the Rust constants. Skipped with a message
-//! if there is no C compiler.
+//! if there is no C compiler, a failure instead where `OXCCL_REQUIRE_CC` is
+//! set (CI).
 
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
@@ -54,7 +55,8 @@ int main(void) {
 }
 "#;
 
-/// Compiles and runs PROGRAM; `None` (after printing why) without a C compiler.
+/// Compiles and runs PROGRAM; `None` (after printing why) without a C
+/// compiler, a failure instead where `OXCCL_REQUIRE_CC` is set.
 fn c_layout() -> Option<HashMap<String, Vec<u64>>> {
     let cuda = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../cuda");
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("layout-{}", std::process::id()));
@@ -65,7 +67,7 @@ fn c_layout() -> Option<HashMap<String, Vec<u64>>> {
     let out = match Command::new(&cc).arg("-std=c11").arg("-I").arg(&cuda).arg(&src).arg("-o").arg(&exe).output() {
         Ok(out) => out,
         Err(e) => {
-            eprintln!("skipped: no C compiler ({cc}: {e})");
+            oxccl_skip::skip_or_fail("OXCCL_REQUIRE_CC", format!("no C compiler ({cc}: {e})"));
             return None;
         }
     };

@@ -8,7 +8,8 @@
 //! arithmetic). Then the failure paths: a rank that never runs (timeout),
 //! the abort word, a program the kernel must refuse.
 //!
-//! Without a C++ compiler the tests say so and pass (see tests/emulate.rs).
+//! Without a C++ compiler the tests say so and pass, or fail where
+//! `OXCCL_REQUIRE_CC` is set (see tests/emulate.rs).
 
 mod common;
 

@@ -12,7 +12,8 @@
 //!   order). The fake refuses what it does not expect and aborts on a
 //!   teardown in the wrong order.
 //!
-//! Where the header or a C compiler is missing, the tests say so and pass.
+//! Where the header or a C compiler is missing, the tests say so and pass,
+//! or fail where `OXCCL_REQUIRE_IBVERBS` or `OXCCL_REQUIRE_CC` is set (CI).
 
 use oxccl_transport::Error;
 use oxccl_transport::rdma::env::{HcaFilter, choose_gid, gid_to_string};
@@ -27,6 +28,25 @@ use std::process::Command;
 use std::sync::Arc;
 
 const HEADER: &str = "/usr/include/infiniband/verbs.h";
+
+/// The C compiler, where it and the header are here; else `None`, said
+/// why: a skip, or a failure where `OXCCL_REQUIRE_IBVERBS` (the header) or
+/// `OXCCL_REQUIRE_CC` (the compiler) is set.
+fn verbs_h_and_cc() -> Option<String> {
+    if !Path::new(HEADER).exists() {
+        oxccl_skip::skip_or_fail(
+            "OXCCL_REQUIRE_IBVERBS",
+            format!("{HEADER} is absent (apt-get install libibverbs-dev)"),
+        );
+        return None;
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    if let Err(e) = Command::new(&cc).arg("--version").output() {
+        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_CC", format!("no C compiler ({cc}: {e}) to compile against {HEADER}"));
+        return None;
+    }
+    Some(cc)
+}
 
 /// The C expression for one table entry.
 fn c_expr(key: &str) -> String {
@@ -51,15 +71,7 @@ fn program(table: &[(&str, usize)]) -> String {
 
 #[test]
 fn rust_layouts_match_verbs_h() {
-    if !Path::new(HEADER).exists() {
-        eprintln!("skipped: {HEADER} is absent (install rdma-core's libibverbs-dev to check the layouts)");
-        return;
-    }
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler ({cc}) to check the layouts against {HEADER}");
-        return;
-    }
+    let Some(cc) = verbs_h_and_cc() else { return };
     let table = layout_table();
     assert!(table.len() > 100, "the table covers every field relied on ({} entries)", table.len());
     let dir = std::env::temp_dir().join(format!("oxccl-ibv-layout-{}", std::process::id()));
@@ -462,17 +474,10 @@ IBVERBS_1.1 {
 } IBVERBS_1.0;
 "##;
 
-/// Builds the fake library; `None` (said why) where it cannot be built here.
+/// Builds the fake library; `None` (said why) where it cannot be built here
+/// (see [`verbs_h_and_cc`]).
 fn build_fake() -> Option<PathBuf> {
-    if !Path::new(HEADER).exists() {
-        eprintln!("skipped: {HEADER} is absent (install rdma-core's libibverbs-dev)");
-        return None;
-    }
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    if Command::new(&cc).arg("--version").output().is_err() {
-        eprintln!("skipped: no C compiler ({cc})");
-        return None;
-    }
+    let cc = verbs_h_and_cc()?;
     let dir = std::env::temp_dir().join(format!("oxccl-ibv-fake-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (src, map, lib) = (dir.join("fake.c"), dir.join("fake.map"), dir.join("libfakeibverbs.so.1"));

@@ -307,11 +307,12 @@ fn have(program: &str, arg: &str) -> bool {
 }
 
 /// tools/compare-peers parses nccl-tests output and builds its tables
-/// (its embedded samples), where python3 exists.
+/// (its embedded samples), where python3 exists (else a skip, a failure
+/// where `OXCCL_REQUIRE_PYTHON` is set).
 #[test]
 fn compare_peers_selftest() {
     if !have("python3", "--version") {
-        println!("SKIPPED compare_peers_selftest: no python3");
+        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_PYTHON", "no python3");
         return;
     }
     let c = Command::new("python3")
@@ -327,11 +328,12 @@ fn compare_peers_selftest() {
 }
 
 /// tools/peers/mpi_perf.c builds and checks every collective at 3 ranks,
-/// where Open MPI is installed.
+/// where Open MPI is installed (else a skip, a failure where
+/// `OXCCL_REQUIRE_MPI` is set).
 #[test]
 fn mpi_peer_benchmark() {
     if !have("mpicc", "--showme:version") || !have("mpirun", "--version") {
-        println!("SKIPPED mpi_peer_benchmark: no Open MPI (apt-get install openmpi-bin libopenmpi-dev)");
+        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_MPI", "no Open MPI (apt-get install openmpi-bin libopenmpi-dev)");
         return;
     }
     let dir = scratch("mpi");
@@ -381,7 +383,8 @@ fn mpi_peer_benchmark() {
 
 /// tools/peers/gloo_perf.py at 2 ranks, where a python3 with torch exists:
 /// all_reduce checks out, and reduce_scatter either does too or says that
-/// Gloo lacks it (status 3).
+/// Gloo lacks it (status 3). Without torch a skip, a failure where
+/// `OXCCL_REQUIRE_TORCH` is set.
 #[test]
 fn gloo_peer_benchmark() {
     let torch = |py: &str| {
@@ -393,7 +396,7 @@ fn gloo_peer_benchmark() {
             .is_ok_and(|s| s.success())
     };
     let Some(py) = ["python3", "/usr/bin/python3"].into_iter().find(|p| torch(p)) else {
-        println!("SKIPPED gloo_peer_benchmark: no python3 with torch (apt-get install python3-torch)");
+        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_TORCH", "no python3 with torch (apt-get install python3-torch)");
         return;
     };
     let run = |coll: &str| {

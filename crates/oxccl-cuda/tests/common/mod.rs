@@ -25,7 +25,8 @@ pub fn cuda_dir() -> PathBuf {
 }
 
 /// The harness binary, built on first use; `None` (with a message) when no
-/// C++ compiler runs here. A compile error panics: the kernels are broken.
+/// C++ compiler runs here, a failure instead where `OXCCL_REQUIRE_CC` is
+/// set. A compile error panics: the kernels are broken.
 pub fn harness() -> Option<&'static Path> {
     static HARNESS: OnceLock<Option<PathBuf>> = OnceLock::new();
     HARNESS.get_or_init(build_harness).as_deref()
@@ -34,7 +35,8 @@ pub fn harness() -> Option<&'static Path> {
 pub fn build_harness() -> Option<PathBuf> {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     if let Err(e) = Command::new(&cxx).arg("--version").output() {
-        eprintln!("SKIPPED: no C++ compiler ({cxx}: {e}); the CUDA kernel emulation tests did not run");
+        let why = format!("no C++ compiler ({cxx}: {e}): the CUDA kernel emulation did not run");
+        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_CC", why);
         return None;
     }
     let mut h = DefaultHasher::new();

@@ -9,7 +9,7 @@ import numpy as np
 
 import oxccl
 
-REQUIRE_TORCH = os.environ.get("OXCCL_REQUIRE_TORCH") == "1"
+REQUIRE_TORCH = os.environ.get("OXCCL_REQUIRE_TORCH", "") not in ("", "0")
 
 try:
     import torch
