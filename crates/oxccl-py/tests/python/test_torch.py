@@ -4,6 +4,7 @@ ZeroRedundancyOptimizer giving the parameters Gloo gives, and the bytes
 they move."""
 
 import datetime
+import os
 import unittest
 
 import numpy as np
@@ -144,6 +145,22 @@ class Devices(unittest.TestCase):
             ("gather", 0, "meta", "meta"), ("scatter", 0, "meta", "meta"),
             ("gather", 1, "meta", "meta"), ("scatter", 1, "meta", "meta"),
         ])
+
+
+@needs_torch
+class Example(unittest.TestCase):
+    ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
+    SCRIPT = os.path.join(ROOT, "crates", "oxccl-py", "examples", "ddp.py")
+
+    def test_the_readmes_ddp_script_trains_on_2_processes(self):
+        outs = launch.script(2, self.SCRIPT)
+        for r, out in enumerate(outs):
+            self.assertIn(f"rank {r}: loss", out)
+            self.assertIn("same parameters on every rank: True", out)
+        with open(self.SCRIPT) as f:
+            script = f.read()
+        with open(os.path.join(self.ROOT, "README.md")) as f:
+            self.assertIn(script.strip(), f.read(), "README.md's DDP script differs from examples/ddp.py")
 
 
 if __name__ == "__main__":
