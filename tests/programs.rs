@@ -182,7 +182,9 @@ fn processes_load_programs_from_oxccl_algo_file() {
 }
 
 #[test]
-fn the_readme_shows_this_program() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    assert!(readme.contains(README_PROGRAM.trim()), "README.md's JSON program differs from tests/programs/hand.json");
+fn the_readme_and_the_algorithms_page_show_this_program() {
+    for doc in ["README.md", "docs/ALGORITHMS.md"] {
+        let text = std::fs::read_to_string(format!("{}/../{doc}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        assert!(text.contains(README_PROGRAM.trim()), "{doc}'s JSON program differs from tests/programs/hand.json");
+    }
 }

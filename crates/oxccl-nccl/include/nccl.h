@@ -352,6 +352,7 @@ OXCCL_API(ncclResult_t, CommSplit, (ncclComm_t comm, int color, int key, ncclCom
 OXCCL_API(ncclResult_t, CommShrink,
           (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config,
            int shrinkFlags))
+/* Growing a communicator: not supported by oxccl (ncclInvalidUsage). */
 OXCCL_API(ncclResult_t, CommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uniqueId))
 OXCCL_API(ncclResult_t, CommGrow,
           (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm,

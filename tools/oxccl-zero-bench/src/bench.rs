@@ -91,7 +91,7 @@ fn gather_u64(c: &Communicator, mine: &[u64]) -> Res<Vec<Vec<u64>>> {
 }
 
 /// Trains every stage of `o` on this rank and returns the report every
-/// rank agrees on (JSON; see the README's "ZeRO, measured").
+/// rank agrees on (JSON; see docs/ZERO.md).
 pub fn run(c: &Communicator, o: &Options) -> Res<Value> {
     if o.bf16 { run_typed::<bf16>(c, o) } else { run_typed::<f32>(c, o) }
 }

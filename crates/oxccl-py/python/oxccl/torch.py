@@ -199,13 +199,15 @@ class ProcessGroupOxccl(dist.ProcessGroup):
 
         def run():
             (t,) = input_tensors
+            # On the input's device, as allgather's: a CUDA gather into a
+            # host buffer would mix memory kinds in one call.
             if me == root:
-                flat = torch.empty(n * t.numel(), dtype=t.dtype)
+                flat = torch.empty(n * t.numel(), dtype=t.dtype, device=t.device)
                 c.gather(t.contiguous(), flat, root)
                 for r, o in enumerate(output_tensors[0]):
                     o.copy_(flat[r * t.numel():(r + 1) * t.numel()].view_as(o))
             else:
-                c.gather(t.contiguous(), torch.empty(0, dtype=t.dtype), root)
+                c.gather(t.contiguous(), torch.empty(0, dtype=t.dtype, device=t.device), root)
 
         outs = [o for outs in output_tensors for o in outs]
         return self._submit(run, outs, input_tensors)
@@ -218,7 +220,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
             if me == root:
                 flat = torch.cat([i.reshape(-1) for i in input_tensors[0]])
             else:
-                flat = torch.empty(0, dtype=o.dtype)
+                flat = torch.empty(0, dtype=o.dtype, device=o.device)
             c.scatter(flat, o, root)
 
         return self._submit(run, list(output_tensors), output_tensors)

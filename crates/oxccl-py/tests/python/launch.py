@@ -77,3 +77,32 @@ def run(n, func, *args, timeout=180, env=None):
             with open(os.path.join(d, f"rank{r}.pkl"), "rb") as f:
                 values.append(pickle.load(f))
         return values
+
+
+def script(n, path, timeout=180):
+    """Runs the Python script ``path`` as ranks 0..n-1 with torchrun's
+    variables; each rank's output (stdout and stderr), by rank."""
+    port = free_port()
+    procs = []
+    for r in range(n):
+        e = dict(os.environ)
+        e.update({"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+        procs.append(subprocess.Popen([sys.executable, path], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs, failed = [], []
+    for r, p in enumerate(procs):
+        try:
+            text, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            text, _ = p.communicate()
+            failed.append(r)
+        outputs.append(text)
+        if p.returncode != 0:
+            failed.append(r)
+    if failed:
+        logs = "\n".join(f"--- rank {r} ---\n{outputs[r][-3000:]}" for r in sorted(set(failed)))
+        raise AssertionError(f"{path} failed on ranks {sorted(set(failed))}:\n{logs}")
+    return outputs

@@ -3,12 +3,14 @@ with the semantics PyTorch documents, DistributedDataParallel and
 ZeroRedundancyOptimizer giving the parameters Gloo gives, and the bytes
 they move."""
 
+import datetime
+import os
 import unittest
 
 import numpy as np
 
 import launch
-from common import needs_torch
+from common import needs_torch, torch
 
 
 @needs_torch
@@ -94,6 +96,71 @@ class Training(unittest.TestCase):
         d = launch.run(n, "ddp_train", "oxccl", 6, env={"OXCCL_ALGO": "ring"})
         per_step_ddp = d[0]["moved"] / d[0]["measured_steps"]
         self.assertAlmostEqual(f[0]["moved"] / 4 / per_step_ddp, 1.5, delta=0.05)
+
+
+class _Recorder:
+    """Stands in for a process group's communicator: records the device
+    of every buffer a call is given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def gather(self, send, out, root):
+        self.calls.append(("gather", root, send.device.type, out.device.type))
+
+    def scatter(self, send, out, root):
+        self.calls.append(("scatter", root, send.device.type, out.device.type))
+
+
+@needs_torch
+class Devices(unittest.TestCase):
+    """The buffers the backend makes for a call are on the device of the
+    caller's tensors, as oxccl needs (a CUDA input with a host output
+    would mix memory kinds in one call). Shown without a GPU: on the
+    "meta" device, through a communicator that records what it gets."""
+
+    def setUp(self):
+        import torch.distributed as dist
+        import oxccl.torch
+
+        self.dist, self.backend = dist, oxccl.torch
+        self.pg = oxccl.torch.ProcessGroupOxccl(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
+        self.comm, self.pg.comm = self.pg.comm, _Recorder()
+
+    def tearDown(self):
+        self.pg.comm = self.comm
+        self.pg.shutdown()
+        self.backend._LIVE.remove(self.pg)
+
+    def test_gather_and_scatter_make_their_buffers_on_the_tensors_device(self):
+        meta = lambda: torch.empty(3, device="meta")  # noqa: E731
+        for root in (0, 1):  # this rank (of 1) is the root, then it is not
+            g = self.dist.GatherOptions()
+            g.rootRank = root
+            self.pg.gather([[meta()]] if root == 0 else [], [meta()], g).wait()
+            s = self.dist.ScatterOptions()
+            s.rootRank = root
+            self.pg.scatter([meta()], [[meta()]] if root == 0 else [], s).wait()
+        self.assertEqual(self.pg.comm.calls, [
+            ("gather", 0, "meta", "meta"), ("scatter", 0, "meta", "meta"),
+            ("gather", 1, "meta", "meta"), ("scatter", 1, "meta", "meta"),
+        ])
+
+
+@needs_torch
+class Example(unittest.TestCase):
+    ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
+    SCRIPT = os.path.join(ROOT, "crates", "oxccl-py", "examples", "ddp.py")
+
+    def test_the_readmes_ddp_script_trains_on_2_processes(self):
+        outs = launch.script(2, self.SCRIPT)
+        for r, out in enumerate(outs):
+            self.assertIn(f"rank {r}: loss", out)
+            self.assertIn("same parameters on every rank: True", out)
+        with open(self.SCRIPT) as f:
+            script = f.read()
+        with open(os.path.join(self.ROOT, "README.md")) as f:
+            self.assertIn(script.strip(), f.read(), "README.md's DDP script differs from examples/ddp.py")
 
 
 if __name__ == "__main__":
