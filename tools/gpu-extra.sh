@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device executor's figures on a GPU, packed by ../shared/tools/gpu-validate
+# The device executor's figures on a GPU, packed by the GPU check
 # (listed in .gpu-extra) and run as its third call: bash .gpu/run.sh extra.
 # All side by side in one run: the hand-written kernel against the executor
 # running each algorithm, then device send/recv. Logs in $OUT (one per line).

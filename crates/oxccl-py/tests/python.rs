@@ -12,46 +12,12 @@
 //! unless `OXCCL_REQUIRE_PYTHON=1` (CI) makes that a failure;
 //! `OXCCL_REQUIRE_TORCH=1` does the same for torch.
 
+mod common;
+
+use common::{imports, manifest, package, python};
 use oxccl_skip::required;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn manifest() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The package as pip installs it: python/oxccl plus the native module.
-fn package() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let deps = exe.parent().expect("target/<profile>/deps");
-    let lib = [deps.join("lib_oxccl.so"), deps.parent().unwrap().join("lib_oxccl.so")]
-        .into_iter()
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("lib_oxccl.so not built next to {}", deps.display()));
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pypkg");
-    let pkg = root.join("oxccl");
-    let _ = std::fs::remove_dir_all(&pkg);
-    std::fs::create_dir_all(&pkg).expect("create the package directory");
-    for e in std::fs::read_dir(manifest().join("python/oxccl")).expect("python/oxccl") {
-        let p = e.expect("entry").path();
-        if p.extension().is_some_and(|x| x == "py") {
-            std::fs::copy(&p, pkg.join(p.file_name().unwrap())).expect("copy a source");
-        }
-    }
-    std::fs::copy(&lib, pkg.join("_oxccl.abi3.so")).expect("copy the native module");
-    root
-}
-
-fn imports(python: &str, module: &str) -> bool {
-    Command::new(python).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
-}
-
-fn python() -> Option<String> {
-    if let Ok(p) = std::env::var("OXCCL_PYTHON") {
-        return Some(p);
-    }
-    ["/usr/bin/python3", "python3"].into_iter().find(|p| imports(p, "numpy")).map(str::to_string)
-}
 
 /// The Python tests that may skip (test id, what the skip's reason says,
 /// why it may); every other test must pass.
@@ -115,5 +81,5 @@ fn python_package_and_torch_backend() {
     if required("OXCCL_REQUIRE_TORCH") {
         assert!(imports(&python, "torch"), "OXCCL_REQUIRE_TORCH=1 but {python} cannot import torch");
     }
-    run_suite(&python, &package());
+    run_suite(&python, &package("cpu"));
 }

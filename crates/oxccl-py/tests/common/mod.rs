@@ -1,0 +1,48 @@
+//! What the Python harnesses share: the package as `pip install` lays it
+//! out (python/oxccl plus the native module cargo just built), and the
+//! Python to run it with.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// This crate's directory.
+pub fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The package as pip installs it: python/oxccl plus the native module,
+/// in a folder of this harness's own (`name`: harnesses run at once).
+pub fn package(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let deps = exe.parent().expect("target/<profile>/deps");
+    let lib = [deps.join("lib_oxccl.so"), deps.parent().unwrap().join("lib_oxccl.so")]
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("lib_oxccl.so not built next to {}", deps.display()));
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pypkg-{name}"));
+    let pkg = root.join("oxccl");
+    let _ = std::fs::remove_dir_all(&pkg);
+    std::fs::create_dir_all(&pkg).expect("create the package directory");
+    for e in std::fs::read_dir(manifest().join("python/oxccl")).expect("python/oxccl") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "py") {
+            std::fs::copy(&p, pkg.join(p.file_name().unwrap())).expect("copy a source");
+        }
+    }
+    std::fs::copy(&lib, pkg.join("_oxccl.abi3.so")).expect("copy the native module");
+    root
+}
+
+/// Whether `python` imports `module`.
+pub fn imports(python: &str, module: &str) -> bool {
+    Command::new(python).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success())
+}
+
+/// `OXCCL_PYTHON`, else the first of `/usr/bin/python3`, `python3` that
+/// imports numpy.
+pub fn python() -> Option<String> {
+    if let Ok(p) = std::env::var("OXCCL_PYTHON") {
+        return Some(p);
+    }
+    ["/usr/bin/python3", "python3"].into_iter().find(|p| imports(p, "numpy")).map(str::to_string)
+}
