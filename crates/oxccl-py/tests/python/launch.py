@@ -57,21 +57,7 @@ def run(n, func, *args, timeout=180, env=None):
                     f"pickle.dump(v, open({out!r}, 'wb'))")
             procs.append(subprocess.Popen([sys.executable, "-c", code], env=e, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
-        outputs, failed = [], []
-        for r, p in enumerate(procs):
-            try:
-                text, _ = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                text, _ = p.communicate()
-                failed.append(r)
-            outputs.append(text)
-            if p.returncode != 0:
-                failed.append(r)
-        if failed:
-            logs = "\n".join(f"--- rank {r} ---\n{outputs[r][-3000:]}" for r in sorted(set(failed)))
-            raise AssertionError(f"{func}{args} failed on ranks {sorted(set(failed))}:\n{logs}")
+        wait_all(procs, f"{func}{args}", timeout)
         values = []
         for r in range(n):
             with open(os.path.join(d, f"rank{r}.pkl"), "rb") as f:
@@ -90,6 +76,13 @@ def script(n, path, timeout=180):
                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
         procs.append(subprocess.Popen([sys.executable, path], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
+    return wait_all(procs, path, timeout)
+
+
+def wait_all(procs, what, timeout):
+    """Waits for every rank's process (all are killed when one runs past
+    ``timeout``); their outputs by rank, or an error naming the ranks that
+    failed, with the end of their output."""
     outputs, failed = [], []
     for r, p in enumerate(procs):
         try:
@@ -104,5 +97,5 @@ def script(n, path, timeout=180):
             failed.append(r)
     if failed:
         logs = "\n".join(f"--- rank {r} ---\n{outputs[r][-3000:]}" for r in sorted(set(failed)))
-        raise AssertionError(f"{path} failed on ranks {sorted(set(failed))}:\n{logs}")
+        raise AssertionError(f"{what} failed on ranks {sorted(set(failed))}:\n{logs}")
     return outputs
