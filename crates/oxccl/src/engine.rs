@@ -71,6 +71,9 @@ impl Shared {
             let mut fabric = self.fabric.lock();
             if self.queue.lock().is_empty() && !self.shutdown.load(Ordering::Acquire) {
                 let r = self.execute(&mut fabric, &mut job);
+                // The result goes straight back to the caller: nobody
+                // waits on the job's completion.
+                job.settled = true;
                 if !fabric.flushed() {
                     // Bytes still queued in a transport: the progress
                     // thread pushes them out.

@@ -70,6 +70,10 @@ pub(crate) struct Job {
     /// at completion.
     pub keep: Option<Box<dyn Any + Send>>,
     pub done: Arc<Completion>,
+    /// Run to its end by a caller that took the result itself (a blocking
+    /// call on its own thread): nobody waits on `done`, and dropping the
+    /// job finishes nothing.
+    pub settled: bool,
 }
 
 impl Job {
@@ -83,6 +87,7 @@ impl Job {
             owned: extras.owned,
             keep,
             done: Arc::new(Completion::default()),
+            settled: false,
         }
     }
 }
@@ -92,7 +97,7 @@ impl Job {
 /// an error, so no waiter can wait on it forever.
 impl Drop for Job {
     fn drop(&mut self) {
-        if !self.done.is_done() {
+        if !self.settled && !self.done.is_done() {
             self.done.finish(
                 Err(Error::Internal(format!("{} ended without finishing (its progress thread failed)", self.label))),
                 self.keep.take(),

@@ -51,7 +51,8 @@ impl Communicator {
     /// buffer of `ops` borrowed until it returns (the typed methods and
     /// groups).
     pub(crate) fn run_ops(&self, ops: &[Op], streams: &[CudaStream]) -> Result<()> {
-        self.usable()?;
+        // Whether the communicator is usable is checked where each part is
+        // planned (`plan`, `host_job`, `launch_device`), once per call.
         let (rank, nranks) = (self.rank(), self.size());
         for (i, op) in ops.iter().enumerate() {
             op.check(i, rank, nranks)?;
