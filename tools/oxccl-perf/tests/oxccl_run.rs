@@ -357,16 +357,29 @@ fn mpi_peer_benchmark() {
         "scatter",
         "sendrecv",
     ] {
-        let c = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,vader"])
-            .arg(&bin)
-            .args([coll, "-b", "8", "-e", "40K", "-f", "9", "-n", "2", "-w", "1", "-r", "1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let o = wait_for(c, Duration::from_secs(60), coll);
+        let run = || {
+            let c = Command::new("mpirun")
+                .args(["--allow-run-as-root", "--oversubscribe", "-np", "3", "--mca", "btl", "self,vader"])
+                .arg(&bin)
+                .args([coll, "-b", "8", "-e", "40K", "-f", "9", "-n", "2", "-w", "1", "-r", "1"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            wait_for(c, Duration::from_secs(60), coll)
+        };
+        let mut o = run();
+        // Seen once in CI on a loaded machine: every rank printed its
+        // results, then mpirun said a rank "exited improperly" with PID 0
+        // (Open MPI's teardown, not the benchmark). Such a run is repeated
+        // once; whatever the second run prints is checked as below.
+        let finished = o.stdout.contains("Out of bounds values");
+        let improper = o.stdout.contains("exiting improperly") || o.stderr.contains("exiting improperly");
+        if !o.status.success() && finished && improper {
+            eprintln!("{coll}: mpirun's teardown failed after the benchmark had finished; running it again");
+            o = run();
+        }
         assert!(o.status.success(), "{coll}:\n{}\n{}", o.stdout, o.stderr);
         assert!(o.stdout.contains("Out of bounds values : 0 OK"), "{coll}:\n{}", o.stdout);
         let rows: Vec<&str> = o.stdout.lines().filter(|l| !l.starts_with('#')).collect();
