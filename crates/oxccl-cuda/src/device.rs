@@ -184,7 +184,20 @@ impl Device {
             return Ok(m.clone());
         }
         let image = kernels::image(self.0.arch, dtype, op)?;
-        let module = Arc::new(Module::load(&self.0.ctx, &image, dtype, op)?);
+        let module = match Module::load(&self.0.ctx, &image, dtype, op) {
+            Ok(m) => m,
+            Err(e) => {
+                // An image from the disk cache may be one this driver cannot
+                // load (made by a newer NVRTC): compile it here and try once more.
+                let fresh = kernels::image_fresh(self.0.arch, dtype, op).map_err(|_| e.clone())?;
+                if fresh == *image {
+                    return Err(e);
+                }
+                tracing::warn!("oxccl kernels: {dtype} {op} from the cache did not load ({e}); compiled it again");
+                Module::load(&self.0.ctx, &fresh, dtype, op)?
+            }
+        };
+        let module = Arc::new(module);
         *slot = Some(module.clone());
         Ok(module)
     }

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::nvrtc::{result as nvrtc, sys as nsys};
 use oxccl_core::DataType;
 
+use crate::cache::{DiskCache, Key, Lookup};
 use crate::error::{CudaError, Result, invalid};
 pub use crate::op::KernelOp;
 
@@ -70,7 +71,7 @@ pub fn options(arch: u32, dtype: DataType, op: KernelOp) -> Vec<String> {
 }
 
 /// [`options`], for the real architecture `sm_<arch>` (a CUBIN) when `cubin`.
-fn options_for(arch: u32, dtype: DataType, op: KernelOp, cubin: bool) -> Vec<String> {
+pub(crate) fn options_for(arch: u32, dtype: DataType, op: KernelOp, cubin: bool) -> Vec<String> {
     vec![
         "-DOXCCL_NVRTC".to_string(),
         format!("-DOXCCL_DTYPE={}", dtype.to_nccl()),
@@ -503,23 +504,155 @@ impl Image {
 
 /// The module (dtype, op) for a device of compute capability `device_arch`
 /// ([`pick_arch`]: a CUBIN of its architecture when this NVRTC can target
-/// it, so that loading it runs no JIT; else PTX), compiled on first use and
-/// cached for the life of the process like [`ptx`].
+/// it, so that loading it runs no JIT; else PTX), cached for the life of the
+/// process like [`ptx`], and on disk across processes ([`crate::cache`],
+/// `OXCCL_CACHE_DIR`): a warm cache compiles nothing.
 pub fn image(device_arch: u32, dtype: DataType, op: KernelOp) -> Result<Arc<Image>> {
     static CACHE: OnceLock<Cache<Image>> = OnceLock::new();
     cached(&CACHE, (device_arch, dtype, op), || {
-        let archs = supported_archs()?;
-        match pick_arch(device_arch, &archs) {
-            Some((arch, true)) => Ok(Image::Cubin { arch, bytes: compile_cubin(arch, dtype, op)? }),
-            Some((arch, false)) => Ok(Image::Ptx { arch, ptx: ptx(arch, dtype, op)? }),
-            None => Err(CudaError::Unavailable(format!(
-                "this NVRTC compiles for compute_{archs:?}, none of which runs on a device of compute \
-                 capability {}.{}",
-                device_arch / 10,
-                device_arch % 10
-            ))),
-        }
+        image_with(DiskCache::from_env().as_ref(), device_arch, dtype, op, true)
     })
+}
+
+/// [`image`] compiled afresh, whatever the caches hold; the disk cache's
+/// entry is replaced. For an image from the disk cache that the driver
+/// refused to load.
+pub fn image_fresh(device_arch: u32, dtype: DataType, op: KernelOp) -> Result<Image> {
+    image_with(DiskCache::from_env().as_ref(), device_arch, dtype, op, false)
+}
+
+/// The image for (device_arch, dtype, op): from `disk` when `read` and it
+/// holds a whole entry of the running NVRTC's version; else compiled, and
+/// written to `disk`. Without NVRTC, a CUBIN of the device's own
+/// architecture made by any NVRTC ([`DiskCache::prebuilt`]: what a pack
+/// filled elsewhere) will do; the driver checks it when loading it.
+pub fn image_with(
+    disk: Option<&DiskCache>,
+    device_arch: u32,
+    dtype: DataType,
+    op: KernelOp,
+    read: bool,
+) -> Result<Image> {
+    let from = |key: Key, bytes: Vec<u8>| -> Result<Image> {
+        if key.cubin {
+            return Ok(Image::Cubin { arch: key.arch, bytes });
+        }
+        let text = String::from_utf8(bytes).map_err(|_| invalid("a cached PTX entry is not UTF-8"))?;
+        Ok(Image::Ptx { arch: key.arch, ptx: Arc::new(Ptx(text)) })
+    };
+    let nvrtc = nvrtc_version();
+    let nvrtc = match nvrtc {
+        Ok(v) => v,
+        Err(e) => {
+            let Some((key, bytes)) = disk.filter(|_| read).and_then(|d| d.prebuilt(device_arch, dtype, op)) else {
+                return Err(e);
+            };
+            tracing::debug!("oxccl kernels: no NVRTC here ({e}); {} from the cache", key.file_name());
+            return from(key, bytes);
+        }
+    };
+    let archs = supported_archs()?;
+    let Some((arch, cubin)) = pick_arch(device_arch, &archs) else {
+        return Err(CudaError::Unavailable(format!(
+            "this NVRTC compiles for compute_{archs:?}, none of which runs on a device of compute capability {}.{}",
+            device_arch / 10,
+            device_arch % 10
+        )));
+    };
+    let key = Key { cubin, arch, dtype, op, nvrtc };
+    if let Some(d) = disk.filter(|_| read) {
+        match d.get(&key) {
+            Lookup::Hit(bytes) => return from(key, bytes),
+            Lookup::Corrupt(why) => tracing::warn!("oxccl kernel cache: {why}; compiling it again"),
+            Lookup::Miss => {}
+        }
+    }
+    let image = if cubin {
+        Image::Cubin { arch, bytes: compile_cubin(arch, dtype, op)? }
+    } else {
+        Image::Ptx { arch, ptx: ptx(arch, dtype, op)? }
+    };
+    if let Some(d) = disk {
+        let bytes = match &image {
+            Image::Cubin { bytes, .. } => bytes.as_slice(),
+            Image::Ptx { ptx, .. } => ptx.as_str().as_bytes(),
+        };
+        if let Err(e) = d.put(&key, bytes) {
+            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::info!(
+                    "oxccl kernel cache {} cannot be written ({e}); kernels are compiled in each process (set {} \
+                     to a writable directory, or to off)",
+                    d.dir().display(),
+                    crate::cache::ENV
+                );
+            }
+        }
+    }
+    Ok(image)
+}
+
+/// What [`fill`] did for one module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Filled {
+    /// The entry.
+    pub key: Key,
+    /// Whether it was in the cache already (nothing compiled).
+    pub present: bool,
+}
+
+/// Fills `disk` with the modules of `dtypes` × `ops` (every module:
+/// [`DataType::ALL`] × [`KernelOp::ALL`]) for devices of the architectures
+/// `archs`, compiling what it lacks on `threads` threads; no GPU needed.
+/// What a pack for a GPU machine runs, so that its first collective
+/// compiles nothing. Processes filling one cache at once each write whole
+/// entries.
+pub fn fill(
+    disk: &DiskCache,
+    archs: &[u32],
+    dtypes: &[DataType],
+    ops: &[KernelOp],
+    threads: usize,
+) -> Result<Vec<Filled>> {
+    let nvrtc = nvrtc_version()?;
+    let supported = supported_archs()?;
+    let mut keys = Vec::new();
+    for &a in archs {
+        let (arch, cubin) = pick_arch(a, &supported).ok_or_else(|| {
+            invalid(format!("architecture {a}: this NVRTC ({}.{}) compiles for {supported:?} only", nvrtc.0, nvrtc.1))
+        })?;
+        for &dtype in dtypes {
+            for &op in ops {
+                keys.push(Key { cubin, arch, dtype, op, nvrtc });
+            }
+        }
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || -> Result<Vec<Filled>> {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&key) = keys.get(i) else { return Ok(done) };
+            let present = matches!(disk.get(&key), Lookup::Hit(_));
+            if !present {
+                let bytes = if key.cubin {
+                    compile_cubin(key.arch, key.dtype, key.op)?
+                } else {
+                    compile(key.arch, key.dtype, key.op)?.0.into_bytes()
+                };
+                disk.put(&key, &bytes)
+                    .map_err(|e| CudaError::Unavailable(format!("kernel cache {}: {e}", disk.dir().display())))?;
+            }
+            done.push(Filled { key, present });
+        }
+    };
+    let mut all = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(work)).collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(invalid("NVRTC panicked")))).collect::<Result<Vec<_>>>()
+    })?
+    .concat();
+    all.sort_by_key(|f| keys.iter().position(|k| *k == f.key));
+    Ok(all)
 }
 
 #[cfg(test)]

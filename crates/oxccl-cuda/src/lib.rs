@@ -47,6 +47,9 @@
 //!   [`kernels::source`]), NVRTC compilation ([`kernels::compile`]; any NVRTC
 //!   log — a warning too — is an error) and the process-wide PTX cache
 //!   ([`kernels::ptx`], keyed by architecture, type and operator).
+//! - [`cache`]: the kernel cache on disk (`OXCCL_CACHE_DIR`), which
+//!   [`kernels::image`] reads and fills and [`kernels::fill`] (the
+//!   `oxccl-kernel-cache` tool) fills ahead of time, without a GPU.
 //! - [`Module`]: the four entry points of `cuda/` loaded in a context;
 //!   `launch_reduce`, `launch_collective`, `signal_host`, `wait_host`.
 //! - [`ReduceArgs`], [`CollArgs`]: `#[repr(C)]` mirrors of `cuda/args.h`
@@ -67,6 +70,7 @@
 
 mod args;
 pub mod bench;
+pub mod cache;
 mod context;
 mod device;
 mod error;
