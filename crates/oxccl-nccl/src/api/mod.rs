@@ -2,5 +2,6 @@
 
 pub(crate) mod colls;
 pub(crate) mod comms;
+pub(crate) mod device;
 pub(crate) mod misc;
 mod params;
