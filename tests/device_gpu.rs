@@ -108,7 +108,9 @@ fn matrix(c: &Communicator, counts: &[usize]) -> Result<usize, String> {
                 for &count in counts {
                     for in_place in [false, true] {
                         let spec = Spec::new(kind, count, dtype).with_op(op).with_root(c.size() - 1);
-                        check(c, &bufs, spec, in_place)?;
+                        check(c, &bufs, spec, in_place).map_err(|e| {
+                            format!("rank {} case {cases} ({spec:?}, in_place {in_place}): {e}", c.rank())
+                        })?;
                         cases += 1;
                     }
                 }
@@ -176,6 +178,10 @@ fn executor_threads(n: usize) {
             device_exec: Some(DeviceExec::Program),
             algo: Some(algo.name().into()),
             device_window: Some(4 << 20),
+            // The executor refuses a message longer than its FIFO (8
+            // slots): 70_001 doubles on 2 ranks (rhd, doubling) need more
+            // than the default 512 KiB.
+            device_fifo: Some(8 << 20),
             timeout: Some(TIMEOUT),
             ..Config::default()
         };
@@ -200,7 +206,9 @@ fn executor_threads(n: usize) {
                             for count in [1, 1000, 70_001] {
                                 for in_place in [false, true] {
                                     let spec = Spec::new(kind, count, dtype).with_op(op).with_root(n - 1);
-                                    check(c, &bufs, spec, in_place).unwrap_or_else(|e| panic!("{algo}: {e}"));
+                                    check(c, &bufs, spec, in_place).unwrap_or_else(|e| {
+                                        panic!("{algo}: rank {} {spec:?} in_place {in_place}: {e}", c.rank())
+                                    });
                                 }
                             }
                         }
