@@ -74,7 +74,7 @@ impl Key {
     pub fn digest(&self) -> String {
         let mut h = Sha256::new();
         h.update(source_hash().as_bytes());
-        for o in crate::kernels::options_for(self.arch, self.dtype, self.op, self.cubin) {
+        for o in crate::source::options_for(self.arch, self.dtype, self.op, self.cubin) {
             h.update(o.as_bytes());
             h.update([0]);
         }
@@ -83,10 +83,10 @@ impl Key {
     }
 }
 
-/// The SHA-256 (hex) of the kernel source ([`crate::kernels::source`]).
+/// The SHA-256 (hex) of the kernel source ([`crate::source::source`]).
 pub fn source_hash() -> &'static str {
     static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HASH.get_or_init(|| hex(&Sha256::digest(crate::kernels::source().as_bytes())))
+    HASH.get_or_init(|| hex(&Sha256::digest(crate::source::source().as_bytes())))
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -77,6 +77,7 @@ mod error;
 pub mod kernels;
 mod memory;
 mod op;
+mod source;
 pub mod program;
 mod stream;
 
