@@ -21,10 +21,10 @@ use cudarc::nvrtc::{result as nvrtc, sys as nsys};
 use oxccl_core::DataType;
 
 use crate::cache::{DiskCache, Key, Lookup};
-pub(crate) use crate::source::options_for;
-pub use crate::source::{ENTRY_POINTS, SOURCES, options, source};
 use crate::error::{CudaError, Result, invalid};
 pub use crate::op::KernelOp;
+pub(crate) use crate::source::options_for;
+pub use crate::source::{ENTRY_POINTS, SOURCES, options, source};
 
 /// PTX text of one module, as NVRTC produced it (no trailing NUL).
 #[derive(Clone, Debug, PartialEq, Eq)]

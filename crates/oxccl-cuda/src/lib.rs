@@ -77,8 +77,8 @@ mod error;
 pub mod kernels;
 mod memory;
 mod op;
-mod source;
 pub mod program;
+mod source;
 mod stream;
 
 pub use args::{
