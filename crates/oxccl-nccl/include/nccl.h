@@ -339,7 +339,11 @@ OXCCL_API(ncclResult_t, MemFree, (void* ptr))
 OXCCL_API(ncclResult_t, GetVersion, (int* version))
 OXCCL_API(ncclResult_t, GetUniqueId, (ncclUniqueId* uniqueId))
 
-/* Communicators. */
+/* Communicators. One thread's calls at a time per communicator (NCCL's
+ * rule): a collective, send/recv or group end that enters a communicator
+ * another thread's call is in returns ncclInvalidUsage and changes nothing
+ * (calls from two threads would reach the ranks in different orders).
+ * Queries, ncclCommGetAsyncError and ncclCommAbort may come from any thread. */
 OXCCL_API(ncclResult_t, CommInitRankConfig,
           (ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config))
 OXCCL_API(ncclResult_t, CommInitRank, (ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank))

@@ -186,10 +186,14 @@ fn launch(ops: Vec<Entry>) -> Result<()> {
     // streams they name, in order.
     type Launch = (usize, Arc<Communicator>, Vec<Op>, Vec<CudaStream>);
     let mut per: Vec<Launch> = Vec::new();
+    // Each handle is entered for the launch (refused when another thread's
+    // call is in it), and left when the launch has ended or been enqueued.
+    let mut entered = Vec::new();
     for (h, c, op, stream) in ops {
         let i = match per.iter().position(|p| p.0 == h.handle) {
             Some(i) => i,
             None => {
+                entered.push(h.enter()?);
                 per.push((h.handle, c, Vec::new(), Vec::new()));
                 per.len() - 1
             }

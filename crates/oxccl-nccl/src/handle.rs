@@ -7,16 +7,20 @@
 //!
 //! Ownership and threads: the caller owns a handle from `ncclCommInit*` /
 //! `ncclCommSplit` / `ncclCommShrink` until `ncclCommDestroy` or
-//! `ncclCommAbort`, which make it invalid. Calls on one handle from several
-//! threads are serialised, in the order they arrive, and must be issued in
-//! the same order on every rank (as with NCCL).
+//! `ncclCommAbort`, which make it invalid. A handle runs one thread's calls
+//! at a time (NCCL's rule): a collective, send/recv or group end that
+//! enters a handle another thread's call is in is refused with
+//! `ncclInvalidUsage` naming the handle ([`Comm::enter`]), since calls from
+//! several threads would reach the ranks in different orders and pair
+//! crosswise. Queries, `ncclCommGetAsyncError` and `ncclCommAbort` may come
+//! from any thread at any time.
 
 use oxccl::{Communicator, DataType, Error, ReduceOp, Result};
 use parking_lot::Condvar;
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// NCCL's `ncclNumOps`: user-created operators are numbered from here.
 pub const NUM_OPS: i32 = 5;
@@ -67,6 +71,17 @@ pub struct Comm {
     ops: Mutex<Vec<Option<(DataType, Scalar)>>>,
     /// Live registration handles (`ncclCommRegister`).
     pub regs: Mutex<HashSet<usize>>,
+    /// A thread's call is in this handle ([`Comm::enter`]).
+    busy: AtomicBool,
+}
+
+/// A thread's call in a handle; leaving it when dropped.
+pub struct Entered(Arc<Comm>);
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
 }
 
 static COMMS: Mutex<Option<HashMap<usize, Arc<Comm>>>> = Mutex::new(None);
@@ -89,6 +104,7 @@ impl Comm {
             nranks,
             ops: Mutex::new(Vec::new()),
             regs: Mutex::new(HashSet::new()),
+            busy: AtomicBool::new(false),
         });
         COMMS.lock().get_or_insert_with(HashMap::new).insert(c.handle, c.clone());
         c
@@ -125,6 +141,19 @@ impl Comm {
             })
             .map_err(|e| Error::System(format!("cannot start the init thread: {e}")))?;
         Ok(Comm::new(rank, nranks, cuda_device(), State::Pending(slot)))
+    }
+
+    /// Enters the handle for a call that runs collectives or send/recv on
+    /// it: refused while another thread's call is in it.
+    pub fn enter(self: &Arc<Self>) -> Result<Entered> {
+        if self.busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return Err(Error::InvalidUsage(format!(
+                "communicator {:#x} (rank {} of {}) is in a call of another thread: a communicator takes one \
+                 thread's calls at a time (NCCL's rule; use a communicator per thread, or order the calls)",
+                self.handle, self.rank, self.nranks
+            )));
+        }
+        Ok(Entered(self.clone()))
     }
 
     /// The handle `h` (an error names it when it is NULL, unknown or

@@ -50,7 +50,7 @@ mod api;
 /// benches and tests): C programs call them by their symbols.
 pub mod api_for_benches {
     pub use crate::api::colls::{ncclAllReduce, ncclGroupEnd, ncclGroupStart, ncclRecv, ncclSend};
-    pub use crate::api::comms::{ncclCommDestroy, ncclCommInitAll, ncclGetVersion};
+    pub use crate::api::comms::{ncclCommDestroy, ncclCommInitAll, ncclGetLastError, ncclGetVersion};
 }
 
 /// Defines exported C functions that return `ncclResult_t`, each with its
