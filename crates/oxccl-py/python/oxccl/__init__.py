@@ -53,6 +53,10 @@ def _op(op):
     return names[name]
 
 
+# The collectives that reduce.
+_REDUCING = ("all_reduce", "reduce", "reduce_scatter")
+
+
 def _release(views):
     for v in views:
         v.release()
@@ -200,10 +204,24 @@ class Communicator:
             _release(views)
             raise InvalidArgument(f"rank {self.rank}: {kind}: the send buffer holds {sv.dtype} but the output "
                                   f"buffer {ov.dtype}")
+        root = int(root)
+        if not 0 <= root < self.size:
+            _release(views)
+            raise InvalidArgument(f"rank {self.rank}: {kind}: root {root} is not a rank of this communicator "
+                                  f"(0..{self.size - 1})")
         count = count_of(sv, ov)
         op = _op(op)
+        if kind in _REDUCING and any(v.boolean for v in views):
+            # Booleans reduce logically, as PyTorch's NCCL backend does: a
+            # sum is an or (max), a product an and (min).
+            logical = {"sum": "max", "prod": "min", "max": "max", "min": "min"}
+            if op not in logical:
+                _release(views)
+                raise InvalidArgument(f"rank {self.rank}: {kind}: {op} of booleans is not defined (sum and max "
+                                      "are a logical or, prod and min a logical and)")
+            op = logical[op]
         scalar = 1.0 if scalar is None else float(scalar)
-        self._launch(("coll", kind, None if sv is None else sv.span, ov.span, count, ov.dtype, op, scalar, int(root)),
+        self._launch(("coll", kind, None if sv is None else sv.span, ov.span, count, ov.dtype, op, scalar, root),
                      views)
         return out
 

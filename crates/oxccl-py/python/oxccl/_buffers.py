@@ -57,9 +57,10 @@ for _c in "hHiIlLqQnN":
     if struct.calcsize(_c) in (4, 8):
         _FORMATS[_c] = ("uint" if _c.isupper() else "int") + str(8 * struct.calcsize(_c))
 
-# DLPack type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat).
+# DLPack type codes (kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLBool).
 _DLPACK = {(0, 8): "int8", (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8", (1, 32): "uint32",
-           (1, 64): "uint64", (2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16"}
+           (1, 64): "uint64", (2, 16): "float16", (2, 32): "float32", (2, 64): "float64", (4, 16): "bfloat16",
+           (6, 8): "uint8"}
 
 
 def normalize_dtype(dtype):
@@ -82,11 +83,13 @@ class View:
     """A buffer as the native module takes it. ``device`` is ``None`` for
     host memory, else the CUDA stream to enqueue on."""
 
-    __slots__ = ("addr", "nbytes", "dtype", "device", "stream", "_keep", "_release")
+    __slots__ = ("addr", "nbytes", "dtype", "device", "stream", "boolean", "_keep", "_release")
 
-    def __init__(self, addr, nbytes, dtype, device=False, stream=0, keep=None, release=None):
+    def __init__(self, addr, nbytes, dtype, device=False, stream=0, keep=None, release=None, boolean=False):
         self.addr, self.nbytes, self.dtype = addr, nbytes, dtype
         self.device, self.stream = device, stream
+        # Booleans travel as uint8; a reduction of them is logical (see Communicator._coll).
+        self.boolean = boolean
         self._keep, self._release = keep, release
 
     @property
@@ -123,16 +126,17 @@ def _typed(name, what, itemsize, dtype):
 def _torch_view(t, what, dtype, writable):
     if not t.is_contiguous():
         raise InvalidArgument(f"{what}: the tensor is not contiguous (call .contiguous() first)")
-    name = normalize_dtype(t.dtype) if str(t.dtype) != "torch.bool" else "uint8"
+    boolean = str(t.dtype) == "torch.bool"
+    name = normalize_dtype(t.dtype) if not boolean else "uint8"
     name = _typed(name, what, t.element_size(), dtype)
     nbytes = t.numel() * t.element_size()
     if t.device.type == "cpu":
-        return View(t.data_ptr(), nbytes, name, keep=t)
+        return View(t.data_ptr(), nbytes, name, keep=t, boolean=boolean)
     if t.device.type == "cuda":
         import torch
 
         stream = torch.cuda.current_stream(t.device).cuda_stream
-        return View(t.data_ptr(), nbytes, name, device=True, stream=stream, keep=t)
+        return View(t.data_ptr(), nbytes, name, device=True, stream=stream, keep=t, boolean=boolean)
     raise InvalidArgument(f"{what}: tensors on {t.device} are not supported (cpu or cuda)")
 
 
@@ -150,6 +154,11 @@ def _contiguous(shape, strides, itemsize):
 def _interface_view(obj, d, what, dtype, writable, device):
     addr, readonly = d["data"]
     typestr, shape = d["typestr"], tuple(d["shape"])
+    if len(typestr) < 3 or not typestr[2:].isdigit() or typestr[1] in "OUSMm":
+        kinds = {"O": "Python object", "U": "unicode string", "S": "byte string", "M": "datetime",
+                 "m": "timedelta"}
+        raise InvalidArgument(f"{what}: arrays of {kinds.get(typestr[1:2], 'such')} elements ({typestr!r}) are not "
+                              f"supported; oxccl moves numbers: {', '.join(SIZES)}")
     itemsize = int(typestr[2:])
     if not _contiguous(shape, d.get("strides"), itemsize):
         raise InvalidArgument(f"{what}: the array is not C-contiguous (numpy.ascontiguousarray first)")
@@ -162,7 +171,7 @@ def _interface_view(obj, d, what, dtype, writable, device):
     stream = (d.get("stream") or 0) if device else 0
     if stream == 1:  # the legacy default stream, by the interface's convention
         stream = 0
-    return View(addr or 0, n * itemsize, name, device=device, stream=stream, keep=obj)
+    return View(addr or 0, n * itemsize, name, device=device, stream=stream, keep=obj, boolean=typestr[1] == "b")
 
 
 class _PyBuffer(ctypes.Structure):
@@ -194,7 +203,8 @@ def _buffer_view(obj, what, dtype, writable):
     except Exception:
         _release_buffer(ctypes.byref(b))
         raise
-    return View(b.buf or 0, b.len, name, keep=obj, release=lambda: _release_buffer(ctypes.byref(b)))
+    return View(b.buf or 0, b.len, name, keep=obj, release=lambda: _release_buffer(ctypes.byref(b)),
+                boolean=fmt == "?")
 
 
 class _DLDevice(ctypes.Structure):
@@ -251,7 +261,7 @@ def _dlpack_view(obj, what, dtype):
         release()
         raise InvalidArgument(f"{what}: DLPack device type {t.device.device_type} is not cpu or cuda")
     return View((t.data or 0) + t.byte_offset, n * itemsize, name, device=device, keep=(obj, capsule),
-                release=release)
+                release=release, boolean=t.code == 6)
 
 
 def view(obj, what, dtype=None, writable=False):

@@ -164,6 +164,12 @@ class Threads(unittest.TestCase):
             (lambda: c.all_reduce(np.ones(4, np.float32), op="bxor"), oxccl.InvalidArgument, "reduce op"),
             (lambda: c.reduce_scatter(np.ones(10, np.float32), np.ones(4, np.float32)), oxccl.InvalidArgument,
              "holds 10 elements"),
+            (lambda: c.broadcast(np.ones(4, np.float32), root=-1), oxccl.InvalidArgument, "root -1"),
+            (lambda: c.all_reduce(np.array([1, "a", None], dtype=object)), oxccl.InvalidArgument,
+             "Python object elements"),
+            (lambda: c.all_gather(np.array(["ab", "cd"]), np.empty(6, "<U2")), oxccl.InvalidArgument,
+             "unicode string elements"),
+            (lambda: c.all_reduce(np.ones(4, bool), op="avg"), oxccl.InvalidArgument, "avg of booleans"),
         ]
         keep = np.arange(4, dtype=np.float32)
         for fn, exc, text in cases:
@@ -176,6 +182,19 @@ class Threads(unittest.TestCase):
             c.all_reduce(np.ones(4, np.float32), keep[:3])
         np.testing.assert_array_equal(keep, np.arange(4))
         self.assertIn("rank 0", str(cm.exception))
+
+    def test_booleans_reduce_logically(self):
+        # A sum of booleans is an or and a product an and (PyTorch's NCCL
+        # backend's rule): never a 2 stored in a bool array.
+        comms = self.comms[3]
+        xs = [np.array([True, False, False, True]), np.array([True, True, False, False]),
+              np.array([True, False, False, False])]
+        ors = on_threads(comms, lambda c: c.all_reduce(xs[c.rank].copy()))
+        ands = on_threads(comms, lambda c: c.all_reduce(xs[c.rank].copy(), op="prod"))
+        for o, a in zip(ors, ands):
+            self.assertEqual(o.dtype, np.bool_)
+            np.testing.assert_array_equal(o.view(np.uint8), [1, 1, 0, 1])
+            np.testing.assert_array_equal(a.view(np.uint8), [1, 0, 0, 0])
 
     def test_encrypted_tcp(self):
         comms = oxccl.Communicator.init_threads(2, transport="tcp", encrypt=True)

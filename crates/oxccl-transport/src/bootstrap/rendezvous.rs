@@ -214,7 +214,8 @@ fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> 
         Ok((tag::PROOF, _)) => Err(refuse(
             stream,
             format!(
-                "rank {} could not prove it knows the communicator's secret: its UniqueId is not rank 0's                  (a stranger, or an id with the right address and nonce but another secret)",
+                "rank {} could not prove it knows the communicator's secret: its UniqueId is not rank 0's \
+                 (a stranger, or an id with the right address and nonce but another secret)",
                 h.rank
             ),
         )),
@@ -329,7 +330,8 @@ pub(super) fn client(
             let (theirs, proof) = p.split_at(crate::auth::CHALLENGE_LEN);
             if !crate::auth::verify(&secret, &[ROOT_PROOF, &nonce, &hello.challenge, theirs], proof) {
                 return Err(Error::Remote(format!(
-                    "rank {rank}: the rendezvous at {addr} could not prove it knows this communicator's secret:                      it is not our rank 0 (a stranger on that address, or rank 0 holds another id)"
+                    "rank {rank}: the rendezvous at {addr} could not prove it knows this communicator's secret: \
+                     it is not our rank 0 (a stranger on that address, or rank 0 holds another id)"
                 )));
             }
             let mine = crate::auth::prove(&secret, &[RANK_PROOF, &nonce, theirs, &hello.encode()]);
