@@ -455,6 +455,24 @@ impl Image {
             Image::Cubin { arch, .. } | Image::Ptx { arch, .. } => *arch,
         }
     }
+
+    /// What the driver loads: the ELF image, or the PTX text (no NUL).
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Image::Cubin { bytes, .. } => bytes,
+            Image::Ptx { ptx, .. } => ptx.as_str().as_bytes(),
+        }
+    }
+
+    /// Compiles the module (dtype, op) for `arch`: a CUBIN for `sm_<arch>`
+    /// when `cubin`, else PTX for `compute_<arch>` (from [`ptx`]'s cache).
+    fn compile(arch: u32, cubin: bool, dtype: DataType, op: KernelOp) -> Result<Image> {
+        Ok(if cubin {
+            Image::Cubin { arch, bytes: compile_cubin(arch, dtype, op)? }
+        } else {
+            Image::Ptx { arch, ptx: ptx(arch, dtype, op)? }
+        })
+    }
 }
 
 /// The module (dtype, op) for a device of compute capability `device_arch`
@@ -522,26 +540,18 @@ pub fn image_with(
             Lookup::Miss => {}
         }
     }
-    let image = if cubin {
-        Image::Cubin { arch, bytes: compile_cubin(arch, dtype, op)? }
-    } else {
-        Image::Ptx { arch, ptx: ptx(arch, dtype, op)? }
-    };
-    if let Some(d) = disk {
-        let bytes = match &image {
-            Image::Cubin { bytes, .. } => bytes.as_slice(),
-            Image::Ptx { ptx, .. } => ptx.as_str().as_bytes(),
-        };
-        if let Err(e) = d.put(&key, bytes) {
-            static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-            if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::info!(
-                    "oxccl kernel cache {} cannot be written ({e}); kernels are compiled in each process (set {} \
-                     to a writable directory, or to off)",
-                    d.dir().display(),
-                    crate::cache::ENV
-                );
-            }
+    let image = Image::compile(arch, cubin, dtype, op)?;
+    if let Some(d) = disk
+        && let Err(e) = d.put(&key, image.bytes())
+    {
+        static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!(
+                "oxccl kernel cache {} cannot be written ({e}); kernels are compiled in each process (set {} \
+                 to a writable directory, or to off)",
+                d.dir().display(),
+                crate::cache::ENV
+            );
         }
     }
     Ok(image)
@@ -582,23 +592,20 @@ pub fn fill(
             }
         }
     }
+    // Threads take the next key until none is left; results keep the keys' order.
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let work = || -> Result<Vec<Filled>> {
+    let work = || -> Result<Vec<(usize, Filled)>> {
         let mut done = Vec::new();
         loop {
             let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let Some(&key) = keys.get(i) else { return Ok(done) };
             let present = matches!(disk.get(&key), Lookup::Hit(_));
             if !present {
-                let bytes = if key.cubin {
-                    compile_cubin(key.arch, key.dtype, key.op)?
-                } else {
-                    compile(key.arch, key.dtype, key.op)?.0.into_bytes()
-                };
-                disk.put(&key, &bytes)
+                let image = Image::compile(key.arch, key.cubin, key.dtype, key.op)?;
+                disk.put(&key, image.bytes())
                     .map_err(|e| CudaError::Unavailable(format!("kernel cache {}: {e}", disk.dir().display())))?;
             }
-            done.push(Filled { key, present });
+            done.push((i, Filled { key, present }));
         }
     };
     let mut all = std::thread::scope(|s| {
@@ -606,8 +613,8 @@ pub fn fill(
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(invalid("NVRTC panicked")))).collect::<Result<Vec<_>>>()
     })?
     .concat();
-    all.sort_by_key(|f| keys.iter().position(|k| *k == f.key));
-    Ok(all)
+    all.sort_unstable_by_key(|&(i, _)| i);
+    Ok(all.into_iter().map(|(_, f)| f).collect())
 }
 
 #[cfg(test)]

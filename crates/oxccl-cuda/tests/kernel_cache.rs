@@ -11,15 +11,10 @@ use std::time::Instant;
 
 use oxccl_core::DataType;
 use oxccl_cuda::cache::{DiskCache, Key, Lookup};
-use oxccl_cuda::kernels::{self, Image, KernelOp};
+use oxccl_cuda::kernels::{self, KernelOp};
 
-fn have_nvrtc() -> bool {
-    let e = oxccl_cuda::nvrtc_available().err();
-    if let Some(e) = &e {
-        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_NVRTC", format!("NVRTC cannot be loaded: {e}"));
-    }
-    e.is_none()
-}
+mod common;
+use common::have_nvrtc;
 
 fn temp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("oxccl-kcache-{tag}-{}", std::process::id()));
@@ -35,13 +30,6 @@ fn key_for_90(dtype: DataType, op: KernelOp) -> Key {
     Key { cubin, arch, dtype, op, nvrtc }
 }
 
-fn bytes(image: &Image) -> Vec<u8> {
-    match image {
-        Image::Cubin { bytes, .. } => bytes.clone(),
-        Image::Ptx { ptx, .. } => ptx.as_str().as_bytes().to_vec(),
-    }
-}
-
 #[test]
 fn a_miss_compiles_and_writes_a_hit_compiles_nothing_a_corrupt_entry_is_replaced() {
     if !have_nvrtc() {
@@ -55,17 +43,17 @@ fn a_miss_compiles_and_writes_a_hit_compiles_nothing_a_corrupt_entry_is_replaced
     let t = Instant::now();
     let compiled = kernels::image_with(Some(&disk), 90, dtype, op, true).unwrap();
     let cold = t.elapsed();
-    assert!(bytes(&compiled).starts_with(b"\x7fELF"), "sm_90 gets a CUBIN");
-    assert_eq!(disk.get(&key), Lookup::Hit(bytes(&compiled)), "the miss wrote the entry");
+    assert!(compiled.bytes().starts_with(b"\x7fELF"), "sm_90 gets a CUBIN");
+    assert_eq!(disk.get(&key), Lookup::Hit(compiled.bytes().to_vec()), "the miss wrote the entry");
 
     let t = Instant::now();
     let again = kernels::image_with(Some(&disk), 90, dtype, op, true).unwrap();
     let warm = t.elapsed();
-    assert_eq!(bytes(&again), bytes(&compiled));
+    assert_eq!(again.bytes(), compiled.bytes());
     // A stand-in entry proves the hit is read, not compiled.
     disk.put(&key, b"\x7fELF stand-in").unwrap();
     let read = kernels::image_with(Some(&disk), 90, dtype, op, true).unwrap();
-    assert_eq!(bytes(&read), b"\x7fELF stand-in");
+    assert_eq!(read.bytes(), b"\x7fELF stand-in");
     eprintln!("one module for sm_90: compiled {cold:?}, read from the cache {warm:?}");
 
     // Flip a payload byte: detected, compiled again, the entry rewritten whole.
@@ -75,14 +63,14 @@ fn a_miss_compiles_and_writes_a_hit_compiles_nothing_a_corrupt_entry_is_replaced
     std::fs::write(&path, &raw).unwrap();
     assert!(matches!(disk.get(&key), Lookup::Corrupt(_)));
     let fixed = kernels::image_with(Some(&disk), 90, dtype, op, true).unwrap();
-    assert_eq!(bytes(&fixed), bytes(&compiled));
-    assert_eq!(disk.get(&key), Lookup::Hit(bytes(&compiled)));
+    assert_eq!(fixed.bytes(), compiled.bytes());
+    assert_eq!(disk.get(&key), Lookup::Hit(compiled.bytes().to_vec()));
 
     // Not reading (`image_fresh`'s way) compiles even over a whole entry.
     disk.put(&key, b"\x7fELF stand-in").unwrap();
     let fresh = kernels::image_with(Some(&disk), 90, dtype, op, false).unwrap();
-    assert_eq!(bytes(&fresh), bytes(&compiled));
-    assert_eq!(disk.get(&key), Lookup::Hit(bytes(&compiled)), "and replaces the entry");
+    assert_eq!(fresh.bytes(), compiled.bytes());
+    assert_eq!(disk.get(&key), Lookup::Hit(compiled.bytes().to_vec()), "and replaces the entry");
     std::fs::remove_dir_all(&root).unwrap();
 }
 
@@ -97,7 +85,7 @@ fn a_directory_that_cannot_be_written_only_costs_the_cache() {
     std::fs::write(&root, b"not a folder").unwrap();
     let disk = DiskCache::new(&root);
     let img = kernels::image_with(Some(&disk), 90, DataType::Uint8, KernelOp::Sum, true).unwrap();
-    assert!(!bytes(&img).is_empty());
+    assert!(!img.bytes().is_empty());
     assert_eq!(disk.get(&key_for_90(DataType::Uint8, KernelOp::Sum)), Lookup::Miss);
     std::fs::remove_file(&root).unwrap();
 
@@ -109,7 +97,7 @@ fn a_directory_that_cannot_be_written_only_costs_the_cache() {
     std::fs::set_permissions(ro.join("kernels"), perm.clone()).unwrap();
     let disk = DiskCache::new(&ro);
     let img = kernels::image_with(Some(&disk), 90, DataType::Uint8, KernelOp::Sum, true).unwrap();
-    assert!(!bytes(&img).is_empty());
+    assert!(!img.bytes().is_empty());
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
     std::fs::set_permissions(ro.join("kernels"), perm).unwrap();
     std::fs::remove_dir_all(&ro).unwrap();

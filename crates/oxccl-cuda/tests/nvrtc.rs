@@ -6,18 +6,11 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use oxccl_core::DataType;
+use oxccl_cuda::CudaError;
 use oxccl_cuda::kernels::{self, ENTRY_POINTS, KernelOp};
-use oxccl_cuda::{CudaError, nvrtc_available};
 
-/// Whether NVRTC is here; says why the test skips if not (a failure where
-/// `OXCCL_REQUIRE_NVRTC` is set).
-fn have_nvrtc() -> bool {
-    let e = nvrtc_available().err();
-    if let Some(e) = &e {
-        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_NVRTC", format!("NVRTC cannot be loaded: {e}"));
-    }
-    e.is_none()
-}
+mod common;
+use common::have_nvrtc;
 
 #[test]
 fn every_dtype_and_op_compiles_for_sm80_and_sm90() {

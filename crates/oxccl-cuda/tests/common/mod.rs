@@ -1,5 +1,6 @@
 //! What the emulation tests share: the harness (cuda/test/emulate.cpp,
-//! built once per source version), test data and oxccl-core references.
+//! built once per source version), test data and oxccl-core references;
+//! and what the NVRTC tests ask first ([`have_nvrtc`]).
 #![allow(dead_code)]
 
 use half::{bf16, f16};
@@ -10,6 +11,16 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+
+/// Whether NVRTC is here; says why the test skips if not (a failure where
+/// `OXCCL_REQUIRE_NVRTC` is set).
+pub fn have_nvrtc() -> bool {
+    let e = oxccl_cuda::nvrtc_available().err();
+    if let Some(e) = &e {
+        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_NVRTC", format!("NVRTC cannot be loaded: {e}"));
+    }
+    e.is_none()
+}
 
 // ---------------------------------------------------------------------------
 // The harness.
