@@ -74,7 +74,9 @@ fn encrypted(id: UniqueId) -> (UniqueId, Config) {
     }
 }
 
-fn get(comm: *const c_void) -> Result<Arc<Comm>> {
+/// The communicator behind a C handle (an error names a NULL, unknown or
+/// destroyed one).
+pub(super) fn get(comm: *const c_void) -> Result<Arc<Comm>> {
     Comm::get(comm as usize)
 }
 

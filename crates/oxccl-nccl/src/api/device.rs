@@ -11,6 +11,7 @@
 //! load/store-accessible to itself only, as far as this API is concerned:
 //! its LSA team is the rank alone, and its rail team is then the world.
 
+use super::comms::get;
 use crate::handle::Comm;
 use crate::nccl_api;
 use oxccl::Error;
@@ -67,10 +68,6 @@ fn no_device_api(what: &str) -> oxccl::Result<()> {
     )))
 }
 
-fn comm(comm: *const c_void) -> oxccl::Result<std::sync::Arc<Comm>> {
-    Comm::get(comm as usize)
-}
-
 /// The communicator's hash: its unique id's nonce folded (FNV-1a; never
 /// its secret), the same on every rank.
 fn hash_of(c: &Comm) -> u64 {
@@ -80,7 +77,7 @@ fn hash_of(c: &Comm) -> u64 {
 
 /// The team of the world, of this rank alone (LSA), or of the rails.
 fn team(comm: *const c_void, which: &str) -> TeamC {
-    let Ok(c) = Comm::get(comm as usize) else {
+    let Ok(c) = get(comm) else {
         crate::error::set_last(&format!("{which}: comm is not a live communicator"));
         return TeamC { n_ranks: 0, rank: 0, stride: 0 };
     };
@@ -94,7 +91,7 @@ nccl_api! {
     /// `ncclCommQueryProperties`: rank, size, device and hash; no device
     /// API, multimem, GIN, host RMA or CFT; one LSA team per rank.
     fn ncclCommQueryProperties / pncclCommQueryProperties(comm_h: *const c_void, props: *mut PropertiesC) {
-        let c = comm(comm_h)?;
+        let c = get(comm_h)?;
         if props.is_null() {
             return Err(Error::invalid("props is NULL"));
         }
@@ -144,14 +141,14 @@ nccl_api! {
 
     /// `ncclDevCommCreate`: refused (no device API).
     fn ncclDevCommCreate / pncclDevCommCreate(comm_h: *const c_void, reqs: *const c_void, out_dev_comm: *mut c_void) {
-        comm(comm_h)?;
+        get(comm_h)?;
         let _ = (reqs, out_dev_comm);
         no_device_api("ncclDevCommCreate")
     }
 
     /// `ncclDevCommDestroy`: refused (no device communicator was ever made).
     fn ncclDevCommDestroy / pncclDevCommDestroy(comm_h: *const c_void, dev_comm: *const c_void) {
-        comm(comm_h)?;
+        get(comm_h)?;
         let _ = dev_comm;
         no_device_api("ncclDevCommDestroy")
     }
@@ -275,7 +272,7 @@ plain_api! {
     /// `ncclTeamRankToWorld`: the world rank of `rank` of `team` (NCCL's
     /// rule: this rank's world rank plus the index distance times the stride).
     fn ncclTeamRankToWorld / pncclTeamRankToWorld(comm: *const c_void, team: TeamC, rank: c_int) -> c_int {
-        match Comm::get(comm as usize) {
+        match get(comm) {
             Ok(c) => c.rank as c_int + (rank - team.rank) * team.stride,
             Err(_) => -1,
         }
@@ -284,7 +281,7 @@ plain_api! {
     /// `ncclTeamRankToLsa`: the LSA rank of `rank` of `team` (this rank's
     /// LSA rank is 0: its LSA team is itself).
     fn ncclTeamRankToLsa / pncclTeamRankToLsa(comm: *const c_void, team: TeamC, rank: c_int) -> c_int {
-        match Comm::get(comm as usize) {
+        match get(comm) {
             Ok(_) => (rank - team.rank) * team.stride,
             Err(_) => -1,
         }
