@@ -3,20 +3,8 @@
 //! continuation (rustfmt then indents the second half into the text, and
 //! users read "secret:                      it is not our rank 0").
 
-use std::path::{Path, PathBuf};
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let p = e.path();
-        let name = e.file_name();
-        if p.is_dir() && name != "target" && !name.to_string_lossy().starts_with('.') {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
+use oxccl_e2e::tree::rust_files;
+use std::path::PathBuf;
 
 /// The string literals of `line` with a run of 8 or more spaces between
 /// two other characters (quotes split naively: escaped quotes and

@@ -11,6 +11,7 @@
 //! files, so the fix (a leaf module for what both sides share, or one side
 //! taking what it needs as arguments) is obvious.
 
+use oxccl_e2e::tree::rust_files;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use syn::visit::Visit;
@@ -367,18 +368,6 @@ fn the_checker_sees_a_cycle_and_resolves_reexports() {
     write("b/c.rs", "pub struct Thing;\n");
     assert!(crate_cycles(&src.join("lib.rs"), &dir).is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// Every `.rs` file under `dir` (recursively).
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
 }
 
 /// One module-file convention: a module with children is a directory with

@@ -12,11 +12,13 @@
 //! - [`on_threads`]: ranks as threads over a chosen transport;
 //! - [`child`]: ranks as processes (the test binary is its own child);
 //! - [`netns`]: two "hosts", network namespaces joined by veth;
+//! - [`tree`]: the workspace's Rust sources, for tests of the sources;
 //! - [`skip_or_fail`]: a test that cannot run here says why, or fails
 //!   where CI set the `OXCCL_REQUIRE_*` variable that names what it needs.
 
 pub mod child;
 pub mod netns;
+pub mod tree;
 
 pub use oxccl_skip::{required, skip_or_fail};
 
