@@ -63,6 +63,15 @@ struct Coll {
     root: usize,
 }
 
+/// A root or peer as Python passed it: a negative one is refused here,
+/// naming it (Python ints are signed); one past the last rank is refused
+/// by the call's own checks, like every other argument.
+fn rank_arg(v: i64, what: &str, rank: usize, nranks: usize) -> Result<usize> {
+    usize::try_from(v).map_err(|_| {
+        Error::invalid(format!("rank {rank}: {what} {v} is not a rank of this communicator (0..{})", nranks - 1))
+    })
+}
+
 impl Coll {
     /// Checked for `rank` of `nranks`.
     fn op(&self, rank: usize, nranks: usize) -> Result<Op> {
@@ -121,13 +130,15 @@ pub fn parse(ops: &[Bound<'_, PyTuple>], comm: &Communicator) -> PyResult<Vec<Op
                     String,
                     String,
                     f64,
-                    usize,
+                    i64,
                 ) = t.extract()?;
+                let root = rank_arg(root, &format!("{kind}: root"), rank, nranks).py()?;
                 let c = Coll { kind, send, recv, count, dtype, op, scalar, root };
                 out.push(c.op(rank, nranks).py()?);
             }
             "send" | "recv" => {
-                let (_, buf, peer, dt): (String, Span, usize, String) = t.extract()?;
+                let (_, buf, peer, dt): (String, Span, i64, String) = t.extract()?;
+                let peer = rank_arg(peer, &format!("{tag}: peer"), rank, nranks).py()?;
                 let dtype = dtype(&dt).py()?;
                 out.push(if tag == "send" {
                     Op::send(buffer(buf, false), dtype, peer)

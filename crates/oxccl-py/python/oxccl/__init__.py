@@ -204,11 +204,6 @@ class Communicator:
             _release(views)
             raise InvalidArgument(f"rank {self.rank}: {kind}: the send buffer holds {sv.dtype} but the output "
                                   f"buffer {ov.dtype}")
-        root = int(root)
-        if not 0 <= root < self.size:
-            _release(views)
-            raise InvalidArgument(f"rank {self.rank}: {kind}: root {root} is not a rank of this communicator "
-                                  f"(0..{self.size - 1})")
         count = count_of(sv, ov)
         op = _op(op)
         if kind in _REDUCING and any(v.boolean for v in views):
@@ -221,7 +216,7 @@ class Communicator:
                                       "are a logical or, prod and min a logical and)")
             op = logical[op]
         scalar = 1.0 if scalar is None else float(scalar)
-        self._launch(("coll", kind, None if sv is None else sv.span, ov.span, count, ov.dtype, op, scalar, root),
+        self._launch(("coll", kind, None if sv is None else sv.span, ov.span, count, ov.dtype, op, scalar, int(root)),
                      views)
         return out
 

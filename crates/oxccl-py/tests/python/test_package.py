@@ -165,6 +165,7 @@ class Threads(unittest.TestCase):
             (lambda: c.reduce_scatter(np.ones(10, np.float32), np.ones(4, np.float32)), oxccl.InvalidArgument,
              "holds 10 elements"),
             (lambda: c.broadcast(np.ones(4, np.float32), root=-1), oxccl.InvalidArgument, "root -1"),
+            (lambda: c.send(np.ones(4, np.float32), -2), oxccl.InvalidArgument, "peer -2"),
             (lambda: c.all_reduce(np.array([1, "a", None], dtype=object)), oxccl.InvalidArgument,
              "Python object elements"),
             (lambda: c.all_gather(np.array(["ab", "cd"]), np.empty(6, "<U2")), oxccl.InvalidArgument,
