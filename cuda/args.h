@@ -148,9 +148,11 @@ struct oxccl_prog_args {
     u32 team;        // blocks per channel
     // Ranks whose input and output this program reaches one-sidedly but
     // whose addresses are not in `bufs` (they change from call to call):
-    // every rank publishes its own in its flag area at the start of launch
-    // `seq`, and this rank reads those of the ranks in the mask (bit q).
-    // Only for ranks whose pointers are valid here (threads of one process).
+    // with the mask non-zero, this rank publishes its own in its flag area
+    // at the start of launch `seq` and reads those of the other ranks in
+    // the mask (bit q). Its own bit alone: it only publishes (a peer reaches
+    // its buffers, it reaches nobody's). Only for ranks whose pointers are
+    // valid here (threads of one process).
     u32 exchange;
     u64 seq;
 };

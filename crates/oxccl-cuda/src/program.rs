@@ -105,6 +105,9 @@ pub struct ProgArgs {
     /// one-sidedly and whose addresses it takes from their flag areas at
     /// the start of the launch rather than from `bufs` (ranks that are
     /// threads of one process: the addresses change from call to call).
+    /// With the mask non-zero the rank also publishes its own, so a rank
+    /// whose buffers a peer reaches sets its own bit even where it reaches
+    /// nobody's (a peer would wait for them forever).
     pub exchange: u32,
     /// This launch's number on the communicator (1, 2, …; the same on
     /// every rank): the address exchange's key.
@@ -385,6 +388,11 @@ impl DeviceProgram {
             args.chan_first[c] = first;
             args.chan_steps[c] = n;
         }
+    }
+
+    /// Bytes of the upload: the steps, then the slice table.
+    pub fn upload_len(&self) -> usize {
+        self.steps.len() * std::mem::size_of::<PStep>() + self.slices.len() * 8
     }
 
     /// The steps as bytes (for an upload).

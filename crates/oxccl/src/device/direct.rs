@@ -2,7 +2,7 @@
 //! every rank shares with the others (cuda/README.md has the protocol).
 #![allow(unsafe_code)]
 
-use super::exec::Exec;
+use super::exec::{Exec, PROGRAM_BYTES};
 use super::gpu::{Gpu, THREADS, module_of, reduce_one};
 use super::route::Reach;
 use super::windows::Windows;
@@ -85,8 +85,17 @@ impl Direct {
             nranks: ctx.nranks,
             timeout: ctx.cfg.timeout,
         };
+        // The executor's program memory: allocated here, at set-up, as
+        // every allocation of the path (see `exec`).
+        let exec = match uniform_windows {
+            true => Some(Exec::new(
+                ctx.cfg.device_fifo,
+                Some((gpu.dev.alloc(PROGRAM_BYTES)?, gpu.dev.pinned(PROGRAM_BYTES)?)),
+            )),
+            false => None,
+        };
         Ok(Direct {
-            exec: uniform_windows.then(|| Exec::new(ctx.cfg.device_fifo)),
+            exec,
             gpu,
             _mem: mem,
             _maps: maps,
@@ -173,7 +182,7 @@ impl Direct {
             pad0: 0,
             pad1: 0,
         };
-        self.ordered(stream, |stream| {
+        self.ordered(stream, |stream, _| {
             // SAFETY: every address in `args` is device memory of the right
             // size: the caller's buffers were checked against the driver's
             // allocation ranges, the windows and flag areas are this
@@ -207,7 +216,7 @@ impl Direct {
             }
             return Ok(false);
         };
-        self.ordered(stream, |s| exec.run(&self.gpu, &self.win, s, call, src, (self.blocks, self.on_gpu)))
+        self.ordered(stream, |s, prev| exec.run(&self.gpu, &self.win, (s, prev), call, src, (self.blocks, self.on_gpu)))
     }
 
     /// Enqueues a group of sends and receives (call order) on `stream`:
@@ -254,7 +263,7 @@ impl Direct {
             )));
         }
         a.team = (self.blocks.min(share) / lanes).clamp(1, oxccl_cuda::program::MAX_TEAM as u32);
-        self.ordered(stream, |s| {
+        self.ordered(stream, |s, _| {
             for (src, dst) in own_s.iter().zip(&own_r) {
                 if src.addr() != dst.addr() {
                     // SAFETY: both are the caller's checked device buffers
@@ -273,8 +282,16 @@ impl Direct {
 
     /// Runs `launch` on the caller's stream in call order: after the last
     /// direct launch, on whatever stream it was (every call uses the same
-    /// windows and flags). `launch` says whether it enqueued anything.
-    fn ordered(&self, raw: CudaStream, launch: impl FnOnce(&oxccl_cuda::Stream) -> Result<bool>) -> Result<bool> {
+    /// windows and flags). `launch` gets the stream and the event after
+    /// the last launch (which the stream is past when it gets to what
+    /// `launch` enqueues), and says whether it enqueued anything; after an
+    /// error the event is recorded all the same (it may have enqueued part
+    /// of its work, an upload, which the next launches must stay behind).
+    fn ordered(
+        &self,
+        raw: CudaStream,
+        launch: impl FnOnce(&oxccl_cuda::Stream, Option<&Event>) -> Result<bool>,
+    ) -> Result<bool> {
         let stream = self.gpu.stream(raw);
         let mut last = self.order.lock();
         if let Some((prev, ev)) = &*last
@@ -282,16 +299,20 @@ impl Direct {
         {
             stream.wait_event(ev)?;
         }
-        if !launch(&stream)? {
+        let launched = launch(&stream, last.as_ref().map(|(_, ev)| ev));
+        tracing::trace!("rank {}: direct launch on stream {:#x}: {launched:?}", self.win.rank, raw.0);
+        if let Ok(false) = launched {
             return Ok(false);
         }
         let ev = match last.take() {
             Some((_, ev)) => ev,
             None => self.gpu.dev.new_event()?,
         };
-        ev.record(&stream)?;
+        let recorded = ev.record(&stream);
         *last = Some((raw, ev));
-        Ok(true)
+        let launched = launched?;
+        recorded?;
+        Ok(launched)
     }
 }
 

@@ -8,12 +8,16 @@
 //! connection. The window is the programs' scratch (every rank reaches the
 //! others'), followed by the premul copy of the input when the operator
 //! asks for one. A program for a (collective, algorithm) is encoded and
-//! uploaded once, on the caller's stream, and cached with the verdict of
+//! uploaded once, on the caller's stream, into the program memory that
+//! set-up allocated ([`PROGRAM_BYTES`]; a call allocates nothing: an
+//! allocation can wait for every kernel queued in the context, a peer
+//! thread's waiting for this one too), and cached with the verdict of
 //! whether it can run here: a program that does not fit (channels, scratch,
-//! messages larger than half a FIFO, one-sided access to peers' input or
-//! output across processes) falls back to the hand-written kernel or the
-//! staged path, the same way on every rank (the verdict depends only on
-//! the program, the configuration and the route, which all ranks share).
+//! messages larger than half a FIFO, an encoding larger than the program
+//! memory, one-sided access to peers' input or output across processes)
+//! falls back to the hand-written kernel or the staged path, the same way
+//! on every rank (the verdict depends only on the program, the
+//! configuration and the route, which all ranks share).
 #![allow(unsafe_code)]
 
 use super::Source;
@@ -25,7 +29,7 @@ use oxccl_algo::collective::Collective;
 use oxccl_algo::ir::{Buf, Program, Step};
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_cuda::program::{DeviceProgram, MAX_TEAM, PROG_FLAG_BYTES, ProgArgs, fifo_bytes};
-use oxccl_cuda::{DevMem, Module, Stream};
+use oxccl_cuda::{DevMem, Event, Module, Pinned, Stream};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +39,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub(super) const FIFO_CHANS: usize = 4;
 /// Slots per connection.
 pub(super) const SLOTS: usize = 8;
+/// Device memory for uploaded programs (steps and slice tables), per rank,
+/// and as much pinned host memory they are copied from.
+pub(super) const PROGRAM_BYTES: usize = 4 << 20;
 
 /// Bytes of one FIFO slot for `fifo` bytes a connection.
 fn slot_bytes(fifo: usize) -> usize {
@@ -61,16 +68,15 @@ enum Plan {
 }
 
 struct Ready {
-    /// Steps, then the slice table.
-    mem: DevMem,
-    /// What was uploaded (kept until the communicator goes: the copy is
-    /// asynchronous).
-    _host: Vec<u8>,
+    /// Device address of the steps, then the slice table (in the program
+    /// memory).
+    at: u64,
     slices_at: u64,
     prog: DeviceProgram,
     /// Channels of the busiest rank.
     nchan_max: usize,
-    /// Ranks whose input or output this rank reaches one-sidedly.
+    /// Ranks whose input or output this rank reaches one-sidedly, and its
+    /// own bit when a peer reaches its own (the kernel's `exchange`).
     exchange: u32,
     /// Byte offset of the premul copy of the input in the window.
     premul_at: u64,
@@ -89,16 +95,30 @@ pub(super) struct Exec {
     cache: Mutex<HashMap<(String, Collective, bool), Arc<Plan>>>,
     /// Program launches so far (the address exchange's key).
     seq: AtomicU64,
+    /// Where uploads go: allocated at set-up, filled front to back.
+    programs: Mutex<Programs>,
+}
+
+/// The program memory, the pinned host memory uploads are copied from
+/// (at the same offsets: a pageable source could block the copy call
+/// behind other copies queued after kernels waiting for this thread), and
+/// how much of them the cached plans use.
+struct Programs {
+    mem: Option<(DevMem, Pinned)>,
+    used: usize,
 }
 
 impl Exec {
-    /// The executor with FIFOs of `fifo` bytes a connection.
-    pub fn new(fifo: usize) -> Exec {
+    /// The executor with FIFOs of `fifo` bytes a connection, uploading
+    /// into `programs` (device memory and pinned host memory of the same
+    /// size; none: nothing can be uploaded, for tests of the verdicts).
+    pub fn new(fifo: usize, programs: Option<(DevMem, Pinned)>) -> Exec {
         Exec {
             slot_bytes: slot_bytes(fifo),
             chunk: chunk_bytes(fifo),
             cache: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
+            programs: Mutex::new(Programs { mem: programs, used: 0 }),
         }
     }
 
@@ -115,9 +135,8 @@ impl Exec {
     /// The plan for `call` (built, checked and uploaded on first use).
     fn plan(
         &self,
-        gpu: &Gpu,
         w: &Windows,
-        stream: &Stream,
+        (stream, prev): (&Stream, Option<&Event>),
         call: &Call<DeviceBuf>,
         src: &Source<'_>,
     ) -> Result<Arc<Plan>> {
@@ -128,7 +147,7 @@ impl Exec {
         }
         let program = (src.build)(self.chunk)?;
         let plan = match self.fit(w, &program, call) {
-            Ok(ready) => Plan::Ready(Box::new(self.upload(gpu, stream, ready)?)),
+            Ok(ready) => Plan::Ready(Box::new(self.upload(w, (stream, prev), ready)?)),
             Err(why) => {
                 let msg = format!("the device executor cannot run {} for {coll}: {why}", src.name);
                 if src.named {
@@ -153,6 +172,8 @@ impl Exec {
         let mut chans = 0;
         let mut scratch = 0;
         let mut exchange = 0u32;
+        // Whether another rank's program reaches this rank's buffers.
+        let mut reached = false;
         let mut mine = None;
         for (r, rp) in program.ranks.iter().enumerate() {
             let d = DeviceProgram::encode(rp, r, w.nranks, unit).map_err(|e| e.to_string())?;
@@ -168,6 +189,12 @@ impl Exec {
                     self.slot_bytes
                 ));
             }
+            if d.upload_len() > PROGRAM_BYTES {
+                return Err(format!(
+                    "rank {r}'s encoding takes {} bytes, more than the executor's program memory ({PROGRAM_BYTES} bytes)",
+                    d.upload_len()
+                ));
+            }
             chans = chans.max(d.channels.len());
             // The premul copy, or the copy an in-place call makes of its
             // input for a program that does not claim in-place safety.
@@ -180,9 +207,16 @@ impl Exec {
                     .into());
             }
             if r == w.rank {
-                exchange = reach;
+                exchange |= reach;
                 mine = Some(d);
+            } else {
+                reached |= reach >> w.rank & 1 == 1;
             }
+        }
+        if reached {
+            // This rank's own bit: it publishes its input and output for
+            // the peers that reach them, even where it reaches nobody.
+            exchange |= 1 << w.rank;
         }
         if scratch as u64 > w.window_bytes {
             return Err(format!(
@@ -195,21 +229,52 @@ impl Exec {
         Ok(Unloaded { prog, nchan_max: chans, exchange, premul_at, in_place: program.in_place })
     }
 
-    /// Uploads the encoded program on `stream` (asynchronously: the host
-    /// copy stays with the plan).
-    fn upload(&self, gpu: &Gpu, stream: &Stream, u: Unloaded) -> Result<Ready> {
+    /// Uploads the encoded program on `stream` (asynchronously, from the
+    /// pinned copy) after what the cached plans use of the program memory.
+    /// When it does not fit there, every cached plan goes and the memory is
+    /// filled from the start again once `prev` has passed: the event after
+    /// the last direct launch, which every earlier upload and every reader
+    /// of the programs precedes (the copy itself is ordered after it too).
+    fn upload(&self, w: &Windows, (stream, prev): (&Stream, Option<&Event>), u: Unloaded) -> Result<Ready> {
         let mut host = u.prog.step_bytes();
         let slices_at = host.len() as u64;
         host.extend_from_slice(&u.prog.slice_bytes());
-        let mem = gpu.dev.alloc(host.len().max(16))?;
-        if !host.is_empty() {
-            // SAFETY: `mem` holds `host.len()` bytes; `host` lives in the
-            // plan, as long as the communicator, past the copy.
-            unsafe { stream.memcpy_htod(mem.addr(), host.as_ptr(), host.len()) }?;
+        let mut programs = self.programs.lock();
+        let cap = programs.mem.as_ref().map_or(0, |(d, p)| d.len().min(p.len()));
+        if host.len() > cap {
+            return Err(Error::Internal(format!(
+                "rank {}: a program of {} bytes, the executor's program memory has {cap}",
+                w.rank,
+                host.len()
+            )));
         }
+        if programs.used + host.len() > cap {
+            if let Some(ev) = prev {
+                ev.synchronize(w.timeout).map_err(|e| {
+                    Error::Timeout(format!("rank {}: before reusing the executor's program memory: {e}", w.rank))
+                })?;
+            }
+            self.cache.lock().clear();
+            programs.used = 0;
+        }
+        let used = programs.used;
+        let Some((dev, pinned)) = &programs.mem else { unreachable!("cap is 0 without program memory") };
+        let at = dev.addr() + used as u64;
+        if !host.is_empty() {
+            // SAFETY: [used, used + len) lies in both allocations (checked
+            // above). No queued copy reads that part of the pinned memory
+            // and no queued kernel reads that part of the device memory:
+            // each part is written once per filling, and a new filling
+            // starts only after `prev` has passed (see above).
+            unsafe {
+                let src = pinned.as_ptr().add(used);
+                std::ptr::copy_nonoverlapping(host.as_ptr(), src, host.len());
+                stream.memcpy_htod(at, src, host.len())
+            }?;
+        }
+        programs.used += host.len().next_multiple_of(256);
         Ok(Ready {
-            mem,
-            _host: host,
+            at,
             slices_at,
             prog: u.prog,
             nchan_max: u.nchan_max,
@@ -225,12 +290,12 @@ impl Exec {
         &self,
         gpu: &Gpu,
         w: &Windows,
-        stream: &Stream,
+        (stream, prev): (&Stream, Option<&Event>),
         call: &Call<DeviceBuf>,
         src: &Source<'_>,
         (blocks, on_gpu): (u32, u32),
     ) -> Result<bool> {
-        let plan = self.plan(gpu, w, stream, call, src)?;
+        let plan = self.plan(w, (stream, prev), call, src)?;
         let r = match &*plan {
             Plan::Ready(r) => r,
             Plan::Unfit(msg) if src.required => return Err(Error::InvalidUsage(format!("rank {}: {msg}", w.rank))),
@@ -238,7 +303,9 @@ impl Exec {
         };
         let (dtype, kop, unit) = unit_of(call);
         let module = gpu.dev.module(dtype, kop)?;
+        tracing::trace!("rank {}: program {} for {}: planned", w.rank, src.name, call.collective());
         let team = self.team(gpu, w.rank, &module, r.nchan_max, (blocks, on_gpu))?;
+        tracing::trace!("rank {}: {} channels, teams of {team} blocks", w.rank, r.nchan_max);
         let me = w.rank;
         let mut input = call.input.addr();
         let premul = premul_of(call);
@@ -255,8 +322,8 @@ impl Exec {
             input = pre;
         }
         let mut a = ProgArgs {
-            steps: r.mem.addr(),
-            slices: r.mem.addr() + r.slices_at,
+            steps: r.at,
+            slices: r.at + r.slices_at,
             slot_bytes: self.slot_bytes as u64,
             timeout_ns: w.timeout_ns(),
             status: gpu.status_addr(),
@@ -361,13 +428,18 @@ mod tests {
 
     /// Rank 0 of `n`'s windows at fake addresses.
     fn windows(n: usize, window: u64, same_process: bool) -> Windows {
+        windows_of(0, n, window, same_process)
+    }
+
+    /// Rank `rank` of `n`'s windows at fake addresses.
+    fn windows_of(rank: usize, n: usize, window: u64, same_process: bool) -> Windows {
         let mut windows = [0; oxccl_cuda::MAX_RANKS];
         for (q, a) in windows.iter_mut().enumerate().take(n) {
             *a = 0x1000_0000 * (q as u64 + 1);
         }
         let flags = windows.map(|a| a.saturating_sub(oxccl_cuda::FLAG_BYTES as u64));
         let timeout = std::time::Duration::from_nanos(1);
-        Windows { windows, flags, window_bytes: window, same_process, rank: 0, nranks: n, timeout }
+        Windows { windows, flags, window_bytes: window, same_process, rank, nranks: n, timeout }
     }
 
     /// Whether the executor of rank 0 of `n` would run `program`.
@@ -378,7 +450,7 @@ mod tests {
         program: &Program,
         call: &Call<DeviceBuf>,
     ) -> std::result::Result<Unloaded, String> {
-        Exec::new(64 << 10).fit(&windows(n, window, same_process), program, call)
+        Exec::new(64 << 10, None).fit(&windows(n, window, same_process), program, call)
     }
 
     fn call(kind: CollKind, n: usize, count: usize, op: ReduceOp) -> Call<DeviceBuf> {
@@ -404,7 +476,7 @@ mod tests {
         let e = fit(4, 1 << 20, false, &one, &ar).err().unwrap();
         assert!(e.contains("different processes"), "{e}");
         let u = fit(4, 1 << 20, true, &one, &ar).unwrap();
-        assert_eq!(u.exchange, 0b1110);
+        assert_eq!(u.exchange, 0b1111, "reads ranks 1-3, and publishes its own buffers for them");
         assert_eq!(u.premul_at, 4096, "scratch of 1000 floats, rounded to 256 bytes");
         // Scratch beyond the window.
         let e = fit(4, 2048, true, &one, &ar).err().unwrap();
@@ -421,6 +493,48 @@ mod tests {
         }
         let e = fit(4, 1 << 20, false, &wide, &ar).err().unwrap();
         assert!(e.contains("channels"), "{e}");
+    }
+
+    /// A rank whose input or output a peer's program reaches publishes
+    /// them (its own bit), even where its program reaches nobody's (a
+    /// rooted one-sided program's other ranks): else the peer waits for
+    /// the addresses until the timeout. Every built-in algorithm and
+    /// collective, rooted at the last rank.
+    #[test]
+    fn every_rank_a_peer_reaches_publishes_its_buffers() {
+        let opts = BuildOptions { chunk_bytes: chunk_bytes(64 << 10), max_chunks: usize::MAX };
+        let mut checked = 0;
+        for algo in Algorithm::ALL {
+            for &kind in algo.kinds().iter().filter(|k| **k != CollKind::SendRecv) {
+                for n in [2, 3, 4] {
+                    let coll = Collective { root: n - 1, ..Collective::new(kind, n, 1000) };
+                    let Ok(p) = build(algo, &coll, &opts) else { continue };
+                    let spec = crate::call::Spec::new(kind, 1000, DataType::Float32).with_root(n - 1);
+                    let (i, o) = (coll.input_len(0) * 4, coll.output_len(0) * 4);
+                    let (s, r) = (DeviceBuf::new(0x10_0000, i.max(4)), DeviceBuf::new(0x90_0000, o.max(4)));
+                    let Ok(c) = Call::new(spec, Some(s), r, 0, n) else { continue };
+                    for me in 0..n {
+                        let Ok(u) = Exec::new(64 << 10, None).fit(&windows_of(me, n, 1 << 30, true), &p, &c) else {
+                            continue;
+                        };
+                        let reached = (0..n).any(|q| q != me && peer_buffers(&p.ranks[q]) >> me & 1 == 1);
+                        assert_eq!(
+                            u.exchange >> me & 1 == 1,
+                            reached,
+                            "{algo} {kind} n {n} rank {me}: {:#b}",
+                            u.exchange
+                        );
+                        assert_eq!(
+                            u.exchange & !(1 << me),
+                            peer_buffers(&p.ranks[me]),
+                            "{algo} {kind} n {n} rank {me}"
+                        );
+                        checked += reached as usize;
+                    }
+                }
+            }
+        }
+        assert!(checked > 10, "only {checked} reached ranks: the one-sided algorithms are not covered");
     }
 
     #[test]
