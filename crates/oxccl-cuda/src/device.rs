@@ -304,7 +304,38 @@ impl Module {
                 CudaError::Driver { call: "cuModuleGetFunction", code: format!("{name}: {}", describe(e)) }
             })?;
         }
+        m.settle()?;
         Ok(m)
+    }
+
+    /// Makes the first launch of every entry point one that waits for
+    /// nothing (as NCCL does for its kernels at init): each function is
+    /// loaded now (an attribute query loads it under lazy loading), and the
+    /// context's stack is raised to the largest local memory of them (a
+    /// launch needing more than the context has resizes it, waiting for
+    /// every kernel queued in the context, one that spins until this
+    /// thread's peer kernel starts too). Runs where loading runs: while
+    /// none of this communicator's kernels are queued.
+    fn settle(&self) -> Result<()> {
+        let mut local = 0;
+        for (i, name) in ENTRY_POINTS.iter().enumerate() {
+            let mut v: c_int = 0;
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES;
+            // SAFETY: the function belongs to this loaded module; `v` is valid for writes.
+            unsafe { sys::cuFuncGetAttribute(&mut v, attr, self.functions[i]) }.result().map_err(|e| {
+                CudaError::Driver { call: "cuFuncGetAttribute", code: format!("{name}: {}", describe(e)) }
+            })?;
+            local = local.max(v.max(0) as usize);
+        }
+        let limit = sys::CUlimit::CU_LIMIT_STACK_SIZE;
+        let mut stack: usize = 0;
+        // SAFETY: the context is current (bound by `load`); `stack` is valid for writes.
+        unsafe { sys::cuCtxGetLimit(&mut stack, limit) }.result().map_err(drv("cuCtxGetLimit"))?;
+        if local > stack {
+            // SAFETY: as above; raising the stack limit has no other effect.
+            unsafe { sys::cuCtxSetLimit(limit, local) }.result().map_err(drv("cuCtxSetLimit"))?;
+        }
+        Ok(())
     }
 
     /// The module's element type.
