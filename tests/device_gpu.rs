@@ -177,7 +177,9 @@ fn executor_threads(n: usize) {
             device_path: Some(DevicePath::Direct),
             device_exec: Some(DeviceExec::Program),
             algo: Some(algo.name().into()),
-            device_window: Some(4 << 20),
+            // rhd and the premul copy of 70_001 doubles on 4 ranks need
+            // more than 4 MiB of window.
+            device_window: Some(8 << 20),
             // The executor refuses a message longer than its FIFO (8
             // slots): 70_001 doubles on 2 ranks (rhd, doubling) need more
             // than the default 512 KiB.
