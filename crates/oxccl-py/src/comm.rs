@@ -1,6 +1,7 @@
 //! `oxccl._oxccl._Comm`: a communicator as Python holds it.
 
 use crate::errors::{IntoPy, to_py};
+use crate::interrupt::Watch;
 use crate::ops;
 use oxccl::{Communicator, Config, CudaStream, Error, Kind, UniqueId, programs};
 use oxccl_algo::ir::Program;
@@ -35,6 +36,20 @@ impl Comm {
         RwLockReadGuard::try_map(self.inner.read(), Option::as_ref)
             .map_err(|_| to_py(Error::InvalidUsage("the communicator is closed".into())))
     }
+}
+
+/// Runs `f`, a call on `c` that may block, with the GIL released: Ctrl-C
+/// meanwhile aborts the communicator and raises `KeyboardInterrupt` (or
+/// whatever Python's SIGINT handler does) instead of the call's error.
+fn blocking<T: Send>(py: Python<'_>, c: &Communicator, f: impl FnOnce() -> oxccl::Result<T> + Send) -> PyResult<T> {
+    let watch = Watch::new(c);
+    let r = py.detach(f);
+    let interrupted = watch.as_ref().is_some_and(Watch::interrupted);
+    drop(watch);
+    if r.is_err() && interrupted {
+        py.check_signals()?;
+    }
+    r.py()
 }
 
 /// A [`Config`] from the keyword arguments Python passed (`None` or a dict
@@ -139,28 +154,29 @@ impl Comm {
         // SAFETY: `launch` returns when the host operations have ended; the
         // Python caller holds the objects that own the buffers until then
         // (see `ops::buffer`), and device tensors until their streams pass.
-        py.detach(|| unsafe { c.launch(&ops, &streams) }).py()
+        blocking(py, &c, || unsafe { c.launch(&ops, &streams) })
     }
 
     /// Waits for `stream` and reports any error of the device path.
     fn device_synchronize(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
         let c = &*self.get()?;
-        py.detach(|| c.device_synchronize(CudaStream::from_raw(stream))).py()
+        blocking(py, c, || c.device_synchronize(CudaStream::from_raw(stream)))
     }
 
     /// NCCL's `ncclCommSplit`: `None` for ranks that pass no color.
     #[pyo3(signature = (color, key))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i32) -> PyResult<Option<Comm>> {
         let c = &*self.get()?;
-        Ok(py.detach(|| c.split(color, key)).py()?.map(Comm::new))
+        Ok(blocking(py, c, || c.split(color, key))?.map(Comm::new))
     }
 
     /// NCCL's `ncclCommShrink`: this communicator without `exclude`.
     #[pyo3(signature = (exclude, after_failure=false))]
     fn shrink(&self, py: Python<'_>, exclude: Vec<usize>, after_failure: bool) -> PyResult<Comm> {
         let c = &*self.get()?;
-        let inner = py.detach(|| if after_failure { c.shrink_after_failure(&exclude) } else { c.shrink(&exclude) });
-        Ok(Comm::new(inner.py()?))
+        let inner =
+            blocking(py, c, || if after_failure { c.shrink_after_failure(&exclude) } else { c.shrink(&exclude) });
+        Ok(Comm::new(inner?))
     }
 
     /// Stops every operation of this rank; calls in flight, here and on

@@ -15,6 +15,7 @@
 mod algo;
 mod comm;
 mod errors;
+mod interrupt;
 mod ops;
 
 use pyo3::prelude::*;

@@ -17,8 +17,8 @@ use oxccl_transport::futex::Doorbell;
 use oxccl_transport::id::UniqueId;
 use oxccl_transport::{Kind, PeerStats};
 use parking_lot::Mutex;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
 /// A group of ranks that run collectives together.
@@ -202,19 +202,14 @@ impl Communicator {
     /// rank learns that this one aborted. The communicator cannot be used
     /// afterwards; drop it.
     pub fn abort(&self) {
-        let inner = &self.inner;
-        // Most aborts follow a failure: say which, so a rank that hears of
-        // this abort before it hears of that failure (a peer's death
-        // notice racing it) still names the cause.
-        let why = match inner.shared.poisoned() {
-            Some(cause) => format!("the application called abort after: {cause}"),
-            None => "the application called abort".to_string(),
-        };
-        let e = Error::Remote(format!("rank {} aborted the communicator", inner.rank));
-        inner.shared.set_poison(&e);
-        inner.shared.abort.store(true, Ordering::Release);
-        inner.boot.abort(&why);
-        self.stop();
+        self.inner.abort();
+    }
+
+    /// A handle that aborts this communicator from elsewhere (a thread
+    /// watching for Ctrl-C while a call blocks) without keeping it alive:
+    /// once the communicator is dropped, its `abort` does nothing.
+    pub fn aborter(&self) -> Aborter {
+        Aborter(Arc::downgrade(&self.inner))
     }
 
     /// Stops this rank's use of the communicator without telling the
@@ -224,17 +219,7 @@ impl Communicator {
         let inner = &self.inner;
         inner.shared.set_poison(&Error::InvalidUsage(format!("rank {}: {why}", inner.rank)));
         inner.shared.abort.store(true, Ordering::Release);
-        self.stop();
-    }
-
-    fn stop(&self) {
-        let inner = &self.inner;
-        inner.shared.shutdown.store(true, Ordering::Release);
-        inner.shared.kick.ring();
-        inner.shared.bell.ring();
-        if let Some(t) = inner.thread.lock().take() {
-            let _ = t.join();
-        }
+        inner.stop();
     }
 
     pub(crate) fn usable(&self) -> Result<()> {
@@ -340,7 +325,52 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        self.inner.stop();
+    }
+}
+
+/// Aborts a communicator from another thread ([`Communicator::aborter`]).
+#[derive(Clone)]
+pub struct Aborter(Weak<Inner>);
+
+impl Aborter {
+    /// [`Communicator::abort`], if the communicator still exists.
+    pub fn abort(&self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for Aborter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Aborter")
+    }
+}
+
+impl Inner {
+    fn abort(&self) {
+        // Most aborts follow a failure: say which, so a rank that hears of
+        // this abort before it hears of that failure (a peer's death
+        // notice racing it) still names the cause.
+        let why = match self.shared.poisoned() {
+            Some(cause) => format!("the application called abort after: {cause}"),
+            None => "the application called abort".to_string(),
+        };
+        let e = Error::Remote(format!("rank {} aborted the communicator", self.rank));
+        self.shared.set_poison(&e);
+        self.shared.abort.store(true, Ordering::Release);
+        self.boot.abort(&why);
         self.stop();
+    }
+
+    fn stop(&self) {
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.kick.ring();
+        self.shared.bell.ring();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
     }
 }
 

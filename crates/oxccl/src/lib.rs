@@ -86,7 +86,7 @@ pub mod tuner;
 pub use buf::{Buffer, CudaStream, DeviceBuf, Memory, Span};
 pub use call::{Call, Spec};
 pub use colls::Work;
-pub use comm::Communicator;
+pub use comm::{Aborter, Communicator};
 pub use config::{Config, DeviceExec, DevicePath, SingleCopy, unique_id};
 pub use group::Group;
 /// The `half` crate oxccl's `f16`/`bf16` element types come from, so users

@@ -243,6 +243,35 @@ class Threads(unittest.TestCase):
         c.close()  # twice: nothing
 
 
+    def test_ctrl_c_interrupts_a_blocked_call(self):
+        # Rank 0 waits for rank 1, which never calls: Ctrl-C raises
+        # KeyboardInterrupt at once, not at the 60 s deadline, and leaves
+        # the communicator aborted (rank 1 hears it).
+        import os
+        import signal
+        import threading
+
+        c0, c1 = oxccl.Communicator.init_threads(2, timeout=60)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t = time.time()
+        with self.assertRaises(KeyboardInterrupt):
+            c0.all_reduce(np.ones(8, np.float32))
+        secs = time.time() - t
+        self.assertLess(secs, 10, "interrupted only by the deadline")
+        with self.assertRaises(oxccl.Error) as cm:
+            c0.all_reduce(np.ones(8, np.float32))
+        self.assertIn("abort", str(cm.exception))
+        # Rank 1's first call may still end (rank 0's part of it was in
+        # before the abort); its next one fails naming rank 0.
+        with self.assertRaises(oxccl.Error) as cm:
+            for _ in range(2):
+                c1.all_reduce(np.ones(8, np.float32))
+        self.assertIn("rank 0", str(cm.exception))
+        c0.close()
+        c1.close()
+        print(f"Ctrl-C: KeyboardInterrupt {secs - 0.3:.3f} s after SIGINT", flush=True)
+
+
 class _FakeCuda:
     """Device memory as the CUDA array interface describes it (CuPy,
     Numba); the address is no allocation of any GPU."""
@@ -281,6 +310,16 @@ class Processes(unittest.TestCase):
         results = launch.run(3, "pkg_unique_id")
         self.assertEqual([r[0] for r in results], [0, 1, 2])
         self.assertEqual({r[1] for r in results}, {6.0})
+
+    def test_ctrl_c_in_one_process_interrupts_it_and_fails_its_peers(self):
+        results = launch.run(3, "pkg_ctrl_c", env={"OXCCL_TIMEOUT": "60"})
+        kind, msg, secs = results[1]
+        self.assertEqual(kind, "KeyboardInterrupt", msg)
+        self.assertLess(secs, 10, "interrupted only by the deadline")
+        kind, msg, secs = results[0]
+        self.assertNotEqual(kind, "none", msg)
+        self.assertIn("rank 1", msg)
+        self.assertLess(secs, 20, msg)
 
     def test_dead_peer_is_an_error_naming_it_within_seconds(self):
         results = launch.run(3, "pkg_peer_dies", env={"OXCCL_TIMEOUT": "120"})

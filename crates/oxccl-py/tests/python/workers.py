@@ -61,6 +61,30 @@ def pkg_peer_dies():
         return (type(e).__name__, str(e), time.time() - t)
 
 
+def pkg_ctrl_c():
+    """Rank 1 is Ctrl-C'd while its all_reduce waits for rank 2, which never
+    calls: it raises KeyboardInterrupt at once; rank 0 (in the same call)
+    hears that rank 1 aborted."""
+    import signal
+    import threading
+
+    c = oxccl.Communicator.from_env()
+    c.barrier()
+    if c.rank == 2:
+        time.sleep(3)
+        return ("idle", "", 0.0)
+    if c.rank == 1:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t = time.time()
+    try:
+        c.all_reduce(np.ones(16, dtype=np.float32))
+        return ("none", "the all_reduce ended without rank 2", time.time() - t)
+    except KeyboardInterrupt:
+        return ("KeyboardInterrupt", "", time.time() - t)
+    except oxccl.Error as e:
+        return (type(e).__name__, str(e), time.time() - t)
+
+
 # --- torch.distributed -------------------------------------------------------
 
 
