@@ -315,6 +315,28 @@ fn a_forger_with_the_address_and_nonce_but_not_the_secret_is_refused_and_takes_n
 }
 
 #[test]
+fn ranks_whose_secrets_differ_are_told_so_on_both_sides() {
+    // Rank 1 holds another secret (another OXCCL_SECRET or encryption
+    // key): it fails at once saying the secrets differ, and tells rank 0,
+    // whose error names it when it gives up (it does not give up at
+    // once: a stranger with the nonce could say the same).
+    let id = UniqueId::new().unwrap();
+    let other = id.with_secret_from(b"another passphrase");
+    let root = spawn_rank(id, 2, 0, opts(3));
+    let t = std::time::Instant::now();
+    let e = spawn_rank(other, 2, 1, opts(20)).join().unwrap().unwrap_err().to_string();
+    let secs = t.elapsed().as_secs_f64();
+    assert!(e.contains("secrets or keys differ") && e.contains("OXCCL_SECRET"), "{e}");
+    assert!(secs < 2.0, "rank 1 took {secs:.2} s to fail");
+    let e = root.join().unwrap().unwrap_err().to_string();
+    assert!(
+        e.contains("missing ranks [1]") && e.contains("rank 1 (pid") && e.contains("secrets or keys differ"),
+        "{e}"
+    );
+    println!("differing secrets: rank 1 failed after {secs:.3} s");
+}
+
+#[test]
 fn a_rank_answering_a_real_challenge_with_a_forged_proof_is_told_and_refused() {
     use std::io::Read;
     let id = UniqueId::new().unwrap();

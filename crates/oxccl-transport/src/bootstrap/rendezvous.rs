@@ -58,15 +58,22 @@ pub(super) fn root(
         .set_nonblocking(true)
         .map_err(|e| Error::System(format!("rank 0: cannot make the bootstrap listener non-blocking: {e}")))?;
     let mut arrived: Vec<Option<(TcpStream, Hello, SocketAddr)>> = (0..nranks).map(|_| None).collect();
+    // Why connections for this communicator failed (the last few), for the
+    // message if ranks stay missing: a rank whose secret differs fails on
+    // its side at once, and is named here.
+    let mut failed: Vec<String> = Vec::new();
     let mut count = 1;
     let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, std::result::Result<Hello, String>)>();
     while count < nranks {
         if Instant::now() >= deadline {
             let missing: Vec<usize> = (1..nranks).filter(|&k| arrived[k].is_none()).collect();
-            let msg = format!(
+            let mut msg = format!(
                 "rank 0 gave up after {timeout:?}: only {count} of {nranks} ranks arrived at the rendezvous on {addr}; \
                  missing ranks {missing:?} (did they start, with this UniqueId and nranks {nranks}?)"
             );
+            if !failed.is_empty() {
+                msg.push_str(&format!("; connections that failed meanwhile: {}", failed.join("; ")));
+            }
             let reject = frame::frame(tag::REJECT, msg.as_bytes());
             for (s, _, _) in arrived.iter_mut().flatten() {
                 let _ = s.write_all(&reject);
@@ -80,6 +87,12 @@ pub(super) fn root(
                 Ok(h) => h,
                 Err(why) => {
                     tracing::warn!("bootstrap rank 0 on {addr}: dropping connection from {peer}: {why}");
+                    if why.contains(SECRETS_DIFFER) && !failed.contains(&why) {
+                        if failed.len() == 4 {
+                            failed.remove(0);
+                        }
+                        failed.push(why);
+                    }
                     next = rx.try_recv().ok();
                     continue;
                 }
@@ -209,7 +222,8 @@ fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> 
         let _ = stream.write_all(&frame::frame(tag::REJECT, why.as_bytes()));
         why
     };
-    match frame::read_frame(stream, 64) {
+    // A proof, or (1 KiB at most) why the rank refused ours.
+    match frame::read_frame(stream, 1024) {
         Ok((tag::PROOF, p)) if crate::auth::verify(&secret, &[RANK_PROOF, &nonce, &mine, &h.encode()], &p) => Ok(h),
         Ok((tag::PROOF, _)) => Err(refuse(
             stream,
@@ -219,10 +233,15 @@ fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> 
                 h.rank
             ),
         )),
+        // The rank found rank 0's proof wrong, and says why.
+        Ok((tag::REJECT, why)) => Err(String::from_utf8_lossy(&why).chars().take(400).collect()),
         Ok((t, _)) => Err(format!("answered the challenge with tag {t}, not a proof")),
         Err(e) => Err(format!("no proof of the secret within {HELLO_DEADLINE:?}: {e}")),
     }
 }
+
+/// What both sides say when the ranks' secrets differ.
+const SECRETS_DIFFER: &str = "the ranks' secrets or keys differ";
 
 /// Why rank 0 refuses a hello with the right nonce, if it does.
 fn check_hello(h: &Hello, nranks: usize, arrived: &[Option<(TcpStream, Hello, SocketAddr)>]) -> Option<String> {
@@ -329,9 +348,21 @@ pub(super) fn client(
         Ok((tag::CHALLENGE, p)) if p.len() == crate::auth::CHALLENGE_LEN + crate::auth::PROOF_LEN => {
             let (theirs, proof) = p.split_at(crate::auth::CHALLENGE_LEN);
             if !crate::auth::verify(&secret, &[ROOT_PROOF, &nonce, &hello.challenge, theirs], proof) {
-                return Err(Error::Remote(format!(
+                // Rank 0 knows this communicator's nonce but proves another
+                // secret: most likely the ranks' secrets differ. Tell it
+                // (it keeps waiting: a stranger could say the same).
+                let why = format!(
+                    "rank {rank} (pid {} on {host}): {SECRETS_DIFFER}: rank 0's proof does not match this rank's \
+                     secret (UniqueIds that differ in their secret, OXCCL_SECRET or OXCCL_SECRET_FILE \
+                     that differ, or ncclSetEncryption keys that differ)",
+                    std::process::id()
+                );
+                let _ = stream.write_all(&frame::frame(tag::REJECT, why.as_bytes()));
+                return Err(Error::InvalidUsage(format!(
                     "rank {rank}: the rendezvous at {addr} could not prove it knows this communicator's secret: \
-                     it is not our rank 0 (a stranger on that address, or rank 0 holds another id)"
+                     {SECRETS_DIFFER} (rank 0 knows this communicator's nonce but holds another secret: UniqueIds \
+                     that differ in their secret, OXCCL_SECRET or OXCCL_SECRET_FILE that differ, or \
+                     ncclSetEncryption keys that differ), or a stranger answers on that address"
                 )));
             }
             let mine = crate::auth::prove(&secret, &[RANK_PROOF, &nonce, theirs, &hello.encode()]);
