@@ -243,3 +243,32 @@ fn an_abort_after_a_failure_names_the_failure() {
         );
     }
 }
+
+#[test]
+fn a_peer_that_closed_is_named_at_once_within_one_process() {
+    // Rank 1 closes its communicator; the next collective of ranks 0 and 2
+    // (rank 2 hears of it from rank 0) fails naming rank 1, not at the
+    // 8 s deadline.
+    for transport in [None, Some(oxccl::Kind::Tcp)] {
+        let cfg = Config { timeout: Some(Duration::from_secs(8)), transport, ..Config::default() };
+        let mut comms = Communicator::init_threads_with(3, cfg).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || c.barrier().unwrap());
+            }
+        });
+        drop(comms.remove(1));
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    let t = Instant::now();
+                    let e = c.all_reduce_in_place(&mut [1.0f32; 64], ReduceOp::Sum).unwrap_err().to_string();
+                    let secs = t.elapsed().as_secs_f64();
+                    println!("{transport:?} rank {}: {secs:.3} s: {e}", c.rank());
+                    assert!(e.contains("rank 1") && e.contains("closed its communicator"), "{e}");
+                    assert!(secs < 2.0, "{transport:?}: noticed after {secs:.2} s: {e}");
+                });
+            }
+        });
+    }
+}

@@ -481,6 +481,10 @@ impl Fabric {
         }
         let end = Instant::now() + Duration::from_secs(2);
         loop {
+            // A rank that closed its communicator is no death to wait for.
+            if let Some((_, who)) = self.boot.left() {
+                return Error::Remote(format!("{who} closed its communicator (seen here as: {e})"));
+            }
             if let Some(f) = self.boot.failure() {
                 return match f {
                     Error::Remote(m) if e.to_string().contains(&m) => e,

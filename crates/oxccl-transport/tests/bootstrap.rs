@@ -353,7 +353,7 @@ fn a_rank_answering_a_real_challenge_with_a_forged_proof_is_told_and_refused() {
     // pid, host, challenge), then a proof of zeros.
     let mut hello = vec![0u8; 0];
     hello.extend_from_slice(&0x5342_584fu32.to_le_bytes());
-    hello.extend_from_slice(&2u16.to_le_bytes());
+    hello.extend_from_slice(&3u16.to_le_bytes());
     hello.extend_from_slice(&id.nonce());
     hello.extend_from_slice(&1u32.to_le_bytes());
     hello.extend_from_slice(&2u32.to_le_bytes());

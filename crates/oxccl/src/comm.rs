@@ -265,6 +265,15 @@ impl Communicator {
     pub(crate) fn plan(&self, call: &Call<Region>, extras: &mut Extras) -> Result<Task> {
         self.usable()?;
         let inner = &self.inner;
+        // A collective needs every rank: one that closed its communicator
+        // fails it at once.
+        if let Some((_, who)) = inner.boot.left() {
+            return Err(Error::Remote(format!(
+                "rank {}: {}: {who} closed its communicator; collectives need every rank",
+                inner.rank,
+                call.kind.name()
+            )));
+        }
         let coll = call.collective();
         if inner.cfg.check {
             crate::check::compare(&inner.boot, &coll, call.op)?;

@@ -10,7 +10,7 @@ use super::PeerInfo;
 pub(super) const MAGIC: u32 = 0x5342_584f;
 /// Bootstrap protocol version (2: hellos carry a challenge and are
 /// authenticated).
-pub(super) const VERSION: u16 = 2;
+pub(super) const VERSION: u16 = 3;
 /// Largest frame accepted on an established connection.
 pub(super) const MAX_FRAME: usize = 1 << 30;
 /// Largest hello (a hostname, a boot id, a namespace name).
@@ -53,6 +53,8 @@ pub(super) mod tag {
     /// either way, every second: this rank's process runs (see
     /// `monitor`'s heartbeat).
     pub const HEARTBEAT: u8 = 12;
+    /// 0 -> rank k: rank j (u32) said goodbye (closed its communicator).
+    pub const LEFT: u8 = 13;
 }
 
 /// One whole frame (header and payload).

@@ -107,6 +107,9 @@ struct State {
     results: HashMap<u64, Vec<Vec<u8>>>,
     /// Ranks that said goodbye (rank 0: any rank; others: index 0 only).
     gone: Vec<bool>,
+    /// Ranks known to have closed their communicator: their goodbye, or
+    /// rank 0's notice of it (every rank).
+    left: Vec<bool>,
 }
 
 /// What the API side and the monitor thread share.
@@ -122,9 +125,32 @@ struct Shared {
     cond: Condvar,
     callbacks: Mutex<Vec<Callback>>,
     closed: AtomicBool,
+    /// Whether any rank is in `State::left` (checked without the lock).
+    any_left: AtomicBool,
 }
 
 impl Shared {
+    /// Records that `rank` closed its communicator; rank 0 tells the
+    /// others.
+    fn note_left(&self, rank: usize) {
+        {
+            let mut st = self.state.lock();
+            if let Some(l) = st.left.get_mut(rank) {
+                *l = true;
+            }
+            self.any_left.store(true, Ordering::Release);
+            self.cond.notify_all();
+        }
+        if self.rank == 0 {
+            let f = frame::frame(tag::LEFT, &(rank as u32).to_le_bytes());
+            for k in (1..self.nranks).filter(|&k| k != rank) {
+                if !self.state.lock().gone[k] {
+                    let _ = self.send(k, &f);
+                }
+            }
+        }
+    }
+
     fn describe(&self, rank: usize) -> String {
         match self.peers.get(rank) {
             Some(p) => format!("rank {rank} (pid {} on {})", p.pid, p.host.split('/').next().unwrap_or("")),
@@ -255,10 +281,11 @@ impl Bootstrap {
             timeout: opts.timeout,
             peers,
             writers,
-            state: Mutex::new(State { gone, ..State::default() }),
+            state: Mutex::new(State { gone, left: vec![false; nranks], ..State::default() }),
             cond: Condvar::new(),
             callbacks: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            any_left: AtomicBool::new(false),
         });
         let mut boot = Bootstrap {
             shared: shared.clone(),
@@ -311,6 +338,17 @@ impl Bootstrap {
     /// The first failure seen (a rank died or aborted), without blocking.
     pub fn failure(&self) -> Option<Error> {
         self.shared.state.lock().failure.clone()
+    }
+
+    /// A rank known to have closed its communicator (said goodbye), with
+    /// its description (`rank 3 (pid 123 on host)`); `None` while every
+    /// rank is in (a lock-free check then).
+    pub fn left(&self) -> Option<(usize, String)> {
+        if !self.shared.any_left.load(Ordering::Acquire) {
+            return None;
+        }
+        let k = self.shared.state.lock().left.iter().position(|&l| l)?;
+        Some((k, self.shared.describe(k)))
     }
 
     /// Registers a callback run exactly once when a failure is recorded,

@@ -232,6 +232,15 @@ fn handle(sh: &Shared, from: usize, t: u8, payload: &[u8]) -> Result<(), String>
             let idx = if sh.rank == 0 { from } else { 0 };
             sh.state.lock().gone[idx] = true;
             sh.cond.notify_all();
+            sh.note_left(idx);
+            Ok(())
+        }
+        (false, tag::LEFT) => {
+            let k = payload.try_into().map(u32::from_le_bytes).map_err(|_| "a LEFT notice of a bad length")?;
+            if k as usize >= sh.nranks {
+                return Err(format!("a LEFT notice for rank {k} of {}", sh.nranks));
+            }
+            sh.note_left(k as usize);
             Ok(())
         }
         (_, t) => Err(format!("unexpected message tag {t}")),
