@@ -103,6 +103,14 @@ pub(super) fn root(
                      differs (another communicator or a stale id)",
                     hello.rank
                 );
+                // Said, so that it does not take the close for a full door
+                // and try again until its deadline.
+                let why = format!(
+                    "the rendezvous at {addr} serves another communicator: stale or foreign UniqueId? (rank {} of \
+                     {}: its nonce is not this communicator's)",
+                    hello.rank, hello.nranks
+                );
+                let _ = stream.write_all(&frame::frame(tag::REJECT, why.as_bytes()));
             } else if let Some(msg) = check_hello(&hello, nranks, &arrived) {
                 tracing::warn!("bootstrap rank 0 on {addr}: refusing {peer}: {msg}");
                 let _ = stream.write_all(&frame::frame(tag::REJECT, msg.as_bytes()));
@@ -280,23 +288,14 @@ fn check_hello(h: &Hello, nranks: usize, arrived: &[Option<(TcpStream, Hello, So
     None
 }
 
-/// Ranks 1..: connects to rank 0 (retrying refusals until the deadline),
-/// says hello, and waits for the table.
-#[allow(clippy::type_complexity)]
-pub(super) fn client(
-    id: &UniqueId,
-    nranks: usize,
-    rank: usize,
-    host: &str,
-    opts: &BootOptions,
-    deadline: Instant,
-) -> Result<(TcpStream, Option<Keys>, Vec<PeerInfo>, IpAddr)> {
-    let (addr, timeout) = (id.addr(), opts.timeout);
+/// A TCP connection to rank 0's rendezvous at `addr`, retrying refusals
+/// (rank 0 not listening yet) with backoff until the deadline.
+fn connect(addr: SocketAddr, rank: usize, timeout: Duration, deadline: Instant) -> Result<TcpStream> {
     let mut backoff = Duration::from_millis(10);
     // The last real connection error (a refusal, an unreachable network),
     // which is what the final message must name.
     let mut last: Option<std::io::Error> = None;
-    let mut stream = loop {
+    loop {
         let left = remaining(deadline);
         let attempt = if left.is_zero() {
             Err(last.take().unwrap_or_else(|| std::io::Error::new(ErrorKind::TimedOut, "no attempt finished in time")))
@@ -304,7 +303,7 @@ pub(super) fn client(
             TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5)))
         };
         match attempt {
-            Ok(s) => break s,
+            Ok(s) => return Ok(s),
             Err(e) => {
                 let left = remaining(deadline);
                 if left.is_zero() {
@@ -318,7 +317,21 @@ pub(super) fn client(
                 backoff = (backoff * 2).min(Duration::from_millis(200));
             }
         }
-    };
+    }
+}
+
+/// Ranks 1..: connects to rank 0 (retrying refusals until the deadline),
+/// says hello, and waits for the table.
+#[allow(clippy::type_complexity)]
+pub(super) fn client(
+    id: &UniqueId,
+    nranks: usize,
+    rank: usize,
+    host: &str,
+    opts: &BootOptions,
+    deadline: Instant,
+) -> Result<(TcpStream, Option<Keys>, Vec<PeerInfo>, IpAddr)> {
+    let (addr, timeout) = (id.addr(), opts.timeout);
     let dropped = |what: &str| {
         Error::Remote(format!(
             "rendezvous at {addr} dropped us: stale or foreign UniqueId? (rank {rank} of {nranks}, {what})"
@@ -334,17 +347,44 @@ pub(super) fn client(
         host: host.to_string(),
         challenge: crate::auth::challenge(),
     };
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
-    if let Err(e) = stream.write_all(&hello.encode()) {
-        return Err(dropped(&format!("sending the hello: {e}")));
-    }
-    let _ = stream.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
-    // Rank 0 proves it knows the secret before this rank proves it does
-    // (and before anything of this rank's is believed).
     let secret = id.secret();
     let nonce = id.nonce();
-    match frame::read_frame(&mut stream, 64) {
+    // Rank 0 closes connections beyond those it can check at once (many
+    // ranks arriving together, or strangers holding its door): a
+    // connection closed before its challenge came is tried again, with
+    // backoff, until the deadline; what follows the challenge is final.
+    let mut backoff = Duration::from_millis(10);
+    let (mut stream, answer) = loop {
+        let mut stream = connect(addr, rank, timeout, deadline)?;
+        let _ = stream.set_nodelay(true);
+        let _ = stream.set_write_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
+        let _ = stream.set_read_timeout(Some(remaining(deadline).max(Duration::from_millis(1))));
+        let answer = match stream.write_all(&hello.encode()) {
+            // The challenge, or (1 KiB at most) why rank 0 refuses us.
+            Ok(()) => frame::read_frame(&mut stream, 1024),
+            Err(e) => Err(e),
+        };
+        let closed = |e: &std::io::Error| {
+            matches!(
+                e.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+            )
+        };
+        match answer {
+            Err(e) if closed(&e) && remaining(deadline) > backoff => {
+                tracing::debug!("bootstrap rank {rank}: rank 0 at {addr} closed our connection ({e}); again");
+                thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            answer => break (stream, answer),
+        }
+    };
+    // Rank 0 proves it knows the secret before this rank proves it does
+    // (and before anything of this rank's is believed).
+    match answer {
         Ok((tag::CHALLENGE, p)) if p.len() == crate::auth::CHALLENGE_LEN + crate::auth::PROOF_LEN => {
             let (theirs, proof) = p.split_at(crate::auth::CHALLENGE_LEN);
             if !crate::auth::verify(&secret, &[ROOT_PROOF, &nonce, &hello.challenge, theirs], proof) {
