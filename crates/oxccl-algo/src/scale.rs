@@ -329,6 +329,32 @@ pub struct OneSidedPeers {
     pub accessed_by: Vec<usize>,
 }
 
+/// [`one_sided_peers`] of every rank of `p`, in one pass over its steps
+/// (what a process running many ranks wants: one call per rank would read
+/// the whole program once per rank).
+pub fn one_sided_peers_all(p: &Program) -> Vec<OneSidedPeers> {
+    let mut out = vec![OneSidedPeers::default(); p.ranks.len()];
+    for (r, rp) in p.ranks.iter().enumerate() {
+        for step in rp.steps() {
+            if let Step::Put { peer, .. } | Step::Get { peer, .. } | Step::GetReduce { peer, .. } = step {
+                out[r].accesses.push(*peer);
+                if *peer != r
+                    && let Some(o) = out.get_mut(*peer)
+                {
+                    o.accessed_by.push(r);
+                }
+            }
+        }
+    }
+    for o in &mut out {
+        for v in [&mut o.accesses, &mut o.accessed_by] {
+            v.sort_unstable();
+            v.dedup();
+        }
+    }
+    out
+}
+
 /// The peers `rank` exchanges buffer descriptors with for one-sided
 /// access: those whose buffers it reads or writes, and those that read or
 /// write its own. Signals and waits touch no buffer and do not count.

@@ -4,7 +4,7 @@
 mod common;
 
 use oxccl_algo::algos::{Algorithm, BuildOptions, build};
-use oxccl_algo::scale::{check_aligned, instantiate, one_sided_peers};
+use oxccl_algo::scale::{check_aligned, instantiate, one_sided_peers, one_sided_peers_all};
 use oxccl_algo::verify::{Report, VerifyOptions, verify, verify_with};
 use oxccl_algo::{Buf, CollKind, Collective, Program, Slice, Step};
 
@@ -319,4 +319,25 @@ fn one_sided_peers_of_the_direct_algorithms() {
     assert_eq!((all.accesses, all.accessed_by), (vec![0, 2, 3], vec![0, 2, 3]));
     let p = build(Algorithm::Ring, &Collective::new(CollKind::AllReduce, 4, 8), &opts).unwrap();
     assert_eq!(one_sided_peers(&p, 0), Default::default());
+}
+
+#[test]
+fn one_sided_peers_of_every_rank_at_once_are_each_ranks() {
+    let opts = BuildOptions::default();
+    let mut checked = 0;
+    for algo in Algorithm::ALL {
+        for &kind in algo.kinds() {
+            for n in [1, 2, 3, 5, 8] {
+                let c = Collective::new(kind, n, 40).with_root(n - 1);
+                let Ok(p) = build(algo, &c, &opts) else { continue };
+                let all = one_sided_peers_all(&p);
+                assert_eq!(all.len(), n);
+                for (r, peers) in all.iter().enumerate() {
+                    assert_eq!(*peers, one_sided_peers(&p, r), "{algo} {kind} n {n} rank {r}");
+                }
+                checked += p.has_one_sided() as usize;
+            }
+        }
+    }
+    assert!(checked > 10, "{checked} one-sided programs");
 }

@@ -111,6 +111,10 @@ impl Communicator {
             .spawn(move || engine::run(s2))
             .map_err(|e| Error::System(format!("{who}: cannot start the progress thread: {e}")))?;
         tracing::info!("{who}: ready ({:?})", kinds.iter().flatten().collect::<std::collections::BTreeSet<_>>());
+        // Ranks of this communicator in this process (threads), this one
+        // included: they share the programs they build.
+        let me = &boot.peers()[rank];
+        let process_ranks = boot.peers().iter().filter(|p| p.pid == me.pid && p.host == me.host).count();
         Ok(Communicator {
             inner: Arc::new(Inner {
                 rank,
@@ -122,7 +126,7 @@ impl Communicator {
                 cfg,
                 config,
                 tuner,
-                cache: Cache::default(),
+                cache: Cache::new(process_ranks > 1),
                 seq: AtomicU64::new(0),
                 coll_seq: AtomicU64::new(0),
                 shrinks: AtomicU64::new(0),

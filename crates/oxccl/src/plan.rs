@@ -9,12 +9,12 @@ use crate::job::{Action, Extras};
 use crate::tuner::{Choice, Decision, Reason, Tuner};
 use oxccl_algo::collective::Collective;
 use oxccl_algo::ir::{Program, Slice, Step};
-use oxccl_algo::scale::{OneSidedPeers, one_sided_peers};
+use oxccl_algo::scale::{OneSidedPeers, one_sided_peers_all};
 use oxccl_core::{DataType, ReduceOp, Result};
 use oxccl_transport::P2P_CHANNEL;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 /// One rank's share of a built program, cached per collective.
 #[derive(Clone)]
@@ -27,18 +27,64 @@ pub(crate) struct Part {
 }
 
 impl Part {
-    /// `rank`'s share of `prog`.
-    pub fn of(choice: Choice, mut prog: Program, rank: usize) -> Part {
-        let peers = prog.has_one_sided().then(|| Arc::new(one_sided_peers(&prog, rank)));
-        let rp = std::mem::take(&mut prog.ranks[rank]);
+    /// `rank`'s share of a program built in this process.
+    fn of(choice: Choice, built: &Built, rank: usize) -> Part {
+        let rp = &built.prog.ranks[rank];
         Part {
             choice,
-            channels: rp.channels.into_iter().map(Arc::new).collect(),
+            channels: rp.channels.iter().cloned().map(Arc::new).collect(),
             scratch: rp.scratch,
-            in_place: prog.in_place,
-            peers,
+            in_place: built.prog.in_place,
+            peers: built.peers.as_ref().map(|p| p[rank].clone()),
         }
     }
+}
+
+/// A program built in this process, and every rank's one-sided peers.
+struct Built {
+    prog: Program,
+    peers: Option<Vec<Arc<OneSidedPeers>>>,
+}
+
+/// What a build depends on: the choice, the collective (ranks, count,
+/// type, root) and the pipeline chunk.
+type BuildKey = (Choice, Collective, usize);
+
+/// Programs recently built in this process, shared by its ranks: ranks
+/// that are threads of one process build each program once, not once
+/// each (a one-shot all-reduce of n ranks has n² steps: n threads each
+/// building it, and each reading it whole for its one-sided peers, took
+/// seconds for the first call of 256 ranks).
+#[allow(clippy::type_complexity)]
+static BUILT: LazyLock<Mutex<(HashMap<BuildKey, Arc<Built>>, VecDeque<BuildKey>)>> = LazyLock::new(Default::default);
+
+/// The program `choice` gives for `coll`: built once per process when
+/// `shared` (other ranks here want it too), else for this call.
+fn built(tuner: &Tuner, choice: Choice, coll: &Collective, shared: bool) -> Result<Arc<Built>> {
+    let make = || -> Result<Arc<Built>> {
+        let prog = tuner.build(choice, coll)?;
+        let peers = prog.has_one_sided().then(|| one_sided_peers_all(&prog).into_iter().map(Arc::new).collect());
+        Ok(Arc::new(Built { prog, peers }))
+    };
+    if !shared {
+        return make();
+    }
+    let key = (choice, *coll, tuner.chunk_bytes());
+    if let Some(b) = BUILT.lock().0.get(&key) {
+        return Ok(b.clone());
+    }
+    let b = make()?;
+    let mut g = BUILT.lock();
+    if !g.0.contains_key(&key) {
+        if g.1.len() >= CACHE_ENTRIES
+            && let Some(old) = g.1.pop_front()
+        {
+            g.0.remove(&old);
+        }
+        g.0.insert(key, b.clone());
+        g.1.push_back(key);
+    }
+    Ok(b)
 }
 
 /// A cached program: the collective and a forced choice, if any.
@@ -52,11 +98,21 @@ type Entries = (HashMap<Key, Arc<Part>>, VecDeque<Key>, Option<(Key, Arc<Part>)>
 #[derive(Default)]
 pub(crate) struct Cache {
     map: Mutex<Entries>,
+    /// Whether other ranks of the communicator run in this process: their
+    /// programs are then built once for all ([`BUILT`]); alone, a rank
+    /// keeps only its own part.
+    shared: bool,
 }
 
 const CACHE_ENTRIES: usize = 64;
 
 impl Cache {
+    /// An empty cache; `shared`: other ranks of the communicator run in
+    /// this process.
+    pub fn new(shared: bool) -> Cache {
+        Cache { map: Mutex::default(), shared }
+    }
+
     /// This rank's part of the program for `coll`, with `forced` or the
     /// tuner's choice; `who` names the communicator in the log line that
     /// says which algorithm a new (collective, size) runs and what decided
@@ -87,7 +143,7 @@ impl Cache {
             None => tuner.decide(coll)?,
         };
         let choice = decision.choice;
-        let prog = tuner.build(choice, coll)?;
+        let built = built(tuner, choice, coll, self.shared)?;
         tracing::info!(
             "{who}: {} of {} bytes ({}) on {} ranks runs {decision}",
             coll.kind,
@@ -95,7 +151,7 @@ impl Cache {
             coll.dtype,
             coll.nranks,
         );
-        let part = Arc::new(Part::of(choice, prog, rank));
+        let part = Arc::new(Part::of(choice, &built, rank));
         let mut g = self.map.lock();
         if g.1.len() >= CACHE_ENTRIES
             && let Some(old) = g.1.pop_front()
