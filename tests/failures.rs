@@ -272,3 +272,34 @@ fn a_peer_that_closed_is_named_at_once_within_one_process() {
         });
     }
 }
+
+#[test]
+fn a_peer_that_closed_after_its_part_of_a_collective_does_not_fail_the_others() {
+    // Rank 1 finishes a broadcast (its part done once it has the data and
+    // passed it on) and closes; rank 2, later, runs the same broadcast:
+    // rank 1 ran it, so it goes through (its goodbye says how far it got).
+    let cfg = Config { timeout: Some(Duration::from_secs(8)), ..Config::default() };
+    let mut comms: Vec<Option<Communicator>> =
+        Communicator::init_threads_with(3, cfg).unwrap().into_iter().map(Some).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let [c0, c1, c2] = &mut comms[..] else { unreachable!() };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut x = [7.0f32; 16];
+            c0.as_ref().unwrap().broadcast(&mut x, 0).unwrap();
+        });
+        s.spawn(move || {
+            let mut x = [0.0f32; 16];
+            c1.as_ref().unwrap().broadcast(&mut x, 0).unwrap();
+            assert_eq!(x, [7.0; 16]);
+            drop(c1.take());
+            tx.send(()).unwrap();
+        });
+        s.spawn(move || {
+            let _ = rx.recv_timeout(Duration::from_secs(1));
+            let mut x = [0.0f32; 16];
+            c2.as_ref().unwrap().broadcast(&mut x, 0).unwrap();
+            assert_eq!(x, [7.0; 16]);
+        });
+    });
+}

@@ -482,7 +482,7 @@ impl Fabric {
         let end = Instant::now() + Duration::from_secs(2);
         loop {
             // A rank that closed its communicator is no death to wait for.
-            if let Some((_, who)) = self.boot.left() {
+            if let Some((_, who, _)) = self.boot.left() {
                 return Error::Remote(format!("{who} closed its communicator (seen here as: {e})"));
             }
             if let Some(f) = self.boot.failure() {

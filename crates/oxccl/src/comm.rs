@@ -270,10 +270,14 @@ impl Communicator {
         self.usable()?;
         let inner = &self.inner;
         // A collective needs every rank: one that closed its communicator
-        // fails it at once.
-        if let Some((_, who)) = inner.boot.left() {
+        // before running it fails it at once.
+        let next = inner.coll_seq.load(Ordering::Relaxed) + 1;
+        if let Some((_, who, done)) = inner.boot.left()
+            && done < next
+        {
             return Err(Error::Remote(format!(
-                "rank {}: {}: {who} closed its communicator; collectives need every rank",
+                "rank {}: {} (collective #{next}): {who} closed its communicator after collective #{done}; \
+                 collectives need every rank",
                 inner.rank,
                 call.kind.name()
             )));
@@ -338,6 +342,9 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
+        // The goodbye says how far this rank got: peers still finishing
+        // those collectives are not failed by it.
+        self.inner.boot.set_collectives_done(self.inner.coll_seq.load(Ordering::Relaxed));
         self.inner.stop();
     }
 }

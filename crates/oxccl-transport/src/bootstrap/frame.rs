@@ -39,7 +39,8 @@ pub(super) mod tag {
     pub const FAILURE: u8 = 6;
     /// rank k -> 0: this rank aborts (reason).
     pub const ABORT: u8 = 7;
-    /// either way: clean shutdown follows; EOF after it is no failure.
+    /// either way: clean shutdown follows; EOF after it is no failure
+    /// (u64: the collectives the rank ran).
     pub const GOODBYE: u8 = 8;
     /// 0 -> rank k: rank 0's challenge and its proof of the secret over
     /// the rank's challenge.
@@ -53,7 +54,8 @@ pub(super) mod tag {
     /// either way, every second: this rank's process runs (see
     /// `monitor`'s heartbeat).
     pub const HEARTBEAT: u8 = 12;
-    /// 0 -> rank k: rank j (u32) said goodbye (closed its communicator).
+    /// 0 -> rank k: rank j (u32) said goodbye (closed its communicator)
+    /// after its collective number n (u64).
     pub const LEFT: u8 = 13;
 }
 

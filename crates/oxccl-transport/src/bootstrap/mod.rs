@@ -35,7 +35,7 @@ use std::io::Write;
 use std::net::{IpAddr, Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -107,9 +107,10 @@ struct State {
     results: HashMap<u64, Vec<Vec<u8>>>,
     /// Ranks that said goodbye (rank 0: any rank; others: index 0 only).
     gone: Vec<bool>,
-    /// Ranks known to have closed their communicator: their goodbye, or
-    /// rank 0's notice of it (every rank).
-    left: Vec<bool>,
+    /// Ranks known to have closed their communicator (their goodbye, or
+    /// rank 0's notice of it; every rank), with the number of collectives
+    /// each had run by then.
+    left: Vec<Option<u64>>,
 }
 
 /// What the API side and the monitor thread share.
@@ -127,22 +128,26 @@ struct Shared {
     closed: AtomicBool,
     /// Whether any rank is in `State::left` (checked without the lock).
     any_left: AtomicBool,
+    /// Collectives this rank ran, said with its goodbye.
+    done: AtomicU64,
 }
 
 impl Shared {
-    /// Records that `rank` closed its communicator; rank 0 tells the
-    /// others.
-    fn note_left(&self, rank: usize) {
+    /// Records that `rank` closed its communicator after `done`
+    /// collectives; rank 0 tells the others.
+    fn note_left(&self, rank: usize, done: u64) {
         {
             let mut st = self.state.lock();
             if let Some(l) = st.left.get_mut(rank) {
-                *l = true;
+                *l = Some(done);
             }
             self.any_left.store(true, Ordering::Release);
             self.cond.notify_all();
         }
         if self.rank == 0 {
-            let f = frame::frame(tag::LEFT, &(rank as u32).to_le_bytes());
+            let mut notice = (rank as u32).to_le_bytes().to_vec();
+            notice.extend_from_slice(&done.to_le_bytes());
+            let f = frame::frame(tag::LEFT, &notice);
             for k in (1..self.nranks).filter(|&k| k != rank) {
                 if !self.state.lock().gone[k] {
                     let _ = self.send(k, &f);
@@ -281,11 +286,12 @@ impl Bootstrap {
             timeout: opts.timeout,
             peers,
             writers,
-            state: Mutex::new(State { gone, left: vec![false; nranks], ..State::default() }),
+            state: Mutex::new(State { gone, left: vec![None; nranks], ..State::default() }),
             cond: Condvar::new(),
             callbacks: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             any_left: AtomicBool::new(false),
+            done: AtomicU64::new(0),
         });
         let mut boot = Bootstrap {
             shared: shared.clone(),
@@ -340,15 +346,24 @@ impl Bootstrap {
         self.shared.state.lock().failure.clone()
     }
 
-    /// A rank known to have closed its communicator (said goodbye), with
-    /// its description (`rank 3 (pid 123 on host)`); `None` while every
-    /// rank is in (a lock-free check then).
-    pub fn left(&self) -> Option<(usize, String)> {
+    /// Of the ranks known to have closed their communicator (said
+    /// goodbye), the one that had run the fewest collectives: its
+    /// description (`rank 3 (pid 123 on host)`) and that number; `None`
+    /// while every rank is in (a lock-free check then).
+    pub fn left(&self) -> Option<(usize, String, u64)> {
         if !self.shared.any_left.load(Ordering::Acquire) {
             return None;
         }
-        let k = self.shared.state.lock().left.iter().position(|&l| l)?;
-        Some((k, self.shared.describe(k)))
+        let st = self.shared.state.lock();
+        let (k, done) = st.left.iter().enumerate().filter_map(|(k, l)| l.map(|d| (k, d))).min_by_key(|&(_, d)| d)?;
+        Some((k, self.shared.describe(k), done))
+    }
+
+    /// Sets the number of collectives this rank ran, which its goodbye
+    /// tells the others (a peer that closes after its last collective
+    /// does not fail the others' calls of that collective).
+    pub fn set_collectives_done(&self, n: u64) {
+        self.shared.done.store(n, Ordering::Release);
     }
 
     /// Registers a callback run exactly once when a failure is recorded,
@@ -522,7 +537,7 @@ impl Bootstrap {
         if sh.closed.swap(true, Ordering::AcqRel) {
             return;
         }
-        let bye = frame::frame(tag::GOODBYE, &[]);
+        let bye = frame::frame(tag::GOODBYE, &sh.done.load(Ordering::Acquire).to_le_bytes());
         for w in sh.writers.iter().flatten() {
             let mut w = w.lock();
             let _ = w.write_frame(&bye);

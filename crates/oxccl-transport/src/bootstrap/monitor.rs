@@ -232,15 +232,18 @@ fn handle(sh: &Shared, from: usize, t: u8, payload: &[u8]) -> Result<(), String>
             let idx = if sh.rank == 0 { from } else { 0 };
             sh.state.lock().gone[idx] = true;
             sh.cond.notify_all();
-            sh.note_left(idx);
+            let done = payload.try_into().map(u64::from_le_bytes).map_err(|_| "a goodbye of a bad length")?;
+            sh.note_left(idx, done);
             Ok(())
         }
         (false, tag::LEFT) => {
-            let k = payload.try_into().map(u32::from_le_bytes).map_err(|_| "a LEFT notice of a bad length")?;
+            let bad = || format!("a LEFT notice of {} bytes", payload.len());
+            let k = payload.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes).ok_or_else(bad)?;
+            let done = payload.get(4..12).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).ok_or_else(bad)?;
             if k as usize >= sh.nranks {
                 return Err(format!("a LEFT notice for rank {k} of {}", sh.nranks));
             }
-            sh.note_left(k as usize);
+            sh.note_left(k as usize, done);
             Ok(())
         }
         (_, t) => Err(format!("unexpected message tag {t}")),
