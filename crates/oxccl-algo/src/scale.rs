@@ -360,25 +360,8 @@ pub fn one_sided_peers_all(p: &Program) -> Vec<OneSidedPeers> {
 /// write its own. Signals and waits touch no buffer and do not count.
 /// Empty lists for a rank the program does not have.
 pub fn one_sided_peers(p: &Program, rank: usize) -> OneSidedPeers {
-    let touches = |step: &Step| match step {
-        Step::Put { peer, .. } | Step::Get { peer, .. } | Step::GetReduce { peer, .. } => Some(*peer),
-        _ => None,
-    };
-    let mut out = OneSidedPeers::default();
-    for (r, rp) in p.ranks.iter().enumerate() {
-        for peer in rp.steps().filter_map(touches) {
-            if r == rank {
-                out.accesses.push(peer);
-            } else if peer == rank {
-                out.accessed_by.push(r);
-            }
-        }
-    }
-    for v in [&mut out.accesses, &mut out.accessed_by] {
-        v.sort_unstable();
-        v.dedup();
-    }
-    out
+    let mut all = one_sided_peers_all(p);
+    if rank < all.len() { all.swap_remove(rank) } else { OneSidedPeers::default() }
 }
 
 #[cfg(test)]

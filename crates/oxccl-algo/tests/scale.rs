@@ -321,6 +321,30 @@ fn one_sided_peers_of_the_direct_algorithms() {
     assert_eq!(one_sided_peers(&p, 0), Default::default());
 }
 
+/// The peers of `rank` found by reading every rank's steps for that rank
+/// alone (what `one_sided_peers` did before it came from the one pass of
+/// `one_sided_peers_all`): the reference the one pass is checked against.
+fn peers_of_one_rank(p: &oxccl_algo::ir::Program, rank: usize) -> oxccl_algo::scale::OneSidedPeers {
+    use oxccl_algo::ir::Step;
+    let mut out = oxccl_algo::scale::OneSidedPeers::default();
+    for (r, rp) in p.ranks.iter().enumerate() {
+        for step in rp.steps() {
+            if let Step::Put { peer, .. } | Step::Get { peer, .. } | Step::GetReduce { peer, .. } = step {
+                if r == rank {
+                    out.accesses.push(*peer);
+                } else if *peer == rank {
+                    out.accessed_by.push(r);
+                }
+            }
+        }
+    }
+    for v in [&mut out.accesses, &mut out.accessed_by] {
+        v.sort_unstable();
+        v.dedup();
+    }
+    out
+}
+
 #[test]
 fn one_sided_peers_of_every_rank_at_once_are_each_ranks() {
     let opts = BuildOptions::default();
@@ -333,6 +357,7 @@ fn one_sided_peers_of_every_rank_at_once_are_each_ranks() {
                 let all = one_sided_peers_all(&p);
                 assert_eq!(all.len(), n);
                 for (r, peers) in all.iter().enumerate() {
+                    assert_eq!(*peers, peers_of_one_rank(&p, r), "{algo} {kind} n {n} rank {r}");
                     assert_eq!(*peers, one_sided_peers(&p, r), "{algo} {kind} n {n} rank {r}");
                 }
                 checked += p.has_one_sided() as usize;
