@@ -76,15 +76,22 @@ fn built(tuner: &Tuner, choice: Choice, coll: &Collective, shared: bool) -> Resu
     let b = make()?;
     let mut g = BUILT.lock();
     if !g.0.contains_key(&key) {
-        if g.1.len() >= CACHE_ENTRIES
-            && let Some(old) = g.1.pop_front()
-        {
-            g.0.remove(&old);
-        }
-        g.0.insert(key, b.clone());
-        g.1.push_back(key);
+        let (map, order) = &mut *g;
+        remember(map, order, key, b.clone());
     }
     Ok(b)
+}
+
+/// Inserts `key` into a cache of at most [`CACHE_ENTRIES`], dropping the
+/// oldest entry (by `order`) when full.
+fn remember<K: std::hash::Hash + Eq + Copy, V>(map: &mut HashMap<K, V>, order: &mut VecDeque<K>, key: K, v: V) {
+    if order.len() >= CACHE_ENTRIES
+        && let Some(old) = order.pop_front()
+    {
+        map.remove(&old);
+    }
+    map.insert(key, v);
+    order.push_back(key);
 }
 
 /// A cached program: the collective and a forced choice, if any.
@@ -153,14 +160,9 @@ impl Cache {
         );
         let part = Arc::new(Part::of(choice, &built, rank));
         let mut g = self.map.lock();
-        if g.1.len() >= CACHE_ENTRIES
-            && let Some(old) = g.1.pop_front()
-        {
-            g.0.remove(&old);
-        }
-        g.0.insert(key, part.clone());
-        g.1.push_back(key);
-        g.2 = Some((key, part.clone()));
+        let (map, order, last) = &mut *g;
+        remember(map, order, key, part.clone());
+        *last = Some((key, part.clone()));
         Ok(part)
     }
 }
