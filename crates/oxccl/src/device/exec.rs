@@ -240,7 +240,10 @@ impl Exec {
         let slices_at = host.len() as u64;
         host.extend_from_slice(&u.prog.slice_bytes());
         let mut programs = self.programs.lock();
-        let cap = programs.mem.as_ref().map_or(0, |(d, p)| d.len().min(p.len()));
+        let Programs { mem: Some((dev, pinned)), used } = &mut *programs else {
+            return Err(Error::Internal(format!("rank {}: the executor has no program memory", w.rank)));
+        };
+        let cap = dev.len().min(pinned.len());
         if host.len() > cap {
             return Err(Error::Internal(format!(
                 "rank {}: a program of {} bytes, the executor's program memory has {cap}",
@@ -248,18 +251,16 @@ impl Exec {
                 host.len()
             )));
         }
-        if programs.used + host.len() > cap {
+        if *used + host.len() > cap {
             if let Some(ev) = prev {
                 ev.synchronize(w.timeout).map_err(|e| {
                     Error::Timeout(format!("rank {}: before reusing the executor's program memory: {e}", w.rank))
                 })?;
             }
             self.cache.lock().clear();
-            programs.used = 0;
+            *used = 0;
         }
-        let used = programs.used;
-        let Some((dev, pinned)) = &programs.mem else { unreachable!("cap is 0 without program memory") };
-        let at = dev.addr() + used as u64;
+        let at = dev.addr() + *used as u64;
         if !host.is_empty() {
             // SAFETY: [used, used + len) lies in both allocations (checked
             // above). No queued copy reads that part of the pinned memory
@@ -267,12 +268,12 @@ impl Exec {
             // each part is written once per filling, and a new filling
             // starts only after `prev` has passed (see above).
             unsafe {
-                let src = pinned.as_ptr().add(used);
+                let src = pinned.as_ptr().add(*used);
                 std::ptr::copy_nonoverlapping(host.as_ptr(), src, host.len());
                 stream.memcpy_htod(at, src, host.len())
             }?;
         }
-        programs.used += host.len().next_multiple_of(256);
+        *used += host.len().next_multiple_of(256);
         Ok(Ready {
             at,
             slices_at,
