@@ -40,19 +40,26 @@ const MAGIC: [u8; 8] = *b"OXCCLUID";
 const VERSION: u16 = 2;
 const OFF_VERSION: usize = 8;
 const OFF_FAMILY: usize = 10;
+/// Bit 0: the secret is derived from what travels in clear (an id made by
+/// [`for_env`](UniqueId::for_env) that no secret was given since).
+const OFF_FLAGS: usize = 11;
 const OFF_NONCE: usize = 12;
 const OFF_PORT: usize = 28;
 const OFF_IP: usize = 30;
 const OFF_FLOWINFO: usize = 46;
 const OFF_SCOPE: usize = 50;
 const OFF_SECRET: usize = 64;
+const OFF_BASE: usize = 96;
 
 /// The 128-byte token every rank of one communicator is given.
 ///
 /// Layout (all other bytes zero): `0..8` magic `OXCCLUID`, `8..10` version
-/// (little endian), `10` address family (4 or 6), `12..28` nonce, `28..30`
+/// (little endian), `10` address family (4 or 6), `11` flags (bit 0: the
+/// secret is derived from the address and a job key), `12..28` nonce, `28..30`
 /// port (big endian), `30..46` IP address (IPv4 in the first 4 bytes),
-/// `46..50` IPv6 flow info, `50..54` IPv6 scope id, `64..96` the secret.
+/// `46..50` IPv6 flow info, `50..54` IPv6 scope id, `64..96` the secret,
+/// `96..128` the secret before a key was mixed in
+/// ([`with_key`](UniqueId::with_key); zero for none).
 ///
 /// The nonce names the communicator and travels in clear; the secret
 /// never leaves the id: connections prove they know it ([`crate::auth`]).
@@ -143,12 +150,16 @@ impl UniqueId {
         let mut nonce = [0u8; 16];
         nonce[..8].copy_from_slice(&a.to_le_bytes());
         nonce[8..].copy_from_slice(&b.to_le_bytes());
-        UniqueId::from_addr(addr, nonce).with_secret(crate::auth::derive("for-env", &input))
+        let mut id = UniqueId::from_addr(addr, nonce).with_secret(crate::auth::derive("for-env", &input));
+        id.bytes[OFF_FLAGS] |= 1;
+        id
     }
 
-    /// The same id with this secret.
+    /// The same id with this secret (and no key mixed in).
     pub fn with_secret(mut self, secret: crate::auth::Secret) -> UniqueId {
         self.bytes[OFF_SECRET..OFF_SECRET + 32].copy_from_slice(&secret);
+        self.bytes[OFF_BASE..OFF_BASE + 32].fill(0);
+        self.bytes[OFF_FLAGS] &= !1;
         self
     }
 
@@ -156,6 +167,45 @@ impl UniqueId {
     /// (a passphrase, a key file's bytes).
     pub fn with_secret_from(self, material: &[u8]) -> UniqueId {
         self.with_secret(crate::auth::derive("material", material))
+    }
+
+    /// The same id with `key` (a pre-shared key: NCCL's `ncclSetEncryption`)
+    /// mixed into its secret. The secret it had is kept as its base, so
+    /// ranks whose keys differ (or one of which has none) can still prove
+    /// to each other that they hold this id, and both say at once that
+    /// the keys differ instead of taking each other for strangers. Mixing
+    /// a second key keeps the first base.
+    ///
+    /// An id whose secret anyone can derive ([`for_env`](UniqueId::for_env)
+    /// without `OXCCL_SECRET`) keeps no base: a proof of it would prove
+    /// nothing, and letting it end a rendezvous would let strangers do so.
+    pub fn with_key(self, key: &[u8]) -> UniqueId {
+        let base = (!self.public()).then(|| self.base());
+        let material = [key, &self.secret()[..]].concat();
+        let mut id = self.with_secret_from(&material);
+        if let Some(base) = base {
+            id.bytes[OFF_BASE..OFF_BASE + 32].copy_from_slice(&base);
+        }
+        id
+    }
+
+    /// Whether the secret is derived from what travels in clear (an id of
+    /// [`for_env`](UniqueId::for_env) given no secret since).
+    pub fn public(&self) -> bool {
+        self.bytes[OFF_FLAGS] & 1 != 0
+    }
+
+    /// The secret before a key was mixed in ([`with_key`](UniqueId::with_key)),
+    /// or the secret itself when none was.
+    pub fn base(&self) -> crate::auth::Secret {
+        let mut s = [0u8; 32];
+        s.copy_from_slice(&self.bytes[OFF_BASE..OFF_BASE + 32]);
+        if s == [0u8; 32] { self.secret() } else { s }
+    }
+
+    /// Whether a key was mixed into the secret (and a base kept).
+    pub fn keyed(&self) -> bool {
+        self.bytes[OFF_BASE..OFF_BASE + 32] != [0u8; 32]
     }
 
     /// The secret connections prove they know (never sent anywhere).
@@ -457,6 +507,34 @@ mod tests {
         assert_eq!(UniqueId::for_env(a, "job1"), UniqueId::for_env(a, "job1"));
         assert_ne!(UniqueId::for_env(a, "job1").nonce(), UniqueId::for_env(a, "job2").nonce());
         assert_eq!(UniqueId::for_env(a, "job1").addr(), a);
+    }
+
+    #[test]
+    fn a_key_keeps_the_secret_it_was_mixed_into_as_the_base() {
+        let a: SocketAddr = "10.0.0.1:29500".parse().unwrap();
+        let id = UniqueId::from_addr(a, [7; 16]).with_secret([9; 32]);
+        assert!(!id.keyed() && !id.public());
+        assert_eq!(id.base(), id.secret());
+        let k = id.with_key(b"psk-1");
+        assert!(k.keyed());
+        assert_ne!(k.secret(), id.secret());
+        assert_eq!(k.base(), id.secret());
+        // The secret is what it always was for a key (compatible with the
+        // ids of before), and a second key keeps the first base.
+        assert_eq!(k.secret(), id.with_secret_from(&[&b"psk-1"[..], &[9; 32]].concat()).secret());
+        assert_eq!(k.with_key(b"psk-2").base(), id.secret());
+        // Travels in the bytes.
+        assert_eq!(UniqueId::from_bytes(k.as_bytes()).unwrap().base(), id.secret());
+        // A new secret forgets the base.
+        assert!(!k.with_secret([1; 32]).keyed());
+        // An id whose secret anyone can derive keeps none; with a secret of
+        // its own (OXCCL_SECRET), it does.
+        let env = UniqueId::for_env(a, "job");
+        assert!(env.public());
+        assert!(!env.with_key(b"psk").keyed());
+        let private = env.with_secret_from(b"OXCCL_SECRET");
+        assert!(!private.public());
+        assert_eq!(private.with_key(b"psk").base(), private.secret());
     }
 
     #[test]

@@ -66,10 +66,7 @@ pub(crate) static ENCRYPTION: parking_lot::Mutex<Option<Vec<u8>>> = parking_lot:
 /// `ncclSetEncryption`'s PSK, encrypted, its secret mixed with the key.
 fn encrypted(id: UniqueId) -> (UniqueId, Config) {
     match ENCRYPTION.lock().as_ref() {
-        Some(psk) => {
-            let material = [psk.as_slice(), &id.secret()].concat();
-            (id.with_secret_from(&material), Config { encrypt: Some(true), ..Config::default() })
-        }
+        Some(psk) => (id.with_key(psk), Config { encrypt: Some(true), ..Config::default() }),
         None => (id, Config::default()),
     }
 }

@@ -9,8 +9,10 @@ use super::PeerInfo;
 /// First field of a hello: "OXBS".
 pub(super) const MAGIC: u32 = 0x5342_584f;
 /// Bootstrap protocol version (2: hellos carry a challenge and are
-/// authenticated).
-pub(super) const VERSION: u16 = 3;
+/// authenticated; 3: goodbyes count collectives, LEFT; 4: a keyed rank 0's
+/// challenge also proves the id's base secret, and a rank may answer it
+/// with DIFFERS).
+pub(super) const VERSION: u16 = 4;
 /// Largest frame accepted on an established connection.
 pub(super) const MAX_FRAME: usize = 1 << 30;
 /// Largest hello (a hostname, a boot id, a namespace name).
@@ -57,6 +59,11 @@ pub(super) mod tag {
     /// 0 -> rank k: rank j (u32) said goodbye (closed its communicator)
     /// after its collective number n (u64).
     pub const LEFT: u8 = 13;
+    /// rank k -> 0, instead of a proof: rank 0's challenge proved that it
+    /// holds this communicator's id under another key (or none where the
+    /// rank has one); the rank's proof, under the id's base secret, that
+    /// it holds the id too.
+    pub const DIFFERS: u8 = 14;
 }
 
 /// One whole frame (header and payload).

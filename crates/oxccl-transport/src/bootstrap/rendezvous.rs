@@ -16,13 +16,25 @@ use crate::{Error, Result};
 /// How long an accepted connection may take to send its hello and prove
 /// it knows the secret.
 const HELLO_DEADLINE: Duration = Duration::from_secs(2);
-/// Most accepted connections still proving themselves; more are closed at
-/// once (a flood of strangers cannot exhaust threads or descriptors).
+/// Most accepted connections still proving themselves; one more evicts the
+/// oldest (a flood of strangers cannot exhaust threads or descriptors, nor
+/// keep a rank out).
 const MAX_UNPROVEN: usize = 64;
 
 /// The labels of the bootstrap's proofs.
 const ROOT_PROOF: &[u8] = b"oxccl-boot-root";
 const RANK_PROOF: &[u8] = b"oxccl-boot-rank";
+const DIFFERS_PROOF: &[u8] = b"oxccl-boot-differs";
+
+/// Why an accepted connection did not become a rank.
+enum Refused {
+    /// It said nothing useful or proved nothing: a stranger, a stale id,
+    /// or a rank whose secret differs (which cannot prove it).
+    Unproven(String),
+    /// It proved it holds this communicator's id under another key (or
+    /// none where rank 0 has one): the ranks' keys differ.
+    KeysDiffer(Hello),
+}
 
 fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
@@ -63,7 +75,8 @@ pub(super) fn root(
     // its side at once, and is named here.
     let mut failed: Vec<String> = Vec::new();
     let mut count = 1;
-    let (tx, rx) = mpsc::channel::<(TcpStream, SocketAddr, std::result::Result<Hello, String>)>();
+    let (tx, rx) = mpsc::channel::<HelloReport>();
+    let guests = std::sync::Arc::new(Guests::default());
     while count < nranks {
         if Instant::now() >= deadline {
             let missing: Vec<usize> = (1..nranks).filter(|&k| arrived[k].is_none()).collect();
@@ -80,13 +93,35 @@ pub(super) fn root(
             }
             return Err(Error::Timeout(msg));
         }
-        accept_all(&listener, &tx, deadline, id);
+        accept_all(&listener, &guests, &tx, deadline, id);
         let mut next = rx.recv_timeout(Duration::from_millis(5)).ok();
         while let Some((mut stream, peer, hello)) = next {
             let hello = match hello {
                 Ok(h) => h,
-                Err(why) => {
-                    tracing::warn!("bootstrap rank 0 on {addr}: dropping connection from {peer}: {why}");
+                Err(Refused::KeysDiffer(h)) => {
+                    // Proven, so final: every rank that arrived is told.
+                    let msg = format!(
+                        "rank 0: rank {} (pid {} on {}, at {peer}) proved it holds this communicator's UniqueId, but \
+                         under another encryption key: {SECRETS_DIFFER} (ncclSetEncryption keys that differ, or set on \
+                         some ranks and not others): give every rank the same key",
+                        h.rank,
+                        h.pid,
+                        h.host.split('/').next().unwrap_or("")
+                    );
+                    let reject = frame::frame(tag::REJECT, msg.as_bytes());
+                    for (s, _, _) in arrived.iter_mut().flatten() {
+                        let _ = s.write_all(&reject);
+                    }
+                    return Err(Error::InvalidUsage(msg));
+                }
+                Err(Refused::Unproven(why)) => {
+                    // Connections that never said hello (strangers, the
+                    // evicted) are many and say nothing: not worth a warning.
+                    if why.starts_with(NO_HELLO) {
+                        tracing::debug!("bootstrap rank 0 on {addr}: dropping connection from {peer}: {why}");
+                    } else {
+                        tracing::warn!("bootstrap rank 0 on {addr}: dropping connection from {peer}: {why}");
+                    }
                     if why.contains(SECRETS_DIFFER) && !failed.contains(&why) {
                         if failed.len() == 4 {
                             failed.remove(0);
@@ -152,35 +187,87 @@ pub(super) fn root(
     Ok((streams, peers, root_ip))
 }
 
+/// What a hello thread reports: the connection, its peer, and its hello
+/// (or why there is none).
+type HelloReport = (TcpStream, SocketAddr, std::result::Result<Hello, Refused>);
+
+/// The connections accepted at rank 0's door that are still proving
+/// themselves, oldest first, each with a handle that closes it. At most
+/// [`MAX_UNPROVEN`] wait at once: one more evicts the oldest, so strangers
+/// who connect and say nothing can delay a real rank by one reconnection
+/// (its client tries again with backoff), never keep it out.
+#[derive(Default)]
+struct Guests {
+    next: std::sync::atomic::AtomicU64,
+    held: parking_lot::Mutex<std::collections::VecDeque<(u64, TcpStream)>>,
+    evicted: std::sync::atomic::AtomicUsize,
+}
+
+impl Guests {
+    /// Takes `stream` in, evicting the oldest guest if the door is full;
+    /// returns its ticket.
+    fn admit(&self, stream: &TcpStream, peer: SocketAddr) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        let handle = stream
+            .try_clone()
+            .map_err(|e| tracing::warn!("bootstrap: cannot hold {peer}'s connection ({e}); dropping it"))
+            .ok()?;
+        let ticket = self.next.fetch_add(1, Ordering::Relaxed);
+        let oldest = {
+            let mut held = self.held.lock();
+            let oldest = if held.len() >= MAX_UNPROVEN { held.pop_front() } else { None };
+            held.push_back((ticket, handle));
+            oldest
+        };
+        if let Some((_, s)) = oldest {
+            // Its thread's read ends at once, and it reports the eviction.
+            let n = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_power_of_two() {
+                tracing::warn!(
+                    "bootstrap: {MAX_UNPROVEN} connections are still proving themselves; evicted the oldest ({n} so far, \
+                     last {})",
+                    s.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+                );
+            }
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        Some(ticket)
+    }
+
+    /// The guest with `ticket` proved itself or failed: it leaves.
+    fn leave(&self, ticket: u64) {
+        self.held.lock().retain(|(t, _)| *t != ticket);
+    }
+}
+
 /// Accepts every pending connection, each read by its own short-lived
 /// thread that reports the hello (or why there is none) on `tx`.
-type HelloReport = (TcpStream, SocketAddr, std::result::Result<Hello, String>);
-
-fn accept_all(listener: &TcpListener, tx: &mpsc::Sender<HelloReport>, deadline: Instant, id: &UniqueId) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static UNPROVEN: AtomicUsize = AtomicUsize::new(0);
+fn accept_all(
+    listener: &TcpListener,
+    guests: &std::sync::Arc<Guests>,
+    tx: &mpsc::Sender<HelloReport>,
+    deadline: Instant,
+    id: &UniqueId,
+) {
     loop {
         match listener.accept() {
             Ok((stream, peer)) => {
-                if UNPROVEN.load(Ordering::Relaxed) >= MAX_UNPROVEN {
-                    tracing::warn!(
-                        "bootstrap: {MAX_UNPROVEN} connections are still proving themselves; closing {peer} at once"
-                    );
-                    continue;
-                }
-                UNPROVEN.fetch_add(1, Ordering::Relaxed);
+                let Some(ticket) = guests.admit(&stream, peer) else { continue };
                 let tx = tx.clone();
                 let id = *id;
+                let g = guests.clone();
                 let limit = HELLO_DEADLINE.min(remaining(deadline)).max(Duration::from_millis(10));
                 let spawned = thread::Builder::new().name("oxccl-boot-hello".into()).spawn(move || {
                     let mut stream = stream;
                     let end = Instant::now() + limit;
-                    let hello = read_hello(&mut stream, limit).and_then(|h| prove_rank(&mut stream, &id, h, end));
-                    UNPROVEN.fetch_sub(1, Ordering::Relaxed);
+                    let hello = read_hello(&mut stream, limit)
+                        .map_err(Refused::Unproven)
+                        .and_then(|h| prove_rank(&mut stream, &id, h, end));
+                    g.leave(ticket);
                     let _ = tx.send((stream, peer, hello));
                 });
                 if let Err(e) = spawned {
-                    UNPROVEN.fetch_sub(1, Ordering::Relaxed);
+                    guests.leave(ticket);
                     tracing::warn!("bootstrap: cannot start a thread to read {peer}'s hello: {e}; dropping it");
                 }
             }
@@ -195,15 +282,18 @@ fn accept_all(listener: &TcpListener, tx: &mpsc::Sender<HelloReport>, deadline: 
     }
 }
 
+/// How the report of a connection that sent no hello begins.
+const NO_HELLO: &str = "no hello";
+
 fn read_hello(stream: &mut TcpStream, limit: Duration) -> std::result::Result<Hello, String> {
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     stream.set_read_timeout(Some(limit)).map_err(|e| e.to_string())?;
     match frame::read_frame(stream, frame::MAX_HELLO) {
         Ok((t, payload)) => Hello::decode(t, &payload).map_err(|e| format!("not an oxccl bootstrap hello: {e}")),
         Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-            Err(format!("no hello within {limit:?}"))
+            Err(format!("{NO_HELLO} within {limit:?}"))
         }
-        Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err("closed before sending a hello".into()),
+        Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(format!("{NO_HELLO}: closed or evicted")),
         Err(e) => Err(format!("not an oxccl bootstrap hello: {e}")),
     }
 }
@@ -212,7 +302,20 @@ fn read_hello(stream: &mut TcpStream, limit: Duration) -> std::result::Result<He
 /// challenge of its own and a proof of the secret, then checks the rank's
 /// proof over that challenge and its hello. A connection that fails is
 /// told why and never takes a rank's place.
-fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> std::result::Result<Hello, String> {
+fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> std::result::Result<Hello, Refused> {
+    prove_rank_with(stream, id, h, end).map_err(|e| match e {
+        Ok(h) => Refused::KeysDiffer(h),
+        Err(why) => Refused::Unproven(why),
+    })
+}
+
+/// [`prove_rank`], its refusal a proven keys-differ hello or why not.
+fn prove_rank_with(
+    stream: &mut TcpStream,
+    id: &UniqueId,
+    h: Hello,
+    end: Instant,
+) -> std::result::Result<Hello, std::result::Result<Hello, String>> {
     if h.nonce != id.nonce() {
         // Another communicator: leave it to the caller's warning.
         return Ok(h);
@@ -223,8 +326,15 @@ fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> 
     let proof = crate::auth::prove(&secret, &[ROOT_PROOF, &nonce, &h.challenge, &mine]);
     let mut payload = mine.to_vec();
     payload.extend_from_slice(&proof);
+    // A keyed rank 0 also proves the id's base secret, so that a rank
+    // holding the id under another key (or none) can tell.
+    if id.keyed() {
+        payload.extend_from_slice(&crate::auth::prove(&id.base(), &[ROOT_PROOF, &nonce, &h.challenge, &mine]));
+    }
     let _ = stream.set_write_timeout(Some(remaining(end).max(Duration::from_millis(10))));
-    stream.write_all(&frame::frame(tag::CHALLENGE, &payload)).map_err(|e| format!("sending the challenge: {e}"))?;
+    stream
+        .write_all(&frame::frame(tag::CHALLENGE, &payload))
+        .map_err(|e| Err(format!("sending the challenge: {e}")))?;
     let _ = stream.set_read_timeout(Some(remaining(end).max(Duration::from_millis(10))));
     let refuse = |stream: &mut TcpStream, why: String| {
         let _ = stream.write_all(&frame::frame(tag::REJECT, why.as_bytes()));
@@ -233,18 +343,21 @@ fn prove_rank(stream: &mut TcpStream, id: &UniqueId, h: Hello, end: Instant) -> 
     // A proof, or (1 KiB at most) why the rank refused ours.
     match frame::read_frame(stream, 1024) {
         Ok((tag::PROOF, p)) if crate::auth::verify(&secret, &[RANK_PROOF, &nonce, &mine, &h.encode()], &p) => Ok(h),
-        Ok((tag::PROOF, _)) => Err(refuse(
+        Ok((tag::DIFFERS, p)) if crate::auth::verify(&id.base(), &[DIFFERS_PROOF, &nonce, &mine, &h.encode()], &p) => {
+            Err(Ok(h))
+        }
+        Ok((tag::PROOF | tag::DIFFERS, _)) => Err(Err(refuse(
             stream,
             format!(
                 "rank {} could not prove it knows the communicator's secret: its UniqueId is not rank 0's \
                  (a stranger, or an id with the right address and nonce but another secret)",
                 h.rank
             ),
-        )),
+        ))),
         // The rank found rank 0's proof wrong, and says why.
-        Ok((tag::REJECT, why)) => Err(String::from_utf8_lossy(&why).chars().take(400).collect()),
-        Ok((t, _)) => Err(format!("answered the challenge with tag {t}, not a proof")),
-        Err(e) => Err(format!("no proof of the secret within {HELLO_DEADLINE:?}: {e}")),
+        Ok((tag::REJECT, why)) => Err(Err(String::from_utf8_lossy(&why).chars().take(400).collect())),
+        Ok((t, _)) => Err(Err(format!("answered the challenge with tag {t}, not a proof"))),
+        Err(e) => Err(Err(format!("no proof of the secret within {HELLO_DEADLINE:?}: {e}"))),
     }
 }
 
@@ -385,9 +498,31 @@ pub(super) fn client(
     // Rank 0 proves it knows the secret before this rank proves it does
     // (and before anything of this rank's is believed).
     match answer {
-        Ok((tag::CHALLENGE, p)) if p.len() == crate::auth::CHALLENGE_LEN + crate::auth::PROOF_LEN => {
-            let (theirs, proof) = p.split_at(crate::auth::CHALLENGE_LEN);
-            if !crate::auth::verify(&secret, &[ROOT_PROOF, &nonce, &hello.challenge, theirs], proof) {
+        Ok((tag::CHALLENGE, p))
+            if p.len() == crate::auth::CHALLENGE_LEN + crate::auth::PROOF_LEN
+                || p.len() == crate::auth::CHALLENGE_LEN + 2 * crate::auth::PROOF_LEN =>
+        {
+            let (theirs, proofs) = p.split_at(crate::auth::CHALLENGE_LEN);
+            let (proof, base_proof) = proofs.split_at(crate::auth::PROOF_LEN);
+            let root_proves = |s: &crate::auth::Secret, proof: &[u8]| {
+                crate::auth::verify(s, &[ROOT_PROOF, &nonce, &hello.challenge, theirs], proof)
+            };
+            // Rank 0 holds this id under another key (or none where this
+            // rank has one) when its proof, or its proof of its base,
+            // matches this rank's base: both sides can prove that.
+            let base = id.base();
+            if !root_proves(&secret, proof)
+                && (root_proves(&base, proof) || (!base_proof.is_empty() && root_proves(&base, base_proof)))
+            {
+                let mine = crate::auth::prove(&base, &[DIFFERS_PROOF, &nonce, theirs, &hello.encode()]);
+                let _ = stream.write_all(&frame::frame(tag::DIFFERS, &mine));
+                return Err(Error::InvalidUsage(format!(
+                    "rank {rank}: rank 0 at {addr} proved it holds this communicator's UniqueId, but under another \
+                     encryption key: {SECRETS_DIFFER} (ncclSetEncryption keys that differ, or set on some ranks \
+                     and not others): give every rank the same key"
+                )));
+            }
+            if !root_proves(&secret, proof) {
                 // Rank 0 knows this communicator's nonce but proves another
                 // secret: most likely the ranks' secrets differ. Tell it
                 // (it keeps waiting: a stranger could say the same).
