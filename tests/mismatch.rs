@@ -102,3 +102,24 @@ fn a_different_collective_is_an_error() {
         assert_named(&errors, "the collective differs", &["all_gather #1", "all_reduce #1"], t);
     }
 }
+
+/// A count that differs shows as an access outside a peer's buffers, or
+/// a message of another length: either way every rank names both ranks
+/// and both counts (the peer's exposure carries its count; a peer whose
+/// message has another length is asked for its call).
+#[test]
+fn a_different_count_is_named_on_every_rank() {
+    for t in TRANSPORTS {
+        let errors = disagree(t, |r| {
+            let count = if r == 1 { 12_000 } else { 10_000 };
+            (CollKind::AllReduce, DataType::Float32, ReduceOp::Sum, 0, count)
+        });
+        for e in &errors {
+            let named = e.contains("the count differs")
+                && e.contains("of 10000 elements")
+                && e.contains("of 12000 elements")
+                && e.contains("rank 1 runs");
+            assert!(named, "{t:?}: a rank did not name both counts:\n{errors:#?}");
+        }
+    }
+}

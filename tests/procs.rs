@@ -62,6 +62,27 @@ fn encryption_must_be_the_same_on_every_rank() {
     }
 }
 
+/// Rank 1 of 3 processes passes another count: every rank fails at once
+/// naming both ranks and both counts, over shared memory and TCP.
+#[test]
+fn a_different_count_is_named_on_every_process() {
+    for transport in ["shm", "tcp"] {
+        let id = fresh_id();
+        let t = Instant::now();
+        let kids: Vec<Child> =
+            (0..3).map(|r| spawn(&[], &id, 3, r, "count", &[("OXCCL_TRANSPORT", transport)])).collect();
+        for (r, k) in kids.into_iter().enumerate() {
+            let (ok, out) = output(k);
+            let named = out.contains("the count differs")
+                && out.contains("of 10000 elements")
+                && out.contains("of 12000 elements")
+                && out.contains("rank 1 runs");
+            assert!(!ok && named, "{transport}: rank {r}:\n{out}");
+        }
+        println!("{transport}: every process named the counts after {:.3} s", t.elapsed().as_secs_f64());
+    }
+}
+
 /// Every collective × type over RDMA with the software HCA, ranks as
 /// processes.
 #[test]

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 /// rank asleep for 3 s after `READY`: the others wait on it with nothing
 /// of their own outstanding) or `crowded` (`loop`, after the last rank
 /// opened 100 silent connections to each of its own listening ports and
-/// the others waited a second: connections are made at first use).
+/// the others waited a second: connections are made at first use) or
+/// `count` (one all_reduce, rank 1's count another than the others').
 pub fn body() {
     let Some((mode, id, rank, size)) = rank_env() else { return };
     let comm = match Communicator::init(&id, size, rank, Config::default()) {
@@ -63,6 +64,16 @@ pub fn body() {
                     }
                 }
             }
+        }
+        // Rank 1 passes another count than the others: an error naming
+        // both counts is expected on every rank.
+        "count" => {
+            let count = if rank == 1 { 12_000 } else { 10_000 };
+            let mut buf = vec![1.0f32; count];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .map_err(|e| e.to_string())
+                .and_then(|()| comm.barrier().map_err(|e| format!("next call: {e}")))
+                .and_then(|()| Err("the calls that disagree succeeded".to_string()))
         }
         other => Err(format!("unknown mode {other}")),
     };

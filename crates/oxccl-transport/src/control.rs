@@ -53,10 +53,25 @@ struct Hdr {
     id: u64,
     /// Registration id (get, put); the caller's tag (signal, expose).
     reg: u64,
-    /// Offset: in the registration (get, put) or in the operation (data).
+    /// Offset: in the registration (get, put) or in the operation (data);
+    /// the call's count (expose).
     off: u64,
     /// Bytes asked for (get) or carried (data, put, fail, expose).
     len: u64,
+}
+
+/// A peer's buffers for one call in which this rank accesses them: their
+/// descriptors, and the call's tag and count as the peer gave them (so a
+/// rank can tell a peer that runs another call, or the same call on
+/// another count, before touching its buffers).
+#[derive(Clone, Debug)]
+pub struct Exposed {
+    /// The buffers' descriptors, in the order the peer gave them.
+    pub descs: Vec<MemDesc>,
+    /// The call's signature tag.
+    pub tag: u64,
+    /// The call's count (elements).
+    pub count: u64,
 }
 
 impl Hdr {
@@ -178,7 +193,7 @@ struct Link {
     /// Per channel: arrived signals, runs of (tag, count) in order.
     signals: HashMap<Channel, VecDeque<(u64, u64)>>,
     /// Arrived exposures and their tags.
-    exposed: VecDeque<(Vec<MemDesc>, u64)>,
+    exposed: VecDeque<Exposed>,
     exposes_sent: u64,
     exposes_seen: u64,
     /// Sending failed (the peer is gone or stopped receiving): reported to
@@ -300,8 +315,8 @@ impl Plane {
     }
 
     /// Sends `descs` (this rank's registered buffers for one call, tagged
-    /// `tag`) to `peer`.
-    pub fn expose(&mut self, peer: usize, descs: &[MemDesc], tag: u64) -> Result<()> {
+    /// `tag`, of `count` elements) to `peer`.
+    pub fn expose(&mut self, peer: usize, descs: &[MemDesc], tag: u64, count: u64) -> Result<()> {
         if descs.len() > MAX_DESCS as usize {
             return Err(Error::Internal(format!("{} descriptors in one exposure", descs.len())));
         }
@@ -309,13 +324,13 @@ impl Plane {
         let link = self.link(peer)?;
         let id = link.exposes_sent;
         link.exposes_sent += 1;
-        let hdr =
-            Hdr { kind: EXPOSE, count: descs.len() as u32, id, reg: tag, len: bytes.len() as u64, ..Hdr::default() };
+        let len = bytes.len() as u64;
+        let hdr = Hdr { kind: EXPOSE, count: descs.len() as u32, id, reg: tag, off: count, len, ..Hdr::default() };
         self.push(peer, hdr, Payload::Bytes(bytes))
     }
 
-    /// The next exposure `peer` sent and its tag, if it has arrived.
-    pub fn exposed(&mut self, peer: usize) -> Result<Option<(Vec<MemDesc>, u64)>> {
+    /// The next exposure `peer` sent, if it has arrived.
+    pub fn exposed(&mut self, peer: usize) -> Result<Option<Exposed>> {
         self.drain_link(peer)?;
         let link = self.link(peer)?;
         match link.exposed.pop_front() {
@@ -612,7 +627,7 @@ impl Plane {
                 if descs.iter().any(|d| d.owner as usize != peer) {
                     return Err(Error::Remote(format!("rank {peer} exposed a buffer it does not own")));
                 }
-                link.exposed.push_back((descs, hdr.reg));
+                link.exposed.push_back(Exposed { descs, tag: hdr.reg, count: hdr.off });
             }
             GET => match self.check_reg(&hdr, false) {
                 Ok(()) => {

@@ -464,6 +464,18 @@ impl Fabric {
         Ok(())
     }
 
+    /// Publishes `what` under `key` for peers to [`ask`](Fabric::ask) (the
+    /// engine: each collective's call under its number).
+    pub fn publish(&self, key: u64, what: &[u8]) {
+        self.boot.publish(key, what);
+    }
+
+    /// What `peer` published under `key`, if it did and answers within
+    /// `wait` (its monitor answers even while its calls block).
+    pub fn ask(&self, peer: usize, key: u64, wait: Duration) -> Option<[u8; crate::bootstrap::RECORD]> {
+        self.boot.ask(peer, key, wait)
+    }
+
     /// Tells every rank that this rank's call failed for `reason`, a
     /// failure only it can see (its call disagrees with a peer's): each
     /// records it and fails its own calls at once, naming this rank.
@@ -586,21 +598,28 @@ impl Fabric {
     }
 
     /// Registers `regions` (this rank's buffers of one call) and sends
-    /// their descriptors, tagged `tag`, to every rank of `to` (those whose
+    /// their descriptors, tagged `tag` and `count` (the call's signature
+    /// and count, for the peers to check), to every rank of `to` (those whose
     /// steps access them), in call order. Pass the result to [`unexpose`]
     /// when the call ends, whether it succeeded or not.
     ///
     /// [`unexpose`]: Fabric::unexpose
-    pub fn expose(&mut self, regions: &[Region], to: &[usize], tag: u64) -> Result<Exposure> {
+    pub fn expose(&mut self, regions: &[Region], to: &[usize], tag: u64, count: u64) -> Result<Exposure> {
         let mut e = Exposure::default();
-        let r = self.expose_into(regions, to, tag, &mut e);
+        let r = self.expose_into(regions, to, (tag, count), &mut e);
         if r.is_err() {
             self.unexpose(std::mem::take(&mut e));
         }
         r.map(|()| e)
     }
 
-    fn expose_into(&mut self, regions: &[Region], to: &[usize], tag: u64, e: &mut Exposure) -> Result<()> {
+    fn expose_into(
+        &mut self,
+        regions: &[Region],
+        to: &[usize],
+        (tag, count): (u64, u64),
+        e: &mut Exposure,
+    ) -> Result<()> {
         let emulated: Vec<MemDesc> = regions
             .iter()
             .map(|r| {
@@ -627,7 +646,7 @@ impl Fabric {
         for &q in to {
             self.link(q)?;
             let descs = native.get(&self.carrier[q]).unwrap_or(&emulated);
-            self.plane.expose(q, descs, tag)?;
+            self.plane.expose(q, descs, tag, count)?;
         }
         Ok(())
     }
@@ -647,9 +666,9 @@ impl Fabric {
     }
 
     /// The next exposure `peer` sent this rank (its buffers' descriptors
-    /// for the next call in which this rank accesses them) and its tag, if
-    /// it arrived.
-    pub fn exposed(&mut self, peer: usize) -> Result<Option<(Vec<MemDesc>, u64)>> {
+    /// for the next call in which this rank accesses them, with the call's
+    /// tag and count), if it arrived.
+    pub fn exposed(&mut self, peer: usize) -> Result<Option<crate::control::Exposed>> {
         self.link(peer)?;
         self.plane.exposed(peer)
     }

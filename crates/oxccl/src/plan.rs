@@ -207,7 +207,8 @@ pub(crate) fn collective(
     let lanes = part.channels.iter().enumerate().map(|(i, ch)| Lane::new(ch.clone(), i as u32)).collect();
     label.algo = Some(part.choice);
     let sig = Sig::new(coll.kind, coll.dtype, op, coll.root, coll_seq);
-    Ok(Task::new(lanes, Bufs { input, output, scratch }, coll.dtype, kop, label, part.peers.clone()).signed(sig))
+    Ok(Task::new(lanes, Bufs { input, output, scratch }, coll.dtype, kop, label, part.peers.clone())
+        .signed(sig, coll.count))
 }
 
 /// A point-to-point task: one send or one receive on [`P2P_CHANNEL`].

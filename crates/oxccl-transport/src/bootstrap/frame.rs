@@ -64,6 +64,12 @@ pub(super) mod tag {
     /// rank has one); the rank's proof, under the id's base secret, that
     /// it holds the id too.
     pub const DIFFERS: u8 = 14;
+    /// A question for a rank's monitor: what it published under a key
+    /// (query id, the rank asked (to 0) or the asking rank (from 0), key).
+    pub const ASK: u8 = 15;
+    /// The answer (query id, the asking rank (to 0) or the rank asked
+    /// (from 0), found, what was published).
+    pub const ANSWER: u8 = 16;
 }
 
 /// One whole frame (header and payload).

@@ -26,6 +26,7 @@
 
 mod frame;
 mod monitor;
+mod query;
 mod rendezvous;
 mod sealed;
 mod sys;
@@ -44,6 +45,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::id::UniqueId;
 use crate::{Error, Result};
 use frame::tag;
+pub use query::RECORD;
 use sealed::Writer;
 
 /// Options of [`Bootstrap::init`].
@@ -111,6 +113,10 @@ struct State {
     /// rank 0's notice of it; every rank), with the number of collectives
     /// each had run by then.
     left: Vec<Option<u64>>,
+    /// The last question this rank asked ([`Bootstrap::ask`]).
+    next_query: u64,
+    /// Answers by question.
+    answers: HashMap<u64, Option<[u8; query::RECORD]>>,
 }
 
 /// What the API side and the monitor thread share.
@@ -130,6 +136,8 @@ struct Shared {
     any_left: AtomicBool,
     /// Collectives this rank ran, said with its goodbye.
     done: AtomicU64,
+    /// What this rank published ([`Bootstrap::publish`]).
+    records: Mutex<query::Records>,
 }
 
 impl Shared {
@@ -292,6 +300,7 @@ impl Bootstrap {
             closed: AtomicBool::new(false),
             any_left: AtomicBool::new(false),
             done: AtomicU64::new(0),
+            records: Mutex::new(query::Records::default()),
         });
         let mut boot = Bootstrap {
             shared: shared.clone(),

@@ -246,6 +246,8 @@ fn handle(sh: &Shared, from: usize, t: u8, payload: &[u8]) -> Result<(), String>
             sh.note_left(k as usize, done);
             Ok(())
         }
+        (_, tag::ASK) => super::query::on_ask(sh, from, payload),
+        (_, tag::ANSWER) => super::query::on_answer(sh, from, payload),
         (_, t) => Err(format!("unexpected message tag {t}")),
     }
 }

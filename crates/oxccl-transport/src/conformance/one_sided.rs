@@ -89,8 +89,12 @@ pub fn get_and_put(kind: Kind, cma: bool) {
         kind,
         cma,
         move |mut f| {
-            let (descs, tag) = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
-            assert_eq!((descs.len(), tag), (2, 0xfeed), "{kind}: two buffers exposed, with their tag");
+            let crate::control::Exposed { descs, tag, count } = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
+            assert_eq!(
+                (descs.len(), tag, count),
+                (2, 0xfeed, 77),
+                "{kind}: two buffers exposed, with their tag and count"
+            );
             let (input, output) = (descs[0], descs[1]);
             assert!(!input.writable && output.writable, "{kind}: writability travels in the descriptor");
             let want = pattern(LEN, 7);
@@ -123,7 +127,7 @@ pub fn get_and_put(kind: Kind, cma: bool) {
             let input = pattern(LEN, 7);
             let mut output = vec![0u8; LEN];
             let out = Region::of_mut(&mut output);
-            let e = f.expose(&[Region::of(&input), out], &[0], 0xfeed).unwrap();
+            let e = f.expose(&[Region::of(&input), out], &[0], 0xfeed, 77).unwrap();
             wait_signal(&mut f, 0, 3).unwrap();
             assert!(output == pattern(LEN, 99), "{kind}: the puts landed before the signal");
             f.signal(0, 3, 0).unwrap();
@@ -140,7 +144,7 @@ pub fn bounds_and_read_only(kind: Kind, cma: bool) {
         kind,
         cma,
         move |mut f| {
-            let (descs, _) = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
+            let descs = until(&mut f, "exposure", |f| f.exposed(1)).unwrap().descs;
             let mut b = vec![0u8; 16];
             let e = f.read(1, &descs[0], 4090, Region::of_mut(&mut b)).unwrap_err();
             assert!(
@@ -167,7 +171,7 @@ pub fn bounds_and_read_only(kind: Kind, cma: bool) {
         },
         move |mut f| {
             let (input, mut output) = (vec![5u8; 4096], vec![0u8; 64]);
-            let e = f.expose(&[Region::of(&input), Region::of_mut(&mut output)], &[0], 0).unwrap();
+            let e = f.expose(&[Region::of(&input), Region::of_mut(&mut output)], &[0], 0, 0).unwrap();
             wait_signal(&mut f, 0, 0).unwrap();
             assert_eq!(output, vec![0u8; 64], "{kind}: nothing written");
             f.unexpose(e);
@@ -218,7 +222,7 @@ pub fn peer_leaves_during_get(kind: Kind, cma: bool) {
         kind,
         cma,
         move |mut f| {
-            let (descs, _) = until(&mut f, "exposure", |f| f.exposed(1)).unwrap();
+            let descs = until(&mut f, "exposure", |f| f.exposed(1)).unwrap().descs;
             f.signal(1, 0, 0).unwrap();
             let mut buf = vec![0u8; 1 << 20];
             let start = Instant::now();
@@ -233,7 +237,7 @@ pub fn peer_leaves_during_get(kind: Kind, cma: bool) {
         },
         move |mut f| {
             let input = vec![1u8; LEN];
-            let e = f.expose(&[Region::of(&input)], &[0], 0).unwrap();
+            let e = f.expose(&[Region::of(&input)], &[0], 0, 0).unwrap();
             wait_signal(&mut f, 0, 0).unwrap();
             std::thread::sleep(Duration::from_millis(20));
             f.unexpose(e);

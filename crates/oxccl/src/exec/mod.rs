@@ -246,6 +246,8 @@ pub(crate) struct Task {
     /// A collective's signature: its messages carry it, and what arrives
     /// must carry the same ([`sig`]).
     pub sig: Option<sig::Sig>,
+    /// A collective's count: one-sided peers compare it with theirs.
+    pub count: u64,
     started: bool,
     exposure: Option<Exposure>,
     /// Peers' buffer descriptors (input, output, scratch) for this task.
@@ -262,12 +264,14 @@ impl Task {
         label: Label,
         peers: Option<Arc<OneSidedPeers>>,
     ) -> Task {
-        Task { lanes, bufs, dtype, op, label, peers, sig: None, started: false, exposure: None, remote: HashMap::new() }
+        let remote = HashMap::new();
+        Task { lanes, bufs, dtype, op, label, peers, sig: None, count: 0, started: false, exposure: None, remote }
     }
 
-    /// This task, its messages signed with `sig`.
-    pub fn signed(self, sig: sig::Sig) -> Task {
-        Task { sig: Some(sig), ..self }
+    /// This task, a collective of `count` elements, its messages signed
+    /// with `sig`.
+    pub fn signed(self, sig: sig::Sig, count: usize) -> Task {
+        Task { sig: Some(sig), count: count as u64, ..self }
     }
 
     /// Registers this rank's buffers for the peers that access them (once,
@@ -276,12 +280,17 @@ impl Task {
         if std::mem::replace(&mut self.started, true) {
             return Ok(());
         }
+        // For a peer that finds this call's messages of another length
+        // than its own, and asks what this rank runs.
+        if let Some(s) = self.sig {
+            fabric.publish(s.number(), &s.record(self.count));
+        }
         if let Some(p) = &self.peers
             && !p.accessed_by.is_empty()
         {
             let b = &self.bufs;
             let tag = self.sig.map_or(0, |s| s.tag());
-            self.exposure = Some(fabric.expose(&[b.input, b.output, b.scratch], &p.accessed_by, tag)?);
+            self.exposure = Some(fabric.expose(&[b.input, b.output, b.scratch], &p.accessed_by, tag, self.count)?);
         }
         Ok(())
     }
@@ -393,7 +402,7 @@ pub(crate) fn poll(fabric: &mut Fabric, tasks: &mut [Task], turns: &mut Turns) -
                 let advance = if step.is_one_sided() { one_sided::advance } else { two_sided::advance };
                 let (progressed, finished) = advance(fabric, task, li, &step).map_err(|e| {
                     let where_ = format!("{}: channel {} step {} ({step})", task.label, li, task.lanes[li].pc);
-                    annotate(e, &where_)
+                    annotate(name_the_call(fabric, task, &step, e), &where_)
                 })?;
                 moved |= progressed;
                 let lane = &mut task.lanes[li];
@@ -461,6 +470,22 @@ pub(crate) fn waiting_for(tasks: &[Task]) -> String {
     }
     out.truncate(4);
     out.join("; ")
+}
+
+/// A misuse seen on a message (one of another length than this call's
+/// step expects): the peer's call, asked for through the bootstrap, names
+/// what differs (both ranks, both counts) where it can; otherwise `e`.
+fn name_the_call(fabric: &Fabric, task: &Task, step: &Step, e: Error) -> Error {
+    let (Error::InvalidUsage(_), Some(sig)) = (&e, task.sig) else { return e };
+    let Some(peer) = step.recv_peer().or(step.send_peer()) else { return e };
+    let theirs = fabric.ask(peer, sig.number(), std::time::Duration::from_secs(1));
+    match theirs.and_then(|r| sig::Sig::read_record(&r)) {
+        Some((tag, count)) => {
+            let x = sig::Expect { sig: Some(sig), count: task.count, me: fabric.rank() };
+            x.exposure(tag, count, peer).err().unwrap_or(e)
+        }
+        None => e,
+    }
 }
 
 pub(crate) fn annotate(e: Error, where_: &str) -> Error {

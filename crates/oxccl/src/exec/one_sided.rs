@@ -32,8 +32,10 @@ fn remote(fabric: &mut Fabric, task: &mut Task, peer: usize, buf: Buf) -> Result
     if let Some(d) = task.remote.get(&peer) {
         return Ok(Some(d[i]));
     }
-    let Some((descs, tag)) = fabric.exposed(peer)? else { return Ok(None) };
-    Expect { sig: task.sig, me: fabric.rank() }.tag(tag, peer)?;
+    let Some(oxccl_transport::control::Exposed { descs, tag, count }) = fabric.exposed(peer)? else {
+        return Ok(None);
+    };
+    Expect { sig: task.sig, count: task.count, me: fabric.rank() }.exposure(tag, count, peer)?;
     if descs.len() != 3 {
         return Err(Error::Remote(format!(
             "rank {peer} exposed {} buffers where 3 (input, output, scratch) were expected: the ranks run \
@@ -73,7 +75,7 @@ fn settle(fabric: &mut Fabric, lane: &mut Lane) -> Result<bool> {
 pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Result<(bool, bool)> {
     let es = task.dtype.size();
     let wire = task.lanes[li].wire;
-    let x = Expect { sig: task.sig, me: fabric.rank() };
+    let x = Expect { sig: task.sig, count: task.count, me: fabric.rank() };
     match step {
         Step::Signal { peer } => {
             fabric.signal(*peer, wire, x.own())?;

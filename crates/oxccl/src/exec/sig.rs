@@ -78,6 +78,25 @@ impl Sig {
         CollKind::ALL.get(usize::from(self.kind)).copied()
     }
 
+    /// The collective's number (modulo 2^24): the key its call is
+    /// published under.
+    pub fn number(&self) -> u64 {
+        u64::from(self.seq)
+    }
+
+    /// The call as published for peers: this signature's tag and `count`.
+    pub fn record(&self, count: u64) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.tag().to_le_bytes());
+        b[8..].copy_from_slice(&count.to_le_bytes());
+        b
+    }
+
+    /// A published call: (tag, count).
+    pub fn read_record(b: &[u8]) -> Option<(u64, u64)> {
+        Some((u64::from_le_bytes(b.get(..8)?.try_into().ok()?), u64::from_le_bytes(b.get(8..16)?.try_into().ok()?)))
+    }
+
     /// In words: `all_reduce #7 (float, sum)`, `broadcast #3 (int8, root 2)`.
     fn describe(&self) -> String {
         let kind = self.kind().map_or_else(|| format!("collective kind {}", self.kind), |k| k.name().to_string());
@@ -132,11 +151,12 @@ impl Sig {
     }
 }
 
-/// What arrivals are checked against: a task's signature (if it has one)
-/// and this rank.
+/// What arrivals are checked against: a task's signature (if it has one),
+/// its count, and this rank.
 #[derive(Clone, Copy)]
 pub(crate) struct Expect {
     pub sig: Option<Sig>,
+    pub count: u64,
     pub me: usize,
 }
 
@@ -144,6 +164,24 @@ impl Expect {
     /// An error unless `tag`, on something from `peer`, is the signature.
     pub fn tag(&self, tag: u64, peer: usize) -> Result<(), Error> {
         self.sig.map_or(Ok(()), |s| s.check(tag, self.me, peer))
+    }
+
+    /// An error unless `peer`'s buffers, exposed for a call tagged `tag`
+    /// of `count` elements, are for this very call: the same signature and
+    /// the same count (a count that differs would otherwise show as an
+    /// access outside the peer's buffers, or as a wait that times out).
+    pub fn exposure(&self, tag: u64, count: u64, peer: usize) -> Result<(), Error> {
+        self.tag(tag, peer)?;
+        match self.sig {
+            Some(s) if count != self.count => Err(Error::InvalidUsage(format!(
+                "rank {} runs {} of {} elements, but rank {peer} runs it of {count} elements: the ranks' calls \
+                 disagree (the count differs)",
+                self.me,
+                s.describe(),
+                self.count
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// The tag to send with.
@@ -172,6 +210,22 @@ mod tests {
         assert!(e.contains("(the collective, the collective's number differ; a differing number"), "{e}");
         let e = a.check(0, 0, 5).unwrap_err().to_string();
         assert!(e.contains("not a collective's"), "{e}");
+    }
+
+    #[test]
+    fn an_exposure_of_another_count_is_named() {
+        let s = Sig::new(CollKind::AllReduce, DataType::Float32, ReduceOp::Sum, 0, 4);
+        let x = Expect { sig: Some(s), count: 1000, me: 2 };
+        assert!(x.exposure(s.tag(), 1000, 1).is_ok());
+        let e = x.exposure(s.tag(), 1200, 1).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+        let e = e.to_string();
+        assert!(e.contains("rank 2 runs all_reduce #4 (float, sum) of 1000 elements"), "{e}");
+        assert!(e.contains("rank 1 runs it of 1200 elements") && e.contains("the count differs"), "{e}");
+        // The signature is checked first; untagged tasks compare nothing.
+        let other = Sig::new(CollKind::AllReduce, DataType::Int32, ReduceOp::Sum, 0, 4);
+        assert!(x.exposure(other.tag(), 1000, 1).unwrap_err().to_string().contains("the data type differs"));
+        assert!(Expect { sig: None, count: 0, me: 0 }.exposure(0, 5, 1).is_ok());
     }
 
     #[test]

@@ -48,7 +48,7 @@ fn usable(piece: &Piece<'_>, x: Expect, expect: usize, got: usize, es: usize, pe
 pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &Step) -> Result<(bool, bool)> {
     let es = task.dtype.size();
     let (bufs, dtype, op) = (task.bufs, task.dtype, task.op);
-    let x = Expect { sig: task.sig, me: fabric.rank() };
+    let x = Expect { sig: task.sig, count: task.count, me: fabric.rank() };
     let tag = x.own();
     let lane = &mut task.lanes[li];
     let wire = lane.wire;
