@@ -83,6 +83,50 @@ fn a_different_count_is_named_on_every_process() {
     }
 }
 
+/// A root that sends its broadcast and exits (rank 0, the bootstrap's hub,
+/// here) before the others call it: they still read what it sent (a
+/// process that closed its communicator before it ended did not die).
+/// Before, 64 processes of `all_reduce_perf` failed at teardown so.
+#[test]
+fn a_rank_that_finished_and_exited_does_not_fail_the_others() {
+    for transport in ["shm", "tcp"] {
+        let id = fresh_id();
+        let envs = [("OXCCL_TRANSPORT", transport), ("OXCCL_ALGO", "ring")];
+        let kids: Vec<Child> = (0..3).map(|r| spawn(&[], &id, 3, r, "early-exit", &envs)).collect();
+        for (r, k) in kids.into_iter().enumerate() {
+            let (ok, out) = output(k);
+            assert!(ok && out.contains("OK"), "{transport}: rank {r}:\n{out}");
+        }
+    }
+}
+
+/// A rank that closes after one collective while the others run a second:
+/// they fail at once naming it (not at their deadline), whether its
+/// goodbye came before their call or while it waited.
+#[test]
+fn a_rank_that_closed_fails_the_others_next_collective_at_once() {
+    for transport in ["shm", "tcp"] {
+        let id = fresh_id();
+        let t = Instant::now();
+        let envs = [("OXCCL_TRANSPORT", transport), ("OXCCL_TIMEOUT", "20")];
+        let kids: Vec<Child> = (0..3).map(|r| spawn(&[], &id, 3, r, "closer", &envs)).collect();
+        for (r, k) in kids.into_iter().enumerate() {
+            let (ok, out) = output(k);
+            if r == 2 {
+                assert!(ok, "{transport}: rank 2:\n{out}");
+            } else {
+                assert!(
+                    !ok && out.contains("rank 2") && out.contains("closed its communicator"),
+                    "{transport}: rank {r}:\n{out}"
+                );
+            }
+        }
+        let secs = t.elapsed().as_secs_f64();
+        assert!(secs < 10.0, "{transport}: {secs:.2} s (the deadline is 20 s)");
+        println!("{transport}: the others failed naming rank 2; all ended after {secs:.2} s");
+    }
+}
+
 /// Every collective × type over RDMA with the software HCA, ranks as
 /// processes.
 #[test]

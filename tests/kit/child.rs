@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 /// of their own outstanding) or `crowded` (`loop`, after the last rank
 /// opened 100 silent connections to each of its own listening ports and
 /// the others waited a second: connections are made at first use) or
-/// `count` (one all_reduce, rank 1's count another than the others').
+/// `count` (one all_reduce, rank 1's count another than the others'),
+/// `early-exit` (rank 0 broadcasts and exits; the others broadcast 0.5 s
+/// later) or `closer` (the last rank closes after one all_reduce; the
+/// others run a second).
 pub fn body() {
     let Some((mode, id, rank, size)) = rank_env() else { return };
     let comm = match Communicator::init(&id, size, rank, Config::default()) {
@@ -64,6 +67,37 @@ pub fn body() {
                     }
                 }
             }
+        }
+        // Rank 0, the root and the bootstrap's hub, sends its broadcast
+        // and exits; the others call it later and read what it sent.
+        "early-exit" => {
+            let mut x = vec![rank as f32; 1000];
+            let first = comm.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(|e| e.to_string());
+            let mut y = vec![if rank == 0 { 7.5f32 } else { 0.0 }; 100_000];
+            first.and_then(|()| {
+                if rank == 0 {
+                    comm.broadcast(&mut y, 0).map_err(|e| e.to_string())?;
+                    drop(comm);
+                    report(Ok(()));
+                    std::process::exit(0);
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                comm.broadcast(&mut y, 0).map_err(|e| e.to_string())?;
+                if y.iter().all(|&v| v == 7.5) { Ok(()) } else { Err("wrong broadcast data".into()) }
+            })
+        }
+        // The last rank closes after one all_reduce; the others run a
+        // second, which it never runs: they fail naming it.
+        "closer" => {
+            let mut x = vec![1.0f32; 1000];
+            comm.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(|e| e.to_string()).and_then(|()| {
+                if rank == size - 1 {
+                    drop(comm);
+                    report(Ok(()));
+                    std::process::exit(0);
+                }
+                comm.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(|e| e.to_string())
+            })
         }
         // Rank 1 passes another count than the others: an error naming
         // both counts is expected on every rank.

@@ -476,6 +476,12 @@ impl Fabric {
         self.boot.ask(peer, key, wait)
     }
 
+    /// A rank that closed its communicator (the one that ran the fewest
+    /// collectives): (rank, in words, collectives it ran).
+    pub fn left(&self) -> Option<(usize, String, u64)> {
+        self.boot.left()
+    }
+
     /// Tells every rank that this rank's call failed for `reason`, a
     /// failure only it can see (its call disagrees with a peer's): each
     /// records it and fails its own calls at once, naming this rank.

@@ -253,6 +253,9 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
             continue;
         }
         fabric.check()?;
+        if let Some(e) = closed_before(fabric, batch) {
+            return Err(e);
+        }
         if idle > shared.timeout {
             return Err(Error::Timeout(format!(
                 "{} op #{} {label}: no progress for {:.0?} (OXCCL_TIMEOUT): {}",
@@ -276,6 +279,22 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
             }
         }
     }
+}
+
+/// A collective of `batch` that a rank which closed its communicator
+/// never ran (it closed after an earlier one, and its goodbye came while
+/// this call waited): it cannot finish.
+fn closed_before(fabric: &Fabric, batch: &[exec::Task]) -> Option<Error> {
+    let (_, who, done) = fabric.left()?;
+    // Collective numbers in signatures are modulo 2^24.
+    const MOD: u64 = 1 << 24;
+    let n = batch.iter().filter_map(|t| t.sig).map(|s| s.number()).find(|&n| {
+        let ahead = n.wrapping_sub(done) % MOD;
+        ahead >= 1 && ahead < MOD / 2
+    })?;
+    Some(Error::Remote(format!(
+        "{who} closed its communicator after collective #{done}; this call runs collective #{n}, which needs every rank"
+    )))
 }
 
 /// Waits until the device's counter `word` reaches `value`: polls for a

@@ -45,7 +45,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 mod provider;
 pub use provider::{ShmFactory, ShmOptions, ShmProvider};
 
-const _: () = assert!(BUSY_OFFSET + 8 * REG_SLOTS <= SEG_HEADER && REG_OFFSET >= BELL_OFFSET + 8);
+/// A word the owner sets when it drops its inbox (its communicator closed,
+/// not killed): peers then take its process's end for no failure.
+const CLOSED_OFFSET: usize = BUSY_OFFSET + 8 * REG_SLOTS;
+const _: () = assert!(CLOSED_OFFSET + 8 <= SEG_HEADER && REG_OFFSET >= BELL_OFFSET + 8);
 
 const SEG_MAGIC: u64 = 0x4f58_4343_4c53_484d; // "OXCCLSHM"
 const SEG_VERSION: u32 = 2;
@@ -221,6 +224,14 @@ impl Segment {
     /// Registration slot `i`'s count of writers in progress.
     fn busy_word(&self, i: usize) -> &AtomicU64 {
         self.header_word(BUSY_OFFSET, i)
+    }
+
+    /// The word the owner sets when it closes.
+    fn closed_word(&self) -> &AtomicU64 {
+        // SAFETY: CLOSED_OFFSET + 8 <= SEG_HEADER (checked at compile
+        // time) lies inside the mapping's header page, 8-aligned; every
+        // process accesses it only atomically; the mapping outlives `&self`.
+        unsafe { &*(self.map.ptr.add(CLOSED_OFFSET) as *const AtomicU64) }
     }
 
     fn header_word(&self, base: usize, i: usize) -> &AtomicU64 {
@@ -399,6 +410,8 @@ impl Inbox {
 
 impl Drop for Inbox {
     fn drop(&mut self) {
+        // Before the process ends: a peer that sees it end reads this.
+        self.seg.closed_word().store(1, Ordering::Release);
         let _ = self.unlink();
     }
 }
@@ -410,6 +423,12 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// Whether the owner closed its inbox (dropped its communicator): its
+    /// process ending afterwards is no failure.
+    pub fn owner_closed(&self) -> bool {
+        self.seg.closed_word().load(Ordering::Acquire) != 0
+    }
+
     /// Maps the inbox `name` of a peer; `my_rank` is this rank (the ring
     /// row it writes). Checks the segment header: a foreign, truncated or
     /// mismatched file is an error.

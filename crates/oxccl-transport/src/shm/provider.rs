@@ -355,6 +355,10 @@ impl Provider for ShmProvider {
         Wake { rings_bell: true, fds: Vec::new() }
     }
     fn check(&mut self) -> Result<()> {
+        // A peer that closed its communicator before its process ended
+        // finished (it may end before this rank reads what it sent).
+        let outboxes = &self.outboxes;
+        self.watches.retain(|(p, w)| !(w.exited() && outboxes.get(p).is_some_and(|o| o.owner_closed())));
         for (p, w) in &self.watches {
             if w.exited() {
                 return Err(Error::Remote(format!("rank {p} (on this host) exited")));
