@@ -150,15 +150,17 @@ pub(crate) fn run(shared: Arc<Shared>) {
         job.done.finish(Err(err.clone()), job.keep.take());
     }
     let mut fabric = shared.fabric.lock();
-    if shared.poisoned().is_none() {
-        // A clean shutdown: let the last bytes reach the peers.
-        let end = Instant::now() + shared.timeout.min(Duration::from_secs(10));
-        while !fabric.flushed() && Instant::now() < end {
-            if fabric.progress().is_err() {
-                break;
-            }
-            fabric.wait(Duration::from_millis(1));
+    // Let the last bytes of finished calls reach the peers (a failed
+    // call's were abandoned when it ended): a peer may still be in a call
+    // this rank finished before its own next call failed. Briefly when
+    // poisoned: a peer may be gone.
+    let wait = if shared.poisoned().is_none() { Duration::from_secs(10) } else { Duration::from_secs(1) };
+    let end = Instant::now() + shared.timeout.min(wait);
+    while !fabric.flushed() && Instant::now() < end {
+        if fabric.progress().is_err() {
+            break;
         }
+        fabric.wait(Duration::from_millis(1));
     }
 }
 
@@ -179,10 +181,9 @@ fn main_loop(shared: &Shared) {
         // Idle: keep flushing. A peer that is gone by now (it may have
         // finished and exited cleanly) is not an error until a call needs
         // it; the bootstrap still reports deaths through async_error. A
-        // poisoned communicator moves nothing more.
-        if shared.poisoned().is_none() {
-            let _ = fabric.progress();
-        }
+        // poisoned communicator still pushes out what its finished calls
+        // sent (a failed call's sends were abandoned).
+        let _ = fabric.progress();
         let flushed = fabric.flushed();
         drop(fabric);
         // Sleep on the kick, not on the fabric's doorbell: peers ring that

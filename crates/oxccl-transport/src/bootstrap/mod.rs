@@ -111,8 +111,10 @@ struct State {
     gone: Vec<bool>,
     /// Ranks known to have closed their communicator (their goodbye, or
     /// rank 0's notice of it; every rank), with the number of collectives
-    /// each had run by then.
-    left: Vec<Option<u64>>,
+    /// each had run by then and the order in which this rank heard of it.
+    left: Vec<Option<(u64, usize)>>,
+    /// How many closes this rank heard of.
+    heard_left: usize,
     /// The last question this rank asked ([`Bootstrap::ask`]).
     next_query: u64,
     /// Answers by question.
@@ -146,8 +148,12 @@ impl Shared {
     fn note_left(&self, rank: usize, done: u64) {
         {
             let mut st = self.state.lock();
-            if let Some(l) = st.left.get_mut(rank) {
-                *l = Some(done);
+            let order = st.heard_left;
+            if let Some(l) = st.left.get_mut(rank)
+                && l.is_none()
+            {
+                *l = Some((done, order));
+                st.heard_left += 1;
             }
             self.any_left.store(true, Ordering::Release);
             self.cond.notify_all();
@@ -356,15 +362,17 @@ impl Bootstrap {
     }
 
     /// Of the ranks known to have closed their communicator (said
-    /// goodbye), the one that had run the fewest collectives: its
-    /// description (`rank 3 (pid 123 on host)`) and that number; `None`
-    /// while every rank is in (a lock-free check then).
+    /// goodbye), the one that had run the fewest collectives (of those,
+    /// the first heard of: ranks that close because it did come later):
+    /// its description (`rank 3 (pid 123 on host)`) and that number;
+    /// `None` while every rank is in (a lock-free check then).
     pub fn left(&self) -> Option<(usize, String, u64)> {
         if !self.shared.any_left.load(Ordering::Acquire) {
             return None;
         }
         let st = self.shared.state.lock();
-        let (k, done) = st.left.iter().enumerate().filter_map(|(k, l)| l.map(|d| (k, d))).min_by_key(|&(_, d)| d)?;
+        let (k, (done, _)) =
+            st.left.iter().enumerate().filter_map(|(k, l)| l.map(|d| (k, d))).min_by_key(|&(_, d)| d)?;
         Some((k, self.shared.describe(k), done))
     }
 
