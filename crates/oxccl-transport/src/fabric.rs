@@ -572,6 +572,14 @@ impl Fabric {
         by.into_values().collect()
     }
 
+    /// This rank closes its communicator: every provider says so where
+    /// peers look when its process ends (after the last bytes left).
+    pub fn closing(&mut self) {
+        for p in &mut self.providers {
+            p.closing();
+        }
+    }
+
     /// Shuts every provider's connections down (peers see them close).
     pub fn close(&mut self) {
         for p in &mut self.providers {

@@ -154,6 +154,9 @@ pub trait Provider: Send {
     }
     /// Shuts the provider's connections down (peers see them close).
     fn close(&mut self) {}
+    /// This rank closes its communicator (it said goodbye): say so where
+    /// peers look when its process ends, so that the end is no failure.
+    fn closing(&mut self) {}
 }
 
 /// Where a started one-sided operation stands.

@@ -162,6 +162,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         }
         fabric.wait(Duration::from_millis(1));
     }
+    fabric.closing();
 }
 
 fn main_loop(shared: &Shared) {

@@ -192,20 +192,31 @@ pub(super) fn root(
 type HelloReport = (TcpStream, SocketAddr, std::result::Result<Hello, Refused>);
 
 /// The connections accepted at rank 0's door that are still proving
-/// themselves, oldest first, each with a handle that closes it. At most
-/// [`MAX_UNPROVEN`] wait at once: one more evicts the oldest, so strangers
-/// who connect and say nothing can delay a real rank by one reconnection
-/// (its client tries again with backoff), never keep it out.
+/// themselves, oldest first, each with a handle that closes it and
+/// whether it is past its hello. At most [`MAX_UNPROVEN`] wait at once:
+/// one more evicts the oldest that has not said hello yet (a real rank
+/// says it at once), so strangers who connect and say nothing can delay a
+/// real rank by one reconnection (its client tries again with backoff),
+/// never keep it out. A connection past a hello of this communicator is
+/// not evicted: it answers rank 0's challenge within a round trip, or
+/// leaves at its deadline.
 #[derive(Default)]
 struct Guests {
     next: std::sync::atomic::AtomicU64,
-    held: parking_lot::Mutex<std::collections::VecDeque<(u64, TcpStream)>>,
+    held: parking_lot::Mutex<std::collections::VecDeque<Guest>>,
     evicted: std::sync::atomic::AtomicUsize,
 }
 
+struct Guest {
+    ticket: u64,
+    handle: TcpStream,
+    past_hello: bool,
+}
+
 impl Guests {
-    /// Takes `stream` in, evicting the oldest guest if the door is full;
-    /// returns its ticket.
+    /// Takes `stream` in, evicting the oldest guest that has not said
+    /// hello if the door is full; its ticket, or `None` when every place
+    /// is past its hello (the newcomer is closed and tries again).
     fn admit(&self, stream: &TcpStream, peer: SocketAddr) -> Option<u64> {
         use std::sync::atomic::Ordering;
         let handle = stream
@@ -213,30 +224,46 @@ impl Guests {
             .map_err(|e| tracing::warn!("bootstrap: cannot hold {peer}'s connection ({e}); dropping it"))
             .ok()?;
         let ticket = self.next.fetch_add(1, Ordering::Relaxed);
-        let oldest = {
+        let evicted = {
             let mut held = self.held.lock();
-            let oldest = if held.len() >= MAX_UNPROVEN { held.pop_front() } else { None };
-            held.push_back((ticket, handle));
-            oldest
+            let evicted = if held.len() >= MAX_UNPROVEN {
+                let i = held.iter().position(|g| !g.past_hello)?;
+                held.remove(i)
+            } else {
+                None
+            };
+            held.push_back(Guest { ticket, handle, past_hello: false });
+            evicted
         };
-        if let Some((_, s)) = oldest {
+        if let Some(g) = evicted {
             // Its thread's read ends at once, and it reports the eviction.
             let n = self.evicted.fetch_add(1, Ordering::Relaxed) + 1;
             if n.is_power_of_two() {
                 tracing::warn!(
-                    "bootstrap: {MAX_UNPROVEN} connections are still proving themselves; evicted the oldest ({n} so far, \
-                     last {})",
-                    s.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+                    "bootstrap: {MAX_UNPROVEN} connections are still proving themselves; evicted the oldest silent \
+                     one ({n} so far, last {})",
+                    g.handle.peer_addr().map(|a| a.to_string()).unwrap_or_default()
                 );
             }
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            let _ = g.handle.shutdown(std::net::Shutdown::Both);
         }
         Some(ticket)
     }
 
-    /// The guest with `ticket` proved itself or failed: it leaves.
-    fn leave(&self, ticket: u64) {
-        self.held.lock().retain(|(t, _)| *t != ticket);
+    /// The guest with `ticket` said a hello of this communicator: it is
+    /// evicted no more. False if it was evicted already.
+    fn past_hello(&self, ticket: u64) -> bool {
+        let mut held = self.held.lock();
+        held.iter_mut().find(|g| g.ticket == ticket).map(|g| g.past_hello = true).is_some()
+    }
+
+    /// The guest with `ticket` proved itself or failed: it leaves. False
+    /// if it was evicted (its connection is being shut down).
+    fn leave(&self, ticket: u64) -> bool {
+        let mut held = self.held.lock();
+        let before = held.len();
+        held.retain(|g| g.ticket != ticket);
+        held.len() < before
     }
 }
 
@@ -260,10 +287,16 @@ fn accept_all(
                 let spawned = thread::Builder::new().name("oxccl-boot-hello".into()).spawn(move || {
                     let mut stream = stream;
                     let end = Instant::now() + limit;
-                    let hello = read_hello(&mut stream, limit)
-                        .map_err(Refused::Unproven)
-                        .and_then(|h| prove_rank(&mut stream, &id, h, end));
-                    g.leave(ticket);
+                    let evicted = || Refused::Unproven(format!("{NO_HELLO}: evicted"));
+                    let hello = read_hello(&mut stream, limit).map_err(Refused::Unproven).and_then(|h| {
+                        // Past its hello, a rank of this communicator is
+                        // evicted no more (unless it was already).
+                        if h.nonce == id.nonce() && !g.past_hello(ticket) {
+                            return Err(evicted());
+                        }
+                        prove_rank(&mut stream, &id, h, end)
+                    });
+                    let hello = if g.leave(ticket) { hello } else { hello.and(Err(evicted())) };
                     let _ = tx.send((stream, peer, hello));
                 });
                 if let Err(e) = spawned {

@@ -408,10 +408,19 @@ impl Inbox {
     }
 }
 
+impl Inbox {
+    /// Says, where local peers look, that this rank closed its
+    /// communicator: its process ending afterwards is no failure
+    /// ([`Outbox::owner_closed`]).
+    pub fn mark_closed(&self) {
+        self.seg.closed_word().store(1, Ordering::Release);
+    }
+}
+
 impl Drop for Inbox {
     fn drop(&mut self) {
         // Before the process ends: a peer that sees it end reads this.
-        self.seg.closed_word().store(1, Ordering::Release);
+        self.mark_closed();
         let _ = self.unlink();
     }
 }

@@ -354,6 +354,11 @@ impl Provider for ShmProvider {
     fn wake(&self) -> Wake {
         Wake { rings_bell: true, fds: Vec::new() }
     }
+    fn closing(&mut self) {
+        if let Some(i) = &self.inbox {
+            i.mark_closed();
+        }
+    }
     fn check(&mut self) -> Result<()> {
         // A peer that closed its communicator before its process ended
         // finished (it may end before this rank reads what it sent).
