@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 /// opened 100 silent connections to each of its own listening ports and
 /// the others waited a second: connections are made at first use) or
 /// `count` (one all_reduce, rank 1's count another than the others'),
-/// `early-exit` (rank 0 broadcasts and exits; the others broadcast 0.5 s
+/// `first` (one all_reduce, checked; prints the seconds from before init
+/// to its result), `early-exit` (rank 0 broadcasts and exits; the others broadcast 0.5 s
 /// later) or `closer` (the last rank closes after one all_reduce; the
 /// others run a second).
 pub fn body() {
     let Some((mode, id, rank, size)) = rank_env() else { return };
+    let started = Instant::now();
     let comm = match Communicator::init(&id, size, rank, Config::default()) {
         Ok(c) => c,
         Err(e) => {
@@ -67,6 +69,19 @@ pub fn body() {
                     }
                 }
             }
+        }
+        // One all_reduce, checked, and the time from before init to its
+        // result (the process's start is not counted).
+        "first" => {
+            let mut x = [rank as f64, 1.0];
+            comm.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(|e| e.to_string()).and_then(|()| {
+                let want = [(size * (size - 1) / 2) as f64, size as f64];
+                if x != want {
+                    return Err(format!("got {x:?}, not {want:?}"));
+                }
+                println!("FIRST {:.3}", started.elapsed().as_secs_f64());
+                Ok(())
+            })
         }
         // Rank 0, the root and the bootstrap's hub, sends its broadcast
         // and exits; the others call it later and read what it sent.
