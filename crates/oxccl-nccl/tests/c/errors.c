@@ -166,6 +166,43 @@ int main(void) {
   CHECK(ncclSetEncryption(&off));
   checks++;
 
+  /* Keys that differ (set between two ranks' non-blocking inits, as two
+   * processes with different keys would have them): both inits fail at
+   * once saying so, not at their timeout; and a key on one rank only. */
+  for (int with_b = 1; with_b >= 0; with_b--) {
+    ncclUniqueId kid;
+    CHECK(ncclGetUniqueId(&kid));
+    ncclConfig_t kcfg = NCCL_CONFIG_INITIALIZER;
+    kcfg.blocking = 0;
+    ncclComm_t k[2];
+    struct timespec k0, k1;
+    clock_gettime(CLOCK_MONOTONIC, &k0);
+    enc.psk = "key a";
+    CHECK(ncclSetEncryption(&enc));
+    ncclResult_t kr = ncclCommInitRankConfig(&k[0], 2, kid, 0, &kcfg);
+    EXPECT(kr == ncclInProgress, "rank 0's keyed init returned %d", (int)kr);
+    enc.psk = "key b";
+    CHECK(ncclSetEncryption(with_b ? &enc : &off));
+    kr = ncclCommInitRankConfig(&k[1], 2, kid, 1, &kcfg);
+    EXPECT(kr == ncclInProgress, "rank 1's init returned %d", (int)kr);
+    CHECK(ncclSetEncryption(&off));
+    for (int r = 0; r < 2; r++) {
+      ncclResult_t ks = ncclInProgress;
+      for (int i = 0; i < 20000 && ks == ncclInProgress; i++) {
+        CHECK(ncclCommGetAsyncError(k[r], &ks));
+        if (ks == ncclInProgress) usleep(1000);
+      }
+      const char* m = ncclGetLastError(k[r]);
+      EXPECT(ks == ncclInvalidUsage, "rank %d's init with keys that differ ended with %d (%s)", r, (int)ks, m);
+      EXPECT(strstr(m, "another encryption key") != NULL, "rank %d's error: %s", r, m);
+      CHECK(ncclCommAbort(k[r]));
+    }
+    clock_gettime(CLOCK_MONOTONIC, &k1);
+    double ksecs = (double)(k1.tv_sec - k0.tv_sec) + (double)(k1.tv_nsec - k0.tv_nsec) * 1e-9;
+    EXPECT(ksecs < 5.0, "keys that differ were found after %.2f s", ksecs);
+    checks++;
+  }
+
   /* Destroyed handles are refused, not dereferenced. */
   CHECK(ncclCommDestroy(c[1]));
   FAILS(ncclAllReduce(x, y, 8, ncclFloat, ncclSum, c[1], NULL), ncclInvalidArgument, "already destroyed");
