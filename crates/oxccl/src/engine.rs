@@ -292,7 +292,7 @@ fn closed_before(fabric: &Fabric, batch: &[exec::Task]) -> Option<Error> {
     const MOD: u64 = 1 << 24;
     let n = batch.iter().filter_map(|t| t.sig).map(|s| s.number()).find(|&n| {
         let ahead = n.wrapping_sub(done) % MOD;
-        ahead >= 1 && ahead < MOD / 2
+        (1..MOD / 2).contains(&ahead)
     })?;
     Some(Error::Remote(format!(
         "{who} closed its communicator after collective #{done}; this call runs collective #{n}, which needs every rank"
