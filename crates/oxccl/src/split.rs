@@ -127,8 +127,10 @@ impl Communicator {
     /// (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), Open MPI
     /// (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`), PMI (`PMI_RANK`,
     /// `PMI_SIZE`) or Slurm (`SLURM_PROCID`, `SLURM_NTASKS`); the
-    /// rendezvous address is `OXCCL_ADDR` (host:port) or
-    /// `MASTER_ADDR:MASTER_PORT`, where rank 0 listens.
+    /// rendezvous address, where rank 0 listens, is `OXCCL_ADDR`
+    /// (host:port), else `MASTER_ADDR` with a port derived from
+    /// `MASTER_PORT` and the job (torchrun's store listens on
+    /// `MASTER_PORT` itself; see [`Launch::addr`]).
     ///
     /// Connections prove they know the communicator's secret: set it with
     /// `OXCCL_SECRET` (a passphrase) or `OXCCL_SECRET_FILE` (a file only
@@ -140,7 +142,7 @@ impl Communicator {
         crate::config::init_logging();
         let env = Launch::from_vars(|k| std::env::var(k).ok())?;
         let id = with_launch_secret(UniqueId::for_env(env.addr, &env.job), |k| std::env::var(k).ok())?;
-        Communicator::init(&id, env.size, env.rank, Config::default())
+        Communicator::init(&id, env.size, env.rank, Config::default()).map_err(|e| env.explain(e))
     }
 }
 
@@ -180,8 +182,12 @@ pub struct Launch {
     pub size: usize,
     /// Rank on this host, when the launcher says.
     pub local_rank: Option<usize>,
-    /// Where rank 0 listens.
+    /// Where rank 0 listens: `OXCCL_ADDR`, else `MASTER_ADDR` and a port
+    /// of 10000..31999 derived from `MASTER_PORT` and the job key (never
+    /// `MASTER_PORT`, where torchrun's store listens).
     pub addr: SocketAddr,
+    /// Where the address came from, for error messages.
+    pub addr_from: String,
     /// A key shared by the job's ranks (job id, else the address).
     pub job: String,
     /// Which launcher's variables were used.
@@ -222,26 +228,64 @@ impl Launch {
         if size == 0 || rank >= size {
             return Err(Error::invalid(format!("{launcher}: rank {rank} is out of range for {size} ranks")));
         }
-        let text = match (get("OXCCL_ADDR"), get("MASTER_ADDR"), get("MASTER_PORT")) {
-            (Some(a), _, _) => a,
-            (None, Some(h), Some(p)) => format!("{h}:{p}"),
+        let resolve = |text: &str, var: &str| {
+            text.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+                Error::invalid(format!("rendezvous address {text:?} ({var}) does not resolve to a host and port"))
+            })
+        };
+        let job_var = ["OXCCL_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMI_JOBID"]
+            .iter()
+            .find_map(|k| get(k));
+        let (addr, addr_from, job) = match (get("OXCCL_ADDR"), get("MASTER_ADDR"), get("MASTER_PORT")) {
+            (Some(a), _, _) => {
+                let addr = resolve(&a, "OXCCL_ADDR")?;
+                (addr, format!("OXCCL_ADDR={a}"), job_var.unwrap_or_else(|| format!("{addr}/{size}")))
+            }
+            (None, Some(h), Some(p)) => {
+                let master = resolve(&format!("{h}:{p}"), "MASTER_ADDR:MASTER_PORT")?;
+                let job = job_var.unwrap_or_else(|| format!("{master}/{size}"));
+                let port = derived_port(master.port(), &job);
+                (
+                    SocketAddr::new(master.ip(), port),
+                    format!(
+                        "MASTER_ADDR={h} and port {port}, derived from MASTER_PORT={p}, where torchrun's store listens"
+                    ),
+                    job,
+                )
+            }
             _ => {
                 return Err(Error::invalid(format!(
-                    "{launcher} variables found, but no rendezvous address: set OXCCL_ADDR=host:port or MASTER_ADDR and MASTER_PORT"
+                    "{launcher} variables found, but no rendezvous address: set OXCCL_ADDR=host:port (a free port on \
+                     rank 0's host), or MASTER_ADDR and MASTER_PORT"
                 )));
             }
         };
-        let addr = text
-            .to_socket_addrs()
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| Error::invalid(format!("rendezvous address {text:?} does not resolve")))?;
-        let job = ["OXCCL_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMI_JOBID"]
-            .iter()
-            .find_map(|k| get(k))
-            .unwrap_or_else(|| format!("{addr}/{size}"));
-        Ok(Launch { rank, size, local_rank, addr, job, launcher })
+        Ok(Launch { rank, size, local_rank, addr, addr_from, job, launcher })
     }
+
+    /// `e` from the init of a communicator at this launch's address, with
+    /// which variable to set where the address is at fault.
+    pub fn explain(&self, e: Error) -> Error {
+        let hint = format!(
+            " (the rendezvous address came from {}: set OXCCL_ADDR=host:port to a free port on rank 0's host, the \
+             same on every rank, to choose another)",
+            self.addr_from
+        );
+        match e {
+            Error::System(m) if m.contains("cannot listen") => Error::System(format!("{m}{hint}")),
+            Error::Timeout(m) if m.contains("could not reach rank 0") => Error::Timeout(format!("{m}{hint}")),
+            other => other,
+        }
+    }
+}
+
+/// The rendezvous port derived from torchrun's `MASTER_PORT` and the job:
+/// the same on every rank, in 10000..31999 (below Linux's ephemeral
+/// range), never `master` itself.
+fn derived_port(master: u16, job: &str) -> u16 {
+    let h = oxccl_transport::auth::derive("launch-port", format!("{master}/{job}").as_bytes());
+    let port = 10_000 + u16::from_le_bytes([h[0], h[1]]) % 22_000;
+    if port == master { 10_000 + (port - 10_000 + 1) % 22_000 } else { port }
 }
 
 #[cfg(test)]
@@ -255,6 +299,18 @@ mod tests {
     }
 
     #[test]
+    fn the_derived_port_is_stable_in_range_and_never_the_master_port() {
+        for master in [10_000u16, 29_500, 31_999, 40_000] {
+            for job in ["a", "b", "torchrun-run-7"] {
+                let p = derived_port(master, job);
+                assert!((10_000..32_000).contains(&p) && p != master, "{master} {job}: {p}");
+                assert_eq!(p, derived_port(master, job));
+            }
+        }
+        assert_ne!(derived_port(29_500, "a"), derived_port(29_501, "a"));
+    }
+
+    #[test]
     fn launchers() {
         let t = Launch::from_vars(vars(&[
             ("RANK", "3"),
@@ -265,7 +321,12 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!((t.rank, t.size, t.local_rank, t.launcher), (3, 4, Some(1), "torchrun"));
-        assert_eq!(t.addr, "127.0.0.1:29500".parse().unwrap());
+        // Not torchrun's own port: its store listens there.
+        assert_eq!(t.addr.ip(), "127.0.0.1".parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(t.addr.port(), derived_port(29500, "127.0.0.1:29500/4"));
+        assert!(t.addr_from.contains("MASTER_PORT=29500"), "{}", t.addr_from);
+        let e = t.explain(Error::System("rank 0 cannot listen on x".into())).to_string();
+        assert!(e.contains("set OXCCL_ADDR=host:port") && e.contains("derived from MASTER_PORT"), "{e}");
         let o = Launch::from_vars(vars(&[
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "2"),

@@ -200,3 +200,34 @@ fn launcher_without_a_secret_warns_on_stderr() {
     assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
     assert!(!err.contains(NO_SECRET), "stderr:\n{err}");
 }
+
+/// Under torchrun, its store listens on `MASTER_PORT` (held here the whole
+/// time): a native program without `OXCCL_ADDR` rendezvouses on a port
+/// derived from it instead of failing with "Address already in use"; and
+/// an `OXCCL_ADDR` that is taken is an error saying which variable to set.
+#[test]
+fn under_torchrun_the_store_port_is_left_to_the_store() {
+    let store = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = store.local_addr().unwrap().port().to_string();
+    let mut envs = vec![
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", port.as_str()),
+        ("OXCCL_SECRET", "a passphrase"),
+    ];
+    let (ok, out, err) = child("launch_child", &envs);
+    assert!(ok, "stdout:\n{out}\nstderr:\n{err}");
+    let taken = format!("127.0.0.1:{port}");
+    envs.push(("OXCCL_ADDR", taken.as_str()));
+    let (ok, out, err) = child("launch_child", &envs);
+    let all = format!("{out}{err}");
+    assert!(!ok, "{all}");
+    assert!(
+        all.contains("Address already in use")
+            && all.contains(&format!("came from OXCCL_ADDR={taken}"))
+            && all.contains("set OXCCL_ADDR=host:port to a free port"),
+        "{all}"
+    );
+    drop(store);
+}

@@ -87,6 +87,35 @@ fn ranks_get_their_environment() {
     assert_ne!(again.stdout.trim(), rows[0][5]);
 }
 
+/// torch scripts' `env://` store gets `MASTER_ADDR`/`MASTER_PORT`: another
+/// free port than oxccl's rendezvous, the same on every rank; a caller's
+/// own values are inherited instead.
+#[test]
+fn ranks_get_a_store_address_for_torch() {
+    let show = "echo $MASTER_ADDR $MASTER_PORT $OXCCL_ADDR";
+    let run = |extra: &[(&str, &str)]| {
+        let mut c = Command::new(RUN);
+        c.args(["-np", "2", "sh", "-c", show]).env_remove("MASTER_ADDR").env_remove("MASTER_PORT");
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        let c = c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        wait_for(c, Duration::from_secs(60), "oxccl-run with MASTER_*")
+    };
+    let o = run(&[]);
+    assert!(o.status.success(), "{}", o.stderr);
+    let rows: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(rows.len(), 2, "{}", o.stdout);
+    assert_eq!(rows[0], rows[1], "every rank gets the same store address");
+    let f: Vec<&str> = rows[0].split_whitespace().collect();
+    assert_eq!(f[0], "127.0.0.1", "{rows:?}");
+    let store: u16 = f[1].parse().unwrap();
+    let rendezvous: u16 = f[2].rsplit_once(':').unwrap().1.parse().unwrap();
+    assert!(store > 0 && store != rendezvous, "{rows:?}");
+    let o = run(&[("MASTER_ADDR", "10.1.2.3"), ("MASTER_PORT", "29511")]);
+    assert!(o.stdout.lines().all(|l| l.starts_with("10.1.2.3 29511 ")), "{}", o.stdout);
+}
+
 #[test]
 fn transport_and_interface_variables() {
     let show = "echo T=${OXCCL_TRANSPORT-unset} I=${OXCCL_SOCKET_IFNAME-unset}";

@@ -56,7 +56,9 @@ Every rank gets the variables Communicator::from_env() reads: RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, OXCCL_ADDR=127.0.0.1:<a free port>, OXCCL_JOB (unique
 per run), OXCCL_SECRET (random per run, unless OXCCL_SECRET or OXCCL_SECRET_FILE is
 set already); OXCCL_TRANSPORT with --transport; OXCCL_SOCKET_IFNAME=lo with
---transport tcp (or the --ifname given). Standard input is closed for every rank.
+--transport tcp (or the --ifname given). For torch scripts (init_process_group's
+env:// store) also MASTER_ADDR=127.0.0.1 and MASTER_PORT=<another free port>, unless
+either is set already. Standard input is closed for every rank.
 
 With --tag-output each line a rank writes is prefixed with `[R] ` (R right-aligned
 to the width of the largest rank: `[ 3] ` for 16 ranks), stdout to stdout and

@@ -44,6 +44,10 @@ pub struct Job {
     pub addr: String,
     /// `OXCCL_JOB`.
     pub id: String,
+    /// `MASTER_ADDR:MASTER_PORT` for torch's `env://` store (another free
+    /// port than `addr`'s); `None` when the caller set either variable,
+    /// which the ranks inherit.
+    pub master: Option<(String, u16)>,
     /// `OXCCL_SECRET`: fresh random bytes per run (unless the caller set
     /// `OXCCL_SECRET` or `OXCCL_SECRET_FILE`, which the ranks inherit).
     pub secret: Option<String>,
@@ -77,6 +81,16 @@ impl Job {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")
             .map_err(|e| format!("cannot find a free port on 127.0.0.1 for the rendezvous: {e}"))?;
         let port = listener.local_addr().map_err(|e| format!("cannot read the rendezvous port: {e}"))?.port();
+        // torch's env:// store (a Python rank's init_process_group) listens
+        // on MASTER_PORT: another free port, found while the first is held.
+        let master = if ["MASTER_ADDR", "MASTER_PORT"].iter().any(|k| std::env::var_os(k).is_some()) {
+            None
+        } else {
+            let store = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("cannot find a free port on 127.0.0.1 for MASTER_PORT: {e}"))?;
+            Some(("127.0.0.1".to_string(), store.port()))
+        };
         // Rank 0 binds it; released now, so the window is that of a process start.
         drop(listener);
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -90,6 +104,7 @@ impl Job {
             command: cli.command.clone(),
             addr: format!("127.0.0.1:{port}"),
             id: format!("oxccl-run-{}-{port}-{nanos:x}", std::process::id()),
+            master,
             secret: fresh_secret()?,
             np: cli.np,
             transport: cli.transport,
@@ -110,6 +125,10 @@ impl Job {
         ];
         if let Some(s) = &self.secret {
             v.push(("OXCCL_SECRET", s.clone()));
+        }
+        if let Some((host, port)) = &self.master {
+            v.push(("MASTER_ADDR", host.clone()));
+            v.push(("MASTER_PORT", port.to_string()));
         }
         if let Some(t) = self.transport {
             v.push(("OXCCL_TRANSPORT", t.env_value().to_string()));
