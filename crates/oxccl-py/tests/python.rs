@@ -21,17 +21,35 @@ use std::process::Command;
 
 /// The Python tests that may skip (test id, what the skip's reason says,
 /// why it may); every other test must pass.
-const MAY_SKIP: &[(&str, &str, &str)] = &[(
-    "test_torch.Training.test_fsdp_moves_one_and_a_half_times_ddp",
-    "FSDP",
-    "PyTorch's FSDP itself fails on some builds: Debian's torch 1.13 (CI's) cannot import it on Python 3.11 \
-     (a dataclass with a mutable default in torch.distributed._shard); the test runs where FSDP works on CPU",
-)];
+/// On PyTorch 2.x ([`python_package_and_torch_backend_on_torch_2`]) none may.
+const MAY_SKIP: &[(&str, &str, &str)] = &[
+    (
+        "test_torch.Training.test_fsdp_moves_one_and_a_half_times_ddp",
+        "FSDP",
+        "PyTorch's FSDP itself fails on some builds: Debian's torch 1.13 (CI's) cannot import it on Python 3.11 \
+         (a dataclass with a mutable default in torch.distributed._shard); the test runs where FSDP works on CPU",
+    ),
+    (
+        "test_torch.Torch2.test_calls_of_pytorch_2_on_2_and_4_processes",
+        "is not 2.x",
+        "PyTorch 2.x's calls (the flat forms, coalescing, DTensor) do not exist in 1.13; CI runs them on 2.15",
+    ),
+    (
+        "test_torch.Torch2.test_init_process_group_finds_the_backend_without_an_import",
+        "is not 2.x",
+        "PyTorch 1.13 reads no backend entry points; CI runs this on 2.15",
+    ),
+];
 
 /// A test's skip for want of torch, allowed only where torch may be absent.
 const NO_TORCH: &str = "torch is not installed";
 
-fn run_suite(python: &str, root: &Path) {
+/// One suite at a time: each starts up to 4 processes per test, and its
+/// failure tests time how soon a dead peer is named.
+static ONE_SUITE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn run_suite(python: &str, root: &Path, may_skip: &[(&str, &str, &str)]) {
+    let _one = ONE_SUITE.lock().unwrap_or_else(|e| e.into_inner());
     let dir = manifest().join("tests/python");
     let report =
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("python-outcomes-{}.json", std::process::id()));
@@ -54,7 +72,7 @@ fn run_suite(python: &str, root: &Path) {
     let mut wrong = Vec::new();
     let mut torch_skips = 0;
     for (id, outcome, detail) in &outcomes {
-        let allowed = MAY_SKIP.iter().find(|(t, says, _)| t == id && detail.contains(says));
+        let allowed = may_skip.iter().find(|(t, says, _)| t == id && detail.contains(says));
         match (outcome.as_str(), allowed) {
             ("ok", _) => {}
             ("skipped", _) if detail == NO_TORCH => torch_skips += 1,
@@ -81,5 +99,28 @@ fn python_package_and_torch_backend() {
     if required("OXCCL_REQUIRE_TORCH") {
         assert!(imports(&python, "torch"), "OXCCL_REQUIRE_TORCH=1 but {python} cannot import torch");
     }
-    run_suite(&python, &package("cpu"));
+    run_suite(&python, &package("cpu"), MAY_SKIP);
+}
+
+/// The same suite on PyTorch 2.x (FSDP2, DTensor, the flat and coalesced
+/// forms): `OXCCL_TORCH2_PYTHON` names a Python whose torch is 2.x (CI:
+/// a venv with torch 2.15.0 from PyPI); without it the test says so and
+/// passes, unless `OXCCL_REQUIRE_TORCH2=1` (CI) makes that a failure.
+/// Every test must pass there: none may skip.
+#[test]
+fn python_package_and_torch_backend_on_torch_2() {
+    let Some(python) = std::env::var("OXCCL_TORCH2_PYTHON").ok().filter(|p| !p.is_empty()) else {
+        let why = "OXCCL_TORCH2_PYTHON is not set (a Python with torch 2.x and numpy: python3 -m venv v && \
+                   v/bin/pip install torch numpy; CI does)";
+        oxccl_skip::skip_or_fail("OXCCL_REQUIRE_TORCH2", why);
+        return;
+    };
+    let v = Command::new(&python).args(["-c", "import numpy, torch; print(torch.__version__)"]).output();
+    let version = v.ok().filter(|o| o.status.success()).map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let Some(version) = version else {
+        panic!("OXCCL_TORCH2_PYTHON={python} cannot import numpy and torch");
+    };
+    assert!(version.starts_with("2."), "OXCCL_TORCH2_PYTHON={python} has torch {version}, not 2.x");
+    println!("torch {version} at {python}");
+    run_suite(&python, &package("cpu-torch2"), &[]);
 }

@@ -34,24 +34,92 @@ _OPS = {_RED.SUM: "sum", _RED.PRODUCT: "prod", _RED.MIN: "min", _RED.MAX: "max",
 
 
 def _op(opts):
+    """The reduction of ``opts`` as oxccl's keyword arguments: ``op`` and,
+    for PREMUL_SUM, ``scalar`` (the factor, a number or a one-element
+    tensor, as ``torch.distributed._make_nccl_premul_sum`` makes it)."""
     red = getattr(opts, "reduceOp", None)
     if red is None:
-        return "sum"
+        return {"op": "sum"}
     kind = getattr(red, "op", red)
     if kind in _OPS:
-        return _OPS[kind]
+        return {"op": _OPS[kind]}
     if kind == _RED.PREMUL_SUM:
-        raise InvalidArgument("oxccl backend: PREMUL_SUM: this PyTorch does not show the factor to a Python backend; "
-                              "multiply the tensor and use SUM (oxccl's own all_reduce takes op='premul_sum')")
-    raise InvalidArgument(f"oxccl backend: reduce op {kind} is not one oxccl has (SUM, PRODUCT, MIN, MAX, AVG)")
+        factor = getattr(red, "factor", None)
+        if factor is None:
+            raise InvalidArgument("oxccl backend: PREMUL_SUM: this PyTorch does not show the factor to a Python "
+                                  "backend; multiply the tensor and use SUM (oxccl's own all_reduce takes "
+                                  "op='premul_sum')")
+        if isinstance(factor, torch.Tensor):
+            if factor.numel() != 1:
+                raise InvalidArgument(f"oxccl backend: PREMUL_SUM's factor has {factor.numel()} elements, not 1")
+            factor = factor.item()
+        return {"op": "premul_sum", "scalar": float(factor)}
+    raise InvalidArgument(f"oxccl backend: reduce op {kind} is not one oxccl has (SUM, PRODUCT, MIN, MAX, AVG, "
+                          "PREMUL_SUM)")
 
 
-class ProcessGroupOxccl(dist.ProcessGroup):
-    """A torch.distributed process group on one oxccl communicator."""
+_C10D = torch._C._distributed_c10d
+# PyTorch 2.x hands a process group's calls to a Python subclass of its
+# Backend (the "single" forms, coalescing, and the group's name and
+# devices kept by the ProcessGroup torch makes around it); 1.13 takes a
+# subclass of ProcessGroup itself.
+_TWO = hasattr(getattr(_C10D, "Backend", None), "all_gather_single")
+_Base = _C10D.Backend if _TWO else dist.ProcessGroup
+
+
+class _FutureWork(getattr(dist, "_Work", object)):
+    """PyTorch 2.x's Work over a future: ``wait()`` returns once it is
+    done (raising its exception), ``is_completed()`` says whether it is,
+    and ``get_future()`` is the future itself (DDP's communication hooks
+    chain on it)."""
+
+    def __init__(self, fut):
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()
+        return True
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self._fut.value()
+        except Exception as e:
+            return e
+        return None
+
+    def get_future(self):
+        return self._fut
+
+
+def _make_work(fut):
+    return _FutureWork(fut) if _TWO else _create_work_from_future(fut)
+
+
+class ProcessGroupOxccl(_Base):
+    """A torch.distributed process group (a Backend of one on PyTorch 2.x) on
+    one oxccl communicator."""
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
-        key = "oxccl/unique_id"
+        # A group made again on the same store (destroy_process_group, then
+        # init_process_group) must not read the last one's id: each
+        # generation of ranks has a key of its own (every rank of one
+        # generation joins before any of the next can).
+        generation = (store.add("oxccl/joined", 1) - 1) // size
+        key = f"oxccl/unique_id/{generation}"
         if rank == 0:
             uid = oxccl.unique_id()
             store.set(key, uid)
@@ -66,6 +134,18 @@ class ProcessGroupOxccl(dist.ProcessGroup):
     def getBackendName(self):
         return "oxccl"
 
+    # PyTorch 2.x asks a Backend these; unanswered, its trampoline asks
+    # itself again (a RecursionError). Operations of a coalescing manager
+    # run one by one (oxccl orders them the same on every rank), and its
+    # flat all-gathers and reduce-scatters go as one group (below).
+    @property
+    def supports_coalescing(self):
+        return False
+
+    @property
+    def supports_splitting(self):
+        return False
+
     def __repr__(self):
         return f"<ProcessGroupOxccl rank {self.rank()} of {self.size()}>"
 
@@ -79,7 +159,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
             _complete(fn, fut, outputs)
         else:
             self._jobs.put((fn, fut, outputs))
-        return _create_work_from_future(fut)
+        return _make_work(fut)
 
     def shutdown(self):
         """Runs the operations queued so far, then leaves the communicator
@@ -105,7 +185,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         op = _op(opts)
-        return self._each(tensors, lambda t: self.comm.all_reduce(t, op=op))
+        return self._each(tensors, lambda t: self.comm.all_reduce(t, **op))
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -116,7 +196,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         op, root = _op(opts), opts.rootRank if opts is not None else 0
-        return self._each(tensors, lambda t: self.comm.reduce(t, op=op, root=root))
+        return self._each(tensors, lambda t: self.comm.reduce(t, root=root, **op))
 
     def _allgather_base(self, output, input, opts=None):
         return self._submit(lambda: self.comm.all_gather(input, output), [output], [output])
@@ -141,7 +221,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = _op(opts)
-        return self._submit(lambda: self.comm.reduce_scatter(input, output, op=op), [output], [output])
+        return self._submit(lambda: self.comm.reduce_scatter(input, output, **op), [output], [output])
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         op, c, n = _op(opts), self.comm, self.size()
@@ -151,7 +231,7 @@ class ProcessGroupOxccl(dist.ProcessGroup):
             flats = [torch.cat([i.reshape(-1) for i in ins]) for ins in input_tensors]
             with c.group():
                 for o, f in zip(output_tensors, flats):
-                    c.reduce_scatter(f, o, op=op)
+                    c.reduce_scatter(f, o, **op)
 
         return self._submit(run, list(output_tensors), output_tensors)
 
@@ -240,6 +320,39 @@ class ProcessGroupOxccl(dist.ProcessGroup):
     def barrier(self, opts=None):
         return self._submit(self.comm.barrier, [])
 
+    # --- PyTorch 2.x's names for the flat-tensor forms ------------------
+
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        """Several flat all-gathers as one oxccl group (FSDP2's)."""
+        c = self.comm
+
+        def run():
+            with c.group():
+                for o, i in zip(outputs, inputs):
+                    c.all_gather(i, o)
+
+        return self._submit(run, list(outputs), outputs)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        """Several flat reduce-scatters as one oxccl group."""
+        c, op = self.comm, _op(opts)
+
+        def run():
+            with c.group():
+                for o, i in zip(outputs, inputs):
+                    c.reduce_scatter(i, o, **op)
+
+        return self._submit(run, list(outputs), outputs)
+
     # --- oxccl's own ---------------------------------------------------
 
     def stats(self):
@@ -299,12 +412,30 @@ def communicator(group=None):
     """The oxccl :class:`~oxccl.Communicator` under ``group`` (the default
     group when None), for oxccl's own calls and ``stats()``."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if _TWO and not isinstance(pg, ProcessGroupOxccl):
+        # The ProcessGroup PyTorch 2.x made around the backend.
+        try:
+            pg = pg._get_backend(torch.device("cpu"))
+        except RuntimeError:
+            pass
     if not isinstance(pg, ProcessGroupOxccl):
         raise InvalidUsage(f"{pg!r} is not an oxccl process group")
     return pg.comm
 
 
-if not hasattr(dist.Backend, "OXCCL"):
-    dist.Backend.register_backend("oxccl", _create)
+def register():
+    """Registers the ``"oxccl"`` backend (once; importing this module does).
+    PyTorch 2.x calls it through the ``torch.distributed.backends`` entry
+    point the package declares, so ``init_process_group("oxccl")`` works
+    after ``pip install`` without importing anything."""
+    if hasattr(dist.Backend, "OXCCL"):
+        return
+    if _TWO:
+        dist.Backend.register_backend("oxccl", _create, devices=["cpu", "cuda"])
+    else:
+        dist.Backend.register_backend("oxccl", _create)
+
+
+register()
 
 __all__ = ["ProcessGroupOxccl", "communicator"]

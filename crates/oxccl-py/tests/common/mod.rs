@@ -30,7 +30,35 @@ pub fn package(name: &str) -> PathBuf {
         }
     }
     std::fs::copy(&lib, pkg.join("_oxccl.abi3.so")).expect("copy the native module");
+    // The metadata pip writes, with pyproject's entry points (PyTorch 2.x
+    // finds the backend through them).
+    let info = root.join("oxccl-0.0.0.dist-info");
+    let _ = std::fs::remove_dir_all(&info);
+    std::fs::create_dir_all(&info).expect("create the dist-info directory");
+    std::fs::write(info.join("METADATA"), "Metadata-Version: 2.1\nName: oxccl\nVersion: 0.0.0\n").expect("METADATA");
+    std::fs::write(info.join("entry_points.txt"), entry_points()).expect("entry_points.txt");
     root
+}
+
+/// pyproject.toml's `[project.entry-points."G"]` tables as pip writes them
+/// (`[G]` then `name = value` lines).
+fn entry_points() -> String {
+    let toml = std::fs::read_to_string(manifest().join("pyproject.toml")).expect("pyproject.toml");
+    let mut out = String::new();
+    let mut inside = false;
+    for line in toml.lines().map(str::trim) {
+        if let Some(group) = line.strip_prefix("[project.entry-points.").and_then(|g| g.strip_suffix(']')) {
+            out.push_str(&format!("[{}]\n", group.trim_matches('"')));
+            inside = true;
+        } else if line.starts_with('[') {
+            inside = false;
+        } else if inside && line.contains('=') && !line.starts_with('#') {
+            out.push_str(&line.replace('"', ""));
+            out.push('\n');
+        }
+    }
+    assert!(out.contains("torch.distributed.backends"), "no entry points in pyproject.toml");
+    out
 }
 
 /// Whether `python` imports `module`.

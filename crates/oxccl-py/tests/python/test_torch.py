@@ -165,3 +165,43 @@ class Example(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@needs_torch
+class Torch2(unittest.TestCase):
+    """What PyTorch 2.x's FSDP2, DTensor and DDP call on a backend (1.13,
+    Debian's, has none of it: the test says so and the suite allows it
+    there only; CI runs it on 2.15)."""
+
+    def test_calls_of_pytorch_2_on_2_and_4_processes(self):
+        if not hasattr(torch._C._distributed_c10d, "Backend") or not hasattr(torch.distributed, "device_mesh"):
+            self.skipTest(f"torch {torch.__version__} is not 2.x")
+        for n in (2, 4):
+            with self.subTest(n=n):
+                for r, out in enumerate(launch.run(n, "torch2_calls")):
+                    self.check(n, r, out)
+
+    def test_init_process_group_finds_the_backend_without_an_import(self):
+        if not hasattr(torch._C._distributed_c10d, "Backend") or not hasattr(torch.distributed, "device_mesh"):
+            self.skipTest(f"torch {torch.__version__} is not 2.x")
+        for out in launch.run(2, "init_by_name"):
+            self.assertEqual(out, {"imported_before": False, "sum": [2.0] * 3, "backend": "oxccl"})
+
+    def check(self, n, r, out):
+        self.assertTrue(out["group_name"])
+        self.assertEqual(out["all_gather_into_tensor"], [float(k) for k in range(n) for _ in range(3)])
+        self.assertEqual(out["reduce_scatter_tensor"], [float(n * (2 * r)), float(n * (2 * r + 1))])
+        self.assertEqual(out["reduce_scatter_avg"], [float(2 * r), float(2 * r + 1)])
+        self.assertEqual(out["all_gather_object"], [{"rank": k, "name": f"r{k}"} for k in range(n)])
+        self.assertEqual(out["premul_host"], [0.5 * n * (n + 1) / 2] * 4)
+        self.assertEqual(out["premul_tensor"], [2.0 * n * (n + 1) / 2] * 4)
+        self.assertEqual(out["all_gather_coalesced"], [[float(k) for k in range(n) for _ in range(2)],
+                                                       [float(k) for k in range(n)]])
+        self.assertEqual(out["reduce_scatter_coalesced"], [[float(n)] * 2, [float(n)]])
+        self.assertEqual(out["batch_isend_irecv"], [float((r - 1) % n)] * 2)
+        self.assertEqual(out["all_to_all_splits"], [float(k) for k in range(n) for _ in range(r + 1)])
+        self.assertEqual(out["dtensor_local_rows"], 8 // n)
+        self.assertTrue(out["dtensor_redistribute_exact"])
+        self.assertLess(out["dtensor_matmul_err"], 1e-5)
+        self.assertEqual(out["reinit"], [float(n)] * 2)
+

@@ -125,7 +125,13 @@ def torch_semantics():
     x = torch.full((1000,), float(r))
     w = dist.all_reduce(x, async_op=True)
     w.wait()
-    out["async"] = (x[0].item(), w.is_completed())
+    # PyTorch 2.x hands back its own Work around the backend's, whose
+    # is_completed() never asks a Python backend (it stays False; gloo's
+    # is True); its future is the backend's, done after wait().
+    import oxccl.torch
+
+    two = oxccl.torch._TWO
+    out["async"] = (x[0].item(), w.get_future().done() if two else w.is_completed())
     fut = dist.all_reduce(torch.ones(4), async_op=True).get_future()
     out["future"] = fut.wait()[0].tolist()
     # all_gather into a list, all_gather_into_tensor, reduce_scatter(_tensor).
@@ -246,17 +252,33 @@ def _moved(dist):
 
 
 def fsdp_train(backend, steps):
-    """PyTorch's FullyShardedDataParallel where this PyTorch has it on CPU;
-    else the reason it does not."""
+    """PyTorch's fully sharded data parallelism where this PyTorch has it on
+    CPU: FSDP2 (``fully_shard`` on each layer and the root, resharding
+    after forward) on 2.x, else FullyShardedDataParallel; else the reason
+    it has none."""
     import torch
 
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except Exception:  # 1.13: ImportError, or its FSDP failing to import
+        fully_shard = None
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     except Exception as e:
         return {"unsupported": f"torch {torch.__version__}: importing FSDP fails: {type(e).__name__}: {e}"}
     dist = _torch_init(backend)
     try:
-        model = FSDP(_model(torch), device_id=torch.device("cpu"))
+        if fully_shard is not None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+            model = _model(torch)
+            for layer in model:
+                if any(True for _ in layer.parameters()):
+                    fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+            fully_shard(model, mesh=mesh, reshard_after_forward=True)
+        else:
+            model = FSDP(_model(torch), device_id=torch.device("cpu"))
     except Exception as e:
         dist.destroy_process_group()
         return {"unsupported": f"torch {torch.__version__}: FSDP on CPU fails: {type(e).__name__}: {e}"}
@@ -270,3 +292,91 @@ def fsdp_train(backend, steps):
     moved = (_moved(dist) - before) if backend == "oxccl" else 0
     dist.destroy_process_group()
     return {"moved": moved}
+
+
+def torch2_calls():
+    """The calls PyTorch 2.x's parallelism code makes on a backend, on
+    "oxccl": the flat ("single") forms, their coalesced forms, PREMUL_SUM
+    with host and tensor factors, batched point-to-point, object
+    collectives, the group's name, and DTensor over a CPU device mesh."""
+    import torch
+
+    dist = _torch_init("oxccl")
+    r, n = dist.get_rank(), dist.get_world_size()
+    out = {"group_name": dist.distributed_c10d._get_default_group().group_name}
+    t = torch.zeros(3 * n)
+    dist.all_gather_into_tensor(t, torch.full((3,), float(r)))
+    out["all_gather_into_tensor"] = t.tolist()
+    t = torch.zeros(2)
+    dist.reduce_scatter_tensor(t, torch.arange(2.0 * n))
+    out["reduce_scatter_tensor"] = t.tolist()
+    t = torch.zeros(2)
+    dist.reduce_scatter_tensor(t, torch.arange(2.0 * n), op=dist.ReduceOp.AVG)
+    out["reduce_scatter_avg"] = t.tolist()
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r, "name": f"r{r}"})
+    out["all_gather_object"] = objs
+    x = torch.full((4,), float(r + 1))
+    dist.all_reduce(x, op=dist._make_nccl_premul_sum(0.5))
+    out["premul_host"] = x.tolist()
+    x = torch.full((4,), float(r + 1))
+    dist.all_reduce(x, op=dist._make_nccl_premul_sum(torch.tensor([2.0])))
+    out["premul_tensor"] = x.tolist()
+    outs = [torch.zeros(2 * n), torch.zeros(n)]
+    with dist._coalescing_manager(async_ops=False):
+        dist.all_gather_into_tensor(outs[0], torch.full((2,), float(r)))
+        dist.all_gather_into_tensor(outs[1], torch.full((1,), float(r)))
+    out["all_gather_coalesced"] = [o.tolist() for o in outs]
+    outs = [torch.zeros(2), torch.zeros(1)]
+    with dist._coalescing_manager(async_ops=False):
+        dist.reduce_scatter_tensor(outs[0], torch.ones(2 * n))
+        dist.reduce_scatter_tensor(outs[1], torch.ones(n))
+    out["reduce_scatter_coalesced"] = [o.tolist() for o in outs]
+    got = torch.zeros(2)
+    ops = [dist.P2POp(dist.isend, torch.full((2,), float(r)), (r + 1) % n), dist.P2POp(dist.irecv, got, (r - 1) % n)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    out["batch_isend_irecv"] = got.tolist()
+    sizes = [k + 1 for k in range(n)]  # rank r sends k + 1 rows to rank k
+    inp = torch.full((sum(sizes),), float(r))
+    o = torch.zeros(n * (r + 1))
+    dist.all_to_all_single(o, inp, output_split_sizes=[r + 1] * n, input_split_sizes=sizes)
+    out["all_to_all_splits"] = o.tolist()
+    dist.barrier(device_ids=None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (n,))
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(8, 6, generator=g), torch.randn(6, 4, generator=g)
+    da = distribute_tensor(a, mesh, [Shard(0)])
+    out["dtensor_local_rows"] = da.to_local().shape[0]
+    full = da.redistribute(mesh, [Replicate()]).to_local()
+    out["dtensor_redistribute_exact"] = bool(torch.equal(full, a))
+    prod = (da @ distribute_tensor(b, mesh, [Replicate()])).full_tensor()
+    out["dtensor_matmul_err"] = float((prod - a @ b).abs().max())
+    dist.destroy_process_group()
+    # A second init in the same process works after destroy.
+    dist = _torch_init("oxccl")
+    y = torch.ones(2)
+    dist.all_reduce(y)
+    out["reinit"] = y.tolist()
+    dist.destroy_process_group()
+    return out
+
+
+def init_by_name():
+    """init_process_group("oxccl") in a process that never imports oxccl.torch:
+    PyTorch 2.x finds the backend through the package's entry point."""
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    imported_before = "oxccl.torch" in sys.modules
+    dist.init_process_group("oxccl")
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    out = {"imported_before": imported_before, "sum": x.tolist(), "backend": str(dist.get_backend())}
+    dist.destroy_process_group()
+    return out
