@@ -183,9 +183,9 @@ fn main_loop(shared: &Shared) {
         // finished and exited cleanly) is not an error until a call needs
         // it; the bootstrap still reports deaths through async_error. A
         // poisoned communicator still pushes out what its finished calls
-        // sent (a failed call's sends were abandoned).
-        let _ = fabric.progress();
-        let flushed = fabric.flushed();
+        // sent (a failed call's sends were abandoned). Bytes that cannot
+        // leave (a connection failed) are tried again at the slow pace.
+        let flushed = fabric.progress().is_err() || fabric.flushed();
         drop(fabric);
         // Sleep on the kick, not on the fabric's doorbell: peers ring that
         // for whichever thread runs a job, and waking this one for nothing
