@@ -85,10 +85,7 @@ impl Communicator {
         let ip = self.boot().peers()[stay[0]].addr;
         let nonce: String = self.id().nonce().iter().map(|b| format!("{b:02x}")).collect();
         let key = format!("oxccl-shrink/{nonce}/{}/{exclude:?}", self.next_shrink());
-        // Ports 10000 to 31999: below Linux's ephemeral range, where
-        // outgoing connections take theirs.
-        let h = oxccl_transport::auth::derive("shrink-port", key.as_bytes());
-        let port = 10_000 + (u16::from_le_bytes([h[0], h[1]]) % 22_000);
+        let port = port_from("shrink-port", key.as_bytes());
         // The secret comes from the parent's, which never travelled.
         let id = UniqueId::for_env(SocketAddr::new(ip, port), &key)
             .with_secret_from(&[&self.id().secret()[..], key.as_bytes()].concat());
@@ -279,13 +276,22 @@ impl Launch {
     }
 }
 
+/// Lowest and count of the ports [`port_from`] derives: 10000 to 31999,
+/// below Linux's ephemeral range, where outgoing connections take theirs.
+const DERIVED_PORTS: (u16, u16) = (10_000, 22_000);
+
+/// A port every rank derives alike from `label` and `material`.
+fn port_from(label: &str, material: &[u8]) -> u16 {
+    let h = oxccl_transport::auth::derive(label, material);
+    DERIVED_PORTS.0 + u16::from_le_bytes([h[0], h[1]]) % DERIVED_PORTS.1
+}
+
 /// The rendezvous port derived from torchrun's `MASTER_PORT` and the job:
-/// the same on every rank, in 10000..31999 (below Linux's ephemeral
-/// range), never `master` itself.
+/// the same on every rank, never `master` itself.
 fn derived_port(master: u16, job: &str) -> u16 {
-    let h = oxccl_transport::auth::derive("launch-port", format!("{master}/{job}").as_bytes());
-    let port = 10_000 + u16::from_le_bytes([h[0], h[1]]) % 22_000;
-    if port == master { 10_000 + (port - 10_000 + 1) % 22_000 } else { port }
+    let (low, count) = DERIVED_PORTS;
+    let port = port_from("launch-port", format!("{master}/{job}").as_bytes());
+    if port == master { low + (port - low + 1) % count } else { port }
 }
 
 #[cfg(test)]
