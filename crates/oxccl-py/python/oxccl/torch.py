@@ -67,45 +67,76 @@ _TWO = hasattr(getattr(_C10D, "Backend", None), "all_gather_single")
 _Base = _C10D.Backend if _TWO else dist.ProcessGroup
 
 
-class _FutureWork(getattr(dist, "_Work", object)):
-    """PyTorch 2.x's Work over a future: ``wait()`` returns once it is
-    done (raising its exception), ``is_completed()`` says whether it is,
-    and ``get_future()`` is the future itself (DDP's communication hooks
-    chain on it)."""
+class _Outcome:
+    """What an operation ends with, seen two ways. ``done``: a Python
+    future completed with ``(value, exception)`` (never with
+    ``set_exception``: that keeps the error in the Python object alone,
+    and C++, which DDP's reducer and PyTorch's own Work read, would see a
+    success whose value is the exception). ``future``: the future PyTorch
+    gets, chained on it, which fails in C++ when the operation did, so
+    ``wait()``, ``value()`` and every ``then`` on it raise."""
 
-    def __init__(self, fut):
+    def __init__(self):
+        self.done = torch.futures.Future()
+        self.future = self.done.then(_settle)
+
+    def finish(self, value, exc=None):
+        self.done.set_result((value, exc))
+
+    def wait(self):
+        """Waits until the operation has ended and ``future`` says so
+        (its callbacks have run); the operation's exception, or None."""
+        try:
+            self.future.wait()
+        except Exception:  # the operation's exception, as C++ words it
+            pass
+        return self.done.value()[1]
+
+    def ended(self):
+        return self.future.done()
+
+
+def _settle(done):
+    value, exc = done.value()
+    if exc is not None:
+        raise exc
+    return value
+
+
+class _FutureWork(getattr(dist, "_Work", object)):
+    """PyTorch 2.x's Work over an operation's outcome: ``wait()`` returns
+    once it is done (raising its exception as oxccl raised it),
+    ``is_completed()`` says whether it is, and ``get_future()`` is the
+    future DDP's communication hooks and FSDP2 chain on."""
+
+    def __init__(self, outcome):
         super().__init__()
-        self._fut = fut
+        self._outcome = outcome
 
     def wait(self, timeout=None):
-        self._fut.wait()
+        exc = self._outcome.wait()
+        if exc is not None:
+            raise exc
         return True
 
     def is_completed(self):
-        return self._fut.done()
+        return self._outcome.ended()
 
     def is_success(self):
-        if not self._fut.done():
-            return False
-        try:
-            self._fut.value()
-        except Exception:
-            return False
-        return True
+        return self.is_completed() and self._outcome.wait() is None
 
     def exception(self):
-        try:
-            self._fut.value()
-        except Exception as e:
-            return e
-        return None
+        return self._outcome.wait() if self.is_completed() else None
 
     def get_future(self):
-        return self._fut
+        return self._outcome.future
 
 
-def _make_work(fut):
-    return _FutureWork(fut) if _TWO else _create_work_from_future(fut)
+def _make_work(outcome):
+    # 1.13's DDP stalls on a Work written in Python; its C++ Work over a
+    # future does not raise the future's error from wait() (PyTorch's
+    # FutureWrappingWork), but its future, which DDP reads, fails.
+    return _FutureWork(outcome) if _TWO else _create_work_from_future(outcome.future)
 
 
 class ProcessGroupOxccl(_Base):
@@ -154,12 +185,12 @@ class ProcessGroupOxccl(_Base):
     def _submit(self, fn, outputs, tensors=()):
         """Queues ``fn`` (CUDA tensors: runs it now, enqueued on the current
         stream); a Work whose future's value is ``outputs``."""
-        fut = torch.futures.Future()
+        outcome = _Outcome()
         if any(t.is_cuda for t in tensors):
-            _complete(fn, fut, outputs)
+            _complete(fn, outcome, outputs)
         else:
-            self._jobs.put((fn, fut, outputs))
-        return _make_work(fut)
+            self._jobs.put((fn, outcome, outputs))
+        return _make_work(outcome)
 
     def shutdown(self):
         """Runs the operations queued so far, then leaves the communicator
@@ -371,15 +402,15 @@ def _work(jobs):
         _complete(*job)
 
 
-def _complete(fn, fut, value):
-    """Runs ``fn`` and completes ``fut``: with ``value``, or with the
+def _complete(fn, outcome, value):
+    """Runs ``fn`` and finishes ``outcome``: with ``value``, or with the
     exception, which ``wait()`` raises."""
     try:
         fn()
     except BaseException as e:
-        fut.set_exception(e)
+        outcome.finish(None, e)
     else:
-        fut.set_result(value)
+        outcome.finish(value)
 
 
 # Strong references: PyTorch 1.13 has no hook for destroy_process_group,
@@ -413,11 +444,16 @@ def communicator(group=None):
     group when None), for oxccl's own calls and ``stats()``."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if _TWO and not isinstance(pg, ProcessGroupOxccl):
-        # The ProcessGroup PyTorch 2.x made around the backend.
-        try:
-            pg = pg._get_backend(torch.device("cpu"))
-        except RuntimeError:
-            pass
+        # The ProcessGroup PyTorch 2.x made around the backend: oxccl's for
+        # the CPU, or for CUDA only ("cpu:gloo,cuda:oxccl").
+        for dev in ("cpu", "cuda"):
+            try:
+                b = pg._get_backend(torch.device(dev))
+            except RuntimeError:
+                continue
+            if isinstance(b, ProcessGroupOxccl):
+                pg = b
+                break
     if not isinstance(pg, ProcessGroupOxccl):
         raise InvalidUsage(f"{pg!r} is not an oxccl process group")
     return pg.comm

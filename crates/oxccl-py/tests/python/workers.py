@@ -222,9 +222,10 @@ def _batches(torch, rank, steps):
     return [(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)) for _ in range(steps)]
 
 
-def ddp_train(backend, steps, zero=False, measure=False):
+def ddp_train(backend, steps, zero=False, hook=None):
     """A small MLP trained by PyTorch's DistributedDataParallel (and, with
-    ``zero``, its ZeroRedundancyOptimizer) on ``backend``: the final
+    ``zero``, its ZeroRedundancyOptimizer; with ``hook`` "bf16" or "fp16",
+    PyTorch's compression hook on its gradients) on ``backend``: the final
     parameters, the losses, the step times and oxccl's byte counts."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -233,6 +234,11 @@ def ddp_train(backend, steps, zero=False, measure=False):
     r = dist.get_rank()
     torch.set_num_threads(1)
     model = DDP(_model(torch))
+    if hook is not None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        model.register_comm_hook(None, {"bf16": default_hooks.bf16_compress_hook,
+                                        "fp16": default_hooks.fp16_compress_hook}[hook])
     if zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -359,6 +365,13 @@ def torch2_calls():
     dist.all_to_all_single(o, inp, output_split_sizes=[r + 1] * n, input_split_sizes=sizes)
     out["all_to_all_splits"] = o.tolist()
     dist.barrier(device_ids=None)
+    # With device ids (NCCL's way to pick the barrier's GPU): the same barrier,
+    # timed from after a 0.3 s sleep of rank 0's, which every rank waits out.
+    if r == 0:
+        time.sleep(0.3)
+    t = time.perf_counter()
+    dist.barrier(device_ids=[0])
+    out["barrier_device_ids_waited"] = time.perf_counter() - t
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -395,4 +408,197 @@ def init_by_name():
     dist.all_reduce(x)
     out = {"imported_before": imported_before, "sum": x.tolist(), "backend": str(dist.get_backend())}
     dist.destroy_process_group()
+    return out
+
+
+# --- FSDP2 on a small transformer ------------------------------------------
+
+D_MODEL, SEQ, BATCH = 16, 6, 4
+
+
+def _transformer(torch, seed=0):
+    """A two-block pre-norm transformer (self-attention, then an MLP, each
+    with its residual) on sequences of D_MODEL features; the same weights
+    for every rank and the reference."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self, d, heads=2):
+            super().__init__()
+            self.heads = heads
+            self.norm1, self.qkv, self.proj = nn.LayerNorm(d), nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d)
+            self.norm2, self.up, self.down = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+            x = x + self.proj(a)
+            return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+    class Model(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.inp = nn.Linear(8, d)
+            self.blocks = nn.ModuleList([Block(d), Block(d)])
+            self.norm, self.out = nn.LayerNorm(d), nn.Linear(d, 8)
+
+        def forward(self, x):
+            x = self.inp(x)
+            for blk in self.blocks:
+                x = blk(x)
+            return self.out(self.norm(x))
+
+    torch.manual_seed(seed)
+    return Model(D_MODEL)
+
+
+def _sequences(torch, rank, steps):
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(BATCH, SEQ, 8, generator=g), torch.randn(BATCH, SEQ, 8, generator=g)) for _ in range(steps)]
+
+
+def fsdp2_train(backend, steps, mixed):
+    """PyTorch's FSDP2 (``fully_shard`` on each block and the root, Adam) on
+    ``backend``: the losses of this rank's batches, the final parameters
+    (gathered whole), the step times; ``mixed``: bf16 parameters, fp32
+    gradient reduction."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dist = _torch_init(backend)
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else \
+        MixedPrecisionPolicy()
+    model = _transformer(torch)
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses, times, grads = [], [], None
+    for x, y in _sequences(torch, dist.get_rank(), steps):
+        t = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(model(x).float(), y)
+        opt.zero_grad()
+        loss.backward()
+        times.append(time.perf_counter() - t)
+        if grads is None:  # the first step's averaged gradients, gathered whole (not timed)
+            grads = {name: p.grad.full_tensor().float().numpy().copy() for name, p in model.named_parameters()}
+        t = time.perf_counter()
+        opt.step()
+        times[-1] += time.perf_counter() - t
+        losses.append(loss.item())
+    params = {name: p.full_tensor().detach().numpy().copy() for name, p in model.named_parameters()}
+    del model, opt, loss
+    _finish(dist)
+    return {"losses": losses, "params": params, "grads": grads, "times": times}
+
+
+def fsdp2_reference(n, steps):
+    """What FSDP2 on ``n`` ranks computes, in one process without
+    torch.distributed: the same model and Adam on every rank's batches at
+    once, the loss the mean of the ranks' losses (each rank's gradient is
+    averaged over the ranks); the ranks' losses by step, the first step's
+    gradients, and the initial and final parameters."""
+    import torch
+
+    model = _transformer(torch)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data = [_sequences(torch, r, steps) for r in range(n)]
+    losses, grads = [], None
+    for i in range(steps):
+        each = [torch.nn.functional.mse_loss(model(data[r][i][0]), data[r][i][1]) for r in range(n)]
+        opt.zero_grad()
+        torch.stack(each).mean().backward()
+        if grads is None:
+            grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}
+        opt.step()
+        losses.append([v.item() for v in each])
+    params = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+    initial = {name: p.detach().numpy().copy() for name, p in _transformer(torch).named_parameters()}
+    return {"losses": losses, "params": params, "grads": grads, "initial": initial}
+
+
+def ddp_peer_dies(victim, at):
+    """DDP training in which rank ``victim`` vanishes (no goodbye) before
+    step ``at``: what each other rank's step raised, and how long after
+    the step began."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist = _torch_init("oxccl")
+    r = dist.get_rank()
+    model = DDP(_model(torch))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for i, (x, y) in enumerate(_batches(torch, r, at + 3)):
+        if i == at and r == victim:
+            _out(None)
+            os._exit(0)  # a crash, as the others see it
+        t = time.perf_counter()
+        try:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        except Exception as e:
+            return {"step": i, "error": f"{type(e).__name__}: {e}", "after": time.perf_counter() - t}
+    return {"step": None, "error": None, "after": None}
+
+
+def mixed_backends(spec):
+    """``init_process_group(spec)`` with a "device:backend,..." string:
+    which backend PyTorch hands each device, and a CPU all_reduce (with
+    the bytes oxccl moved for it, when oxccl has the CPU)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import oxccl.torch
+
+    dist.init_process_group(spec, timeout=datetime.timedelta(seconds=120))
+    pg = dist.distributed_c10d._get_default_group()
+    out = {"backend": dist.get_backend()}
+    for dev in ("cpu", "cuda"):
+        try:
+            out[dev] = type(pg._get_backend(torch.device(dev))).__name__
+        except RuntimeError as e:
+            out[dev] = f"error: {e}"
+    before = oxccl.torch.communicator().bytes_moved() if out["cpu"] == "ProcessGroupOxccl" else None
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    out["sum"] = x[0].item()
+    if before is not None:
+        out["moved"] = oxccl.torch.communicator().bytes_moved() - before
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
+
+
+
+def torch_peer_dies():
+    """Rank 1 vanishes (no goodbye); each other rank's calls after it, in
+    every form a caller waits in: what each raised (None: nothing)."""
+    import torch
+
+    dist = _torch_init("oxccl")
+    dist.barrier()
+    if dist.get_rank() == 1:
+        _out(None)
+        os._exit(0)
+    forms = {
+        "call": lambda x: dist.all_reduce(x),
+        "wait": lambda x: dist.all_reduce(x, async_op=True).wait(),
+        "future": lambda x: dist.all_reduce(x, async_op=True).get_future().wait(),
+        "then": lambda x: dist.all_reduce(x, async_op=True).get_future().then(lambda f: f.value()[0] * 2).wait(),
+    }
+    out = {}
+    for name, form in forms.items():
+        try:
+            form(torch.ones(1 << 16))
+            out[name] = None
+        except Exception as e:
+            out[name] = f"{type(e).__name__}: {e}"
     return out
