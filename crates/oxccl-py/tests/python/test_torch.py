@@ -145,12 +145,15 @@ class Failures(unittest.TestCase):
     def test_a_dead_rank_fails_every_form_of_wait(self):
         res = launch.run(3, "torch_peer_dies", env={"OXCCL_TIMEOUT": "120"})
         forms = {"call", "wait", "future", "then"}
-        if not hasattr(torch._C._distributed_c10d, "Backend"):
-            # 1.13 wraps a Python group's future in a C++ Work whose wait()
-            # never raises the future's error (its FutureWrappingWork): a
-            # blocking call there cannot fail. The future fails, and DDP
-            # reads that (the test above).
-            print("torch 1.13: only the future forms can fail (FutureWrappingWork.wait() raises nothing)")
+        import oxccl.torch
+
+        if not oxccl.torch._TWO:
+            # 1.13 (and 2.4) wrap a Python group's future in a C++ Work
+            # whose wait() never raises the future's error (its
+            # FutureWrappingWork): a blocking call there cannot fail. The
+            # future fails, and DDP reads that (the test above).
+            print(f"torch {torch.__version__}: only the future forms can fail (FutureWrappingWork.wait() "
+                  "raises nothing)")
             forms = {"future", "then"}
         for r in (0, 2):
             self.assertEqual(set(res[r]), {"call", "wait", "future", "then"})
@@ -249,8 +252,10 @@ class Example(unittest.TestCase):
     def test_the_readmes_fsdp2_script_trains_on_2_processes(self):
         script = os.path.join(os.path.dirname(self.SCRIPT), "fsdp2.py")
         self.assert_in_readme(script)
-        if not hasattr(torch.distributed, "device_mesh"):
-            self.skipTest(f"torch {torch.__version__} has no FSDP2")
+        import oxccl.torch
+
+        if not oxccl.torch._TWO:
+            self.skipTest(f"torch {torch.__version__} has no FSDP2 that runs on a Python backend")
         for r, out in enumerate(launch.script(2, script)):
             self.assertIn(f"rank {r}: loss", out)
             self.assertIn("holds 32 of the 64 rows", out)
@@ -295,8 +300,11 @@ class Torch2(unittest.TestCase):
             self.assertEqual(out, {"imported_before": False, "sum": [2.0] * 3, "backend": "oxccl"})
 
     def setUp(self):
-        if not hasattr(torch._C._distributed_c10d, "Backend") or not hasattr(torch.distributed, "device_mesh"):
-            self.skipTest(f"torch {torch.__version__} is not 2.x")
+        import oxccl.torch
+
+        if not oxccl.torch._TWO:
+            self.skipTest(f"torch {torch.__version__} takes no Python Backend (1.13 is not 2.x; 2.4 cannot "
+                          "subclass one), only a ProcessGroup")
 
     def test_fsdp2_trains_a_transformer_as_one_process_would(self):
         import workers

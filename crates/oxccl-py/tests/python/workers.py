@@ -273,36 +273,29 @@ def _moved(dist):
 
 
 def fsdp_train(backend, steps):
-    """PyTorch's fully sharded data parallelism where this PyTorch has it on
-    CPU: FSDP2 (``fully_shard`` on each layer and the root, resharding
-    after forward) on 2.x, else FullyShardedDataParallel; else the reason
-    it has none."""
+    """PyTorch's FSDP2 (``fully_shard`` on each layer and the root,
+    resharding after forward) where it runs on a Python backend (2.x);
+    else the reason it does not."""
     import torch
+
+    import oxccl.torch
 
     try:
         from torch.distributed.fsdp import fully_shard
-    except Exception:  # 1.13: ImportError, or its FSDP failing to import
-        fully_shard = None
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    except Exception as e:
-        return {"unsupported": f"torch {torch.__version__}: importing FSDP fails: {type(e).__name__}: {e}"}
-    dist = _torch_init(backend)
-    try:
-        if fully_shard is not None:
-            from torch.distributed.device_mesh import init_device_mesh
+    except Exception as e:  # 1.13: its FSDP fails to import on Python 3.11; 2.4: fully_shard lives elsewhere
+        return {"unsupported": f"torch {torch.__version__}: no FSDP2 here: {type(e).__name__}: {e}"}
+    if not oxccl.torch._TWO:
+        return {"unsupported": f"torch {torch.__version__}: no FSDP2 here: it needs a Backend, which this torch does not "
+                               "let Python write"}
+    from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-            model = _model(torch)
-            for layer in model:
-                if any(True for _ in layer.parameters()):
-                    fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-            fully_shard(model, mesh=mesh, reshard_after_forward=True)
-        else:
-            model = FSDP(_model(torch), device_id=torch.device("cpu"))
-    except Exception as e:
-        dist.destroy_process_group()
-        return {"unsupported": f"torch {torch.__version__}: FSDP on CPU fails: {type(e).__name__}: {e}"}
+    dist = _torch_init(backend)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = _model(torch)
+    for layer in model:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     before = _moved(dist) if backend == "oxccl" else 0
     for x, y in _batches(torch, dist.get_rank(), steps):
