@@ -15,6 +15,15 @@ import launch
 from common import needs_torch, torch
 
 
+def python_backend():
+    """Whether this torch lets the backend be a Python ``Backend`` (2.x
+    does; 1.13 and 2.4 take only a ``ProcessGroup``), which FSDP2,
+    DTensor, the entry point and ``"device:backend"`` strings need."""
+    import oxccl.torch
+
+    return oxccl.torch._TWO
+
+
 @needs_torch
 class Semantics(unittest.TestCase):
     def test_calls_on_2_and_4_processes(self):
@@ -145,9 +154,7 @@ class Failures(unittest.TestCase):
     def test_a_dead_rank_fails_every_form_of_wait(self):
         res = launch.run(3, "torch_peer_dies", env={"OXCCL_TIMEOUT": "120"})
         forms = {"call", "wait", "future", "then"}
-        import oxccl.torch
-
-        if not oxccl.torch._TWO:
+        if not python_backend():
             # 1.13 (and 2.4) wrap a Python group's future in a C++ Work
             # whose wait() never raises the future's error (its
             # FutureWrappingWork): a blocking call there cannot fail. The
@@ -218,7 +225,6 @@ class Devices(unittest.TestCase):
             ("gather", 1, "meta", "meta"), ("scatter", 1, "meta", "meta"),
         ])
 
-
     def test_cuda_tensors_are_enqueued_by_the_calling_thread(self):
         # oxccl enqueues a CUDA tensor's operation on the stream current
         # where it is called, so the backend calls it there and then,
@@ -252,9 +258,7 @@ class Example(unittest.TestCase):
     def test_the_readmes_fsdp2_script_trains_on_2_processes(self):
         script = os.path.join(os.path.dirname(self.SCRIPT), "fsdp2.py")
         self.assert_in_readme(script)
-        import oxccl.torch
-
-        if not oxccl.torch._TWO:
+        if not python_backend():
             self.skipTest(f"torch {torch.__version__} has no FSDP2 that runs on a Python backend")
         for r, out in enumerate(launch.script(2, script)):
             self.assertIn(f"rank {r}: loss", out)
@@ -300,9 +304,7 @@ class Torch2(unittest.TestCase):
             self.assertEqual(out, {"imported_before": False, "sum": [2.0] * 3, "backend": "oxccl"})
 
     def setUp(self):
-        import oxccl.torch
-
-        if not oxccl.torch._TWO:
+        if not python_backend():
             self.skipTest(f"torch {torch.__version__} takes no Python Backend (1.13 is not 2.x; 2.4 cannot "
                           "subclass one), only a ProcessGroup")
 

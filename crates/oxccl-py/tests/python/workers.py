@@ -17,6 +17,13 @@ def _out(value):
         pickle.dump(value, f)
 
 
+def _vanish():
+    """Ends this rank as a crash would, as its peers see it: no goodbye
+    (its result, None, written first)."""
+    _out(None)
+    os._exit(0)
+
+
 def pkg_collectives(kinds, dtypes):
     with oxccl.Communicator.from_env() as c:
         root = 1 % c.size
@@ -49,9 +56,8 @@ def pkg_peer_dies():
     c = oxccl.Communicator.from_env()
     c.barrier()
     if c.rank == 1:
-        _out(None)
         time.sleep(0.5)
-        os._exit(0)  # no goodbye: a crash, as the others see it
+        _vanish()
     t = time.time()
     try:
         for _ in range(1000):
@@ -498,6 +504,7 @@ def fsdp2_reference(n, steps):
     import torch
 
     model = _transformer(torch)
+    initial = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     data = [_sequences(torch, r, steps) for r in range(n)]
     losses, grads = [], None
@@ -510,7 +517,6 @@ def fsdp2_reference(n, steps):
         opt.step()
         losses.append([v.item() for v in each])
     params = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
-    initial = {name: p.detach().numpy().copy() for name, p in _transformer(torch).named_parameters()}
     return {"losses": losses, "params": params, "grads": grads, "initial": initial}
 
 
@@ -527,8 +533,7 @@ def ddp_peer_dies(victim, at):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for i, (x, y) in enumerate(_batches(torch, r, at + 3)):
         if i == at and r == victim:
-            _out(None)
-            os._exit(0)  # a crash, as the others see it
+            _vanish()
         t = time.perf_counter()
         try:
             loss = torch.nn.functional.mse_loss(model(x), y)
@@ -544,14 +549,11 @@ def mixed_backends(spec):
     """``init_process_group(spec)`` with a "device:backend,..." string:
     which backend PyTorch hands each device, and a CPU all_reduce (with
     the bytes oxccl moved for it, when oxccl has the CPU)."""
-    import datetime
-
     import torch
-    import torch.distributed as dist
 
     import oxccl.torch
 
-    dist.init_process_group(spec, timeout=datetime.timedelta(seconds=120))
+    dist = _torch_init(spec)
     pg = dist.distributed_c10d._get_default_group()
     out = {"backend": dist.get_backend()}
     for dev in ("cpu", "cuda"):
@@ -570,7 +572,6 @@ def mixed_backends(spec):
     return out
 
 
-
 def torch_peer_dies():
     """Rank 1 vanishes (no goodbye); each other rank's calls after it, in
     every form a caller waits in: what each raised (None: nothing)."""
@@ -579,8 +580,7 @@ def torch_peer_dies():
     dist = _torch_init("oxccl")
     dist.barrier()
     if dist.get_rank() == 1:
-        _out(None)
-        os._exit(0)
+        _vanish()
     forms = {
         "call": lambda x: dist.all_reduce(x),
         "wait": lambda x: dist.all_reduce(x, async_op=True).wait(),
