@@ -16,6 +16,8 @@
 //!   holds each required contribution exactly once), never deadlocks under
 //!   bounded buffering, and has no data race on one-sided accesses; returns
 //!   bytes sent and received per rank.
+//! - [`canon`]: the canonical reduction order of the deterministic mode,
+//!   which the verifier proves programs follow.
 //! - [`cost`] and [`sim`]: an alpha-beta-gamma model over a topology and a
 //!   simulator that prices a program with link contention.
 //! - [`interp`]: runs a program on real data in one thread, with the host
@@ -37,6 +39,7 @@
 //! `Send + Sync`.
 
 pub mod algos;
+pub mod canon;
 pub mod collective;
 pub mod cost;
 pub mod exact;

@@ -12,6 +12,10 @@ use oxccl_algo::{CollKind, Collective};
 
 const COUNTS: [usize; 6] = [0, 1, 2, 7, 1000, 1_000_003];
 
+/// The algorithms that reduce in the canonical order at every rank count
+/// (others do at some: the tuner asks the verifier).
+const CANONICAL: [Algorithm; 1] = [Algorithm::Ordered];
+
 fn ranks() -> impl Iterator<Item = usize> {
     (1..=33).chain([64, 128, 256])
 }
@@ -21,7 +25,13 @@ fn check(algo: Algorithm, kind: CollKind) {
     let mut runs = 0;
     for n in ranks() {
         for count in COUNTS {
-            let roots: Vec<usize> = if kind.is_rooted() { (0..n).collect() } else { vec![0] };
+            // The ordered reduce has n² steps per root: every root up to
+            // 33 ranks, three beyond.
+            let roots: Vec<usize> = match kind.is_rooted() {
+                false => vec![0],
+                true if algo == Algorithm::Ordered && n > 33 => vec![0, n / 2, n - 1],
+                true => (0..n).collect(),
+            };
             for root in roots {
                 let c = Collective::new(kind, n, count).with_root(root);
                 let p = build(algo, &c, &opts).unwrap();
@@ -29,6 +39,9 @@ fn check(algo: Algorithm, kind: CollKind) {
                 assert_eq!(report.total_sent(), expected_total(algo, &c), "{algo} {c}: total bytes sent");
                 if let Some(want) = expected_sent(algo, &c) {
                     assert_eq!(report.sent_bytes, want, "{algo} {c}: bytes sent per rank");
+                }
+                if CANONICAL.contains(&algo) {
+                    assert_eq!(report.departure, None, "{algo} {c} reduces in the canonical order");
                 }
                 if !p.in_place && n > 1 && count > 0 {
                     let r = verify_with(&p, &VerifyOptions { in_place: true, ..Default::default() });
@@ -76,6 +89,9 @@ matrix! {
     pairwise_all_to_all: Pairwise AllToAll;
     linear_gather: Linear Gather;
     linear_scatter: Linear Scatter;
+    ordered_all_reduce: Ordered AllReduce;
+    ordered_reduce_scatter: Ordered ReduceScatter;
+    ordered_reduce: Ordered Reduce;
 }
 
 #[test]

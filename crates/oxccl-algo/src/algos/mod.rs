@@ -11,6 +11,7 @@
 //! | `direct`   | reduce-scatter, all-gather, all-to-all, broadcast, reduce, gather, scatter over one-sided access; send/recv |
 //! | `pairwise` | all-to-all: n-1 rounds of pairwise exchange |
 //! | `linear`   | gather, scatter: the root talks to every rank |
+//! | `ordered`  | all-reduce, reduce-scatter, reduce in the canonical order ([`crate::canon`]) for any rank count: each block's owner reduces every rank's piece in the tree, then sends it on |
 //!
 //! All of them work for any number of ranks (powers of two or not), any
 //! count (0, 1, counts that do not divide by the rank count) and any root.
@@ -21,6 +22,7 @@
 //! algorithms reads the table.
 
 mod direct;
+mod ordered;
 mod rhd;
 mod ring;
 mod rooted;
@@ -60,6 +62,8 @@ pub enum Algorithm {
     Pairwise,
     /// The root exchanges with every rank.
     Linear,
+    /// Reductions in the canonical order, over messages.
+    Ordered,
 }
 
 impl Algorithm {

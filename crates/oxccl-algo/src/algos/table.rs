@@ -12,7 +12,7 @@
 //! (tests/table.rs) then build, verify and price every collective it
 //! lists; docs/EXTENDING.md has the whole checklist.
 
-use super::{Algorithm, BuildOptions, direct, rhd, ring, rooted, tree};
+use super::{Algorithm, BuildOptions, direct, ordered, rhd, ring, rooted, tree};
 use crate::collective::{CollKind, Collective};
 use crate::cost::{Terms, models};
 use crate::ir::Program;
@@ -134,6 +134,15 @@ pub const TABLE: &[AlgoSpec] = &[
         build: build_linear,
         cost: models::linear,
     },
+    AlgoSpec {
+        algorithm: Algorithm::Ordered,
+        name: "ordered",
+        aliases: &["canonical", "deterministic"],
+        collectives: &[AllReduce, ReduceScatter, Reduce],
+        one_sided: false,
+        build: build_ordered,
+        cost: models::ordered,
+    },
 ];
 
 /// Names of NCCL's algorithms that oxccl does not have: `OXCCL_ALGO` /
@@ -215,5 +224,14 @@ fn build_linear(p: &mut Program, c: Collective, _: &BuildOptions) {
         Gather => rooted::gather(p, c),
         Scatter => rooted::scatter(p, c),
         k => unlisted("linear", k),
+    }
+}
+
+fn build_ordered(p: &mut Program, c: Collective, o: &BuildOptions) {
+    match c.kind {
+        AllReduce => ordered::all_reduce(p, c, o),
+        ReduceScatter => ordered::reduce_scatter(p, c, o),
+        Reduce => ordered::reduce(p, c, o),
+        k => unlisted("ordered", k),
     }
 }

@@ -91,3 +91,17 @@ pub fn linear(kind: CollKind, t: &Terms) -> Option<f64> {
         _ => None,
     }
 }
+
+/// The canonical-order reductions: the ring's bandwidth and latency terms
+/// (two rounds of `n-1` messages, each rank's link carrying `(n-1)/n · S`
+/// per half), plus copying about half the pieces into scratch before they
+/// are reduced.
+pub fn ordered(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (n, s, link, g, k) = (t.nranks, t.bytes, t.link, t.gamma, t.copy);
+    let staged = nf(n.saturating_sub(1)) / nf(n.max(1)) * nf(s) * k / 2.0;
+    Some(match kind {
+        AllReduce | Reduce => ring_all_reduce(n, s, link, g) + staged,
+        ReduceScatter => ring_reduce_scatter(n, s, link, g) + staged,
+        _ => return None,
+    })
+}

@@ -26,7 +26,12 @@
 //!   partially overlaps the slice the step writes (also through in-place
 //!   aliasing), no read of data never written, no write to the input.
 //!
-//! On success it returns the bytes each rank sent and received.
+//! On success it returns the bytes each rank sent and received, and
+//! whether the program reduces in the canonical order
+//! ([`crate::canon`]): every element's value is tracked with its order,
+//! up to commutativity (`a ⊕ b` is `b ⊕ a` bit for bit; `(a ⊕ b) ⊕ c` is
+//! not `a ⊕ (b ⊕ c)`), and [`Report::departure`] names the first
+//! reduction that left the canonical tree and reached an output.
 
 mod race;
 mod state;
@@ -63,12 +68,44 @@ pub struct Report {
     pub messages: u64,
     /// Steps executed.
     pub steps: u64,
+    /// `None` when every output element is reduced in the canonical order
+    /// ([`crate::canon`]; always so for collectives that do not reduce);
+    /// else the first reduction that left it, as it reaches an output
+    /// (outputs in rank, then element order).
+    pub departure: Option<Departure>,
+}
+
+/// A reduction that leaves the canonical order ([`crate::canon`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Departure {
+    /// The rank that runs it.
+    pub rank: usize,
+    /// Its channel.
+    pub channel: usize,
+    /// Its step in the channel.
+    pub step: usize,
+    /// The input index of the first element it combines out of order.
+    pub element: usize,
+    /// The first output (rank, element) its value reaches.
+    pub output: (usize, usize),
+    /// All of the above in words, with the operands' ranks and the tree.
+    pub message: String,
+}
+
+impl std::fmt::Display for Departure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 impl Report {
     /// The largest number of bytes any rank sends.
     pub fn max_sent(&self) -> u64 {
         self.sent_bytes.iter().copied().max().unwrap_or(0)
+    }
+    /// Whether every output element is reduced in the canonical order.
+    pub fn is_canonical(&self) -> bool {
+        self.departure.is_none()
     }
     /// Bytes sent by all ranks together.
     pub fn total_sent(&self) -> u64 {

@@ -58,6 +58,22 @@ impl Ranks {
         self.0.get(r / 64).is_some_and(|w| w & (1 << (r % 64)) != 0)
     }
 
+    /// The ranks as `lo..hi` when they are contiguous (and not empty).
+    pub(crate) fn interval(&self) -> Option<std::ops::Range<usize>> {
+        let count: u32 = self.0.iter().map(|w| w.count_ones()).sum();
+        let (i, w) = self.0.iter().enumerate().find(|(_, w)| **w != 0)?;
+        let lo = i * 64 + w.trailing_zeros() as usize;
+        let hi = lo + count as usize;
+        let last = self
+            .0
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, w)| **w != 0)
+            .map(|(i, w)| i * 64 + 63 - w.leading_zeros() as usize)?;
+        (last + 1 == hi).then_some(lo..hi)
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.0.iter().enumerate().flat_map(|(i, w)| (0..64).filter(move |b| w & (1 << b) != 0).map(move |b| i * 64 + b))
     }
@@ -88,28 +104,71 @@ impl fmt::Display for Ranks {
     }
 }
 
+/// The first reduction in a value's history that left the canonical
+/// order ([`crate::canon`]): where it ran and what it combined.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Departure {
+    pub(crate) rank: usize,
+    pub(crate) chan: usize,
+    pub(crate) pc: usize,
+    /// The input index of the first element it combined so.
+    pub(crate) element: usize,
+    pub(crate) left: Rc<Ranks>,
+    pub(crate) right: Rc<Ranks>,
+}
+
+/// Where a reduction runs, to name it when it departs from the canonical
+/// order over `nranks`.
+pub(crate) struct Site {
+    pub(crate) nranks: usize,
+    pub(crate) rank: usize,
+    pub(crate) chan: usize,
+    pub(crate) pc: usize,
+}
+
+impl Site {
+    /// Whether reducing `a` with `b` is a node of the canonical tree.
+    fn canonical(&self, a: &Ranks, b: &Ranks) -> bool {
+        match (a.interval(), b.interval()) {
+            (Some(x), Some(y)) => crate::canon::siblings(self.nranks, x, y),
+            _ => false,
+        }
+    }
+}
+
 /// The value of the first element of a run.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) enum Val {
     /// Never written.
     Undef,
-    /// Σ over `ranks` of `input[base]` (the run's k-th element: `base + k`).
-    Sym { ranks: Rc<Ranks>, base: usize },
+    /// Σ over `ranks` of `input[base]` (the run's k-th element: `base + k`);
+    /// `off`: reduced in an order that is not the canonical one, and where
+    /// that began.
+    Sym { ranks: Rc<Ranks>, base: usize, off: Option<Rc<Departure>> },
 }
 
 impl Val {
+    pub(crate) fn input(rank: usize) -> Val {
+        Val::Sym { ranks: Rc::new(Ranks::single(rank)), base: 0, off: None }
+    }
+
     fn at(&self, k: usize) -> Val {
         match self {
             Val::Undef => Val::Undef,
-            Val::Sym { ranks, base } => Val::Sym { ranks: ranks.clone(), base: base + k },
+            Val::Sym { ranks, base, off } => Val::Sym { ranks: ranks.clone(), base: base + k, off: off.clone() },
         }
     }
 
     fn continues(&self, len: usize, next: &Val) -> bool {
         match (self, next) {
             (Val::Undef, Val::Undef) => true,
-            (Val::Sym { ranks: a, base: x }, Val::Sym { ranks: b, base: y }) => {
-                x + len == *y && (Rc::ptr_eq(a, b) || a == b)
+            (Val::Sym { ranks: a, base: x, off: o }, Val::Sym { ranks: b, base: y, off: p }) => {
+                let same_off = match (o, p) {
+                    (None, None) => true,
+                    (Some(o), Some(p)) => Rc::ptr_eq(o, p),
+                    _ => false,
+                };
+                x + len == *y && (Rc::ptr_eq(a, b) || a == b) && same_off
             }
             _ => false,
         }
@@ -120,7 +179,7 @@ impl fmt::Display for Val {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Val::Undef => f.write_str("nothing (never written)"),
-            Val::Sym { ranks, base } => write!(f, "input[{base}] of ranks {ranks}"),
+            Val::Sym { ranks, base, .. } => write!(f, "input[{base}] of ranks {ranks}"),
         }
     }
 }
@@ -140,10 +199,13 @@ pub(crate) enum Clash {
     Twice { at: usize, rank: usize },
 }
 
-/// Element-wise reduction of two equally long piece lists.
-pub(crate) fn combine(a: &[Piece], b: &[Piece]) -> Result<Vec<Piece>, Clash> {
+/// Element-wise reduction of two equally long piece lists at `site`.
+pub(crate) fn combine(a: &[Piece], b: &[Piece], site: &Site) -> Result<Vec<Piece>, Clash> {
     let mut out: Vec<Piece> = Vec::with_capacity(a.len().max(b.len()));
     let (mut i, mut j, mut ai, mut bj, mut at) = (0, 0, 0, 0, 0);
+    // One departure for every run of this reduction with the same operands,
+    // so that the runs still merge.
+    let mut made: Option<Rc<Departure>> = None;
     while i < a.len() && j < b.len() {
         let (pa, pb) = (&a[i], &b[j]);
         let n = (pa.len - ai).min(pb.len - bj);
@@ -152,14 +214,35 @@ pub(crate) fn combine(a: &[Piece], b: &[Piece]) -> Result<Vec<Piece>, Clash> {
             let val = match (&va, &vb) {
                 (Val::Undef, _) => return Err(Clash::Undef { at, operand: 0 }),
                 (_, Val::Undef) => return Err(Clash::Undef { at, operand: 1 }),
-                (Val::Sym { ranks: ra, base: x }, Val::Sym { ranks: rb, base: y }) => {
+                (Val::Sym { ranks: ra, base: x, off: oa }, Val::Sym { ranks: rb, base: y, off: ob }) => {
                     if x != y {
                         return Err(Clash::Index { at, a: va.clone(), b: vb.clone() });
                     }
                     if let Some(rank) = ra.first_common(rb) {
                         return Err(Clash::Twice { at, rank });
                     }
-                    Val::Sym { ranks: Rc::new(ra.union(rb)), base: *x }
+                    let off = oa.clone().or_else(|| ob.clone()).or_else(|| {
+                        if site.canonical(ra, rb) {
+                            return None;
+                        }
+                        if let Some(d) = &made
+                            && d.left == *ra
+                            && d.right == *rb
+                        {
+                            return Some(d.clone());
+                        }
+                        let d = Rc::new(Departure {
+                            rank: site.rank,
+                            chan: site.chan,
+                            pc: site.pc,
+                            element: *x,
+                            left: ra.clone(),
+                            right: rb.clone(),
+                        });
+                        made = Some(d.clone());
+                        Some(d)
+                    });
+                    Val::Sym { ranks: Rc::new(ra.union(rb)), base: *x, off }
                 }
             };
             push(&mut out, Piece { len: n, val });
@@ -293,8 +376,10 @@ mod tests {
     use super::*;
 
     fn sym(ranks: &[usize], base: usize, len: usize) -> Piece {
-        Piece { len, val: Val::Sym { ranks: Rc::new(Ranks::from_iter(ranks.iter().copied())), base } }
+        Piece { len, val: Val::Sym { ranks: Rc::new(Ranks::from_iter(ranks.iter().copied())), base, off: None } }
     }
+
+    const SITE: Site = Site { nranks: 4, rank: 0, chan: 0, pc: 0 };
 
     #[test]
     fn writes_split_and_merge_runs() {
@@ -315,12 +400,18 @@ mod tests {
     fn combine_detects_clashes() {
         let a = [sym(&[0], 0, 4), sym(&[0], 4, 4)];
         let b = [sym(&[1, 2], 0, 8)];
-        let c = combine(&a, &b).ok().unwrap();
-        assert!(c == vec![sym(&[0, 1, 2], 0, 8)]);
-        assert!(matches!(combine(&c, &b), Err(Clash::Twice { at: 0, rank: 1 })));
-        assert!(matches!(combine(&[sym(&[3], 1, 8)], &b), Err(Clash::Index { at: 0, .. })));
+        let c = combine(&a, &b, &SITE).ok().unwrap();
+        assert_eq!(c.len(), 1);
+        assert!(matches!(&c[0].val, Val::Sym { base: 0, off: Some(_), .. }), "{{0}} ⊕ {{1,2}} is not canonical");
+        assert!(matches!(combine(&c, &b, &SITE), Err(Clash::Twice { at: 0, rank: 1 })));
+        assert!(matches!(combine(&[sym(&[3], 1, 8)], &b, &SITE), Err(Clash::Index { at: 0, .. })));
         let u = [sym(&[3], 0, 2), Piece { len: 6, val: Val::Undef }];
-        assert!(matches!(combine(&u, &b), Err(Clash::Undef { at: 2, operand: 0 })));
+        assert!(matches!(combine(&u, &b, &SITE), Err(Clash::Undef { at: 2, operand: 0 })));
+        let (x, y) = ([sym(&[0, 1], 0, 8)], [sym(&[2, 3], 0, 8)]);
+        assert!(combine(&x, &y, &SITE).ok().unwrap() == vec![sym(&[0, 1, 2, 3], 0, 8)], "canonical: no departure");
         assert_eq!(Ranks::from_iter([0, 1, 2, 3, 5, 9, 10]).to_string(), "{0-3,5,9-10}");
+        assert_eq!(Ranks::from_iter([0, 1, 2, 3, 5]).interval(), None);
+        assert_eq!(Ranks::from_iter(60..70).interval(), Some(60..70));
+        assert_eq!(Ranks::from_iter([]).interval(), None);
     }
 }

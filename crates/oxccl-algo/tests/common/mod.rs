@@ -10,12 +10,15 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
     let s = c.count as u64 * e; // bytes of a rank's buffer (block for RS/AG/A2A)
     let nn = n as u64;
     let v = match (algo, c.kind) {
-        (Algorithm::Ring, CollKind::AllReduce) | (Algorithm::TwoShot, _) if c.count.is_multiple_of(n) => {
+        (Algorithm::Ring | Algorithm::Ordered, CollKind::AllReduce) | (Algorithm::TwoShot, _)
+            if c.count.is_multiple_of(n) =>
+        {
             vec![2 * (nn - 1) * s / nn; n]
         }
-        (Algorithm::Ring | Algorithm::Direct | Algorithm::Rhd, CollKind::ReduceScatter | CollKind::AllGather)
-            if algo != Algorithm::Rhd || n.is_power_of_two() =>
-        {
+        (
+            Algorithm::Ring | Algorithm::Direct | Algorithm::Rhd | Algorithm::Ordered,
+            CollKind::ReduceScatter | CollKind::AllGather,
+        ) if algo != Algorithm::Rhd || n.is_power_of_two() => {
             vec![(nn - 1) * s; n]
         }
         (Algorithm::Rhd, CollKind::AllReduce) if n.is_power_of_two() && c.count.is_multiple_of(n) => {
@@ -82,6 +85,11 @@ pub fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
             p * u64::from(p.trailing_zeros()) * s + 2 * (n - p) * s
         }
         (_, CollKind::AllReduce) if algo == Algorithm::OneShot => n * (n - 1) * s,
+        // Every block to its owner, then every other owner's block to the root.
+        (Algorithm::Ordered, CollKind::Reduce) => {
+            let root_block = oxccl_algo::collective::part(c.count, c.nranks, c.root).1 as u64 * e;
+            (n - 1) * s + s - root_block
+        }
         (_, CollKind::AllReduce) => 2 * (n - 1) * s,
         (_, CollKind::ReduceScatter | CollKind::AllGather | CollKind::AllToAll) => n * (n - 1) * s,
         (_, CollKind::Broadcast | CollKind::Reduce | CollKind::Gather | CollKind::Scatter) => (n - 1) * s,

@@ -2,7 +2,7 @@
 
 use super::{Block, Machine, Msg, Rec};
 use crate::ir::{Slice, Step};
-use crate::verify::sym::{Clash, Piece, combine, first_undef};
+use crate::verify::sym::{Clash, Piece, Site, combine, first_undef};
 use oxccl_core::Result;
 
 impl Machine<'_> {
@@ -214,7 +214,9 @@ impl Machine<'_> {
     }
 
     fn reduce(&self, pi: usize, a: &[Piece], b: &[Piece], a_name: &Slice, b_name: &str) -> Result<Vec<Piece>> {
-        combine(a, b).map_err(|clash| {
+        let (rank, chan) = self.procs[pi];
+        let site = Site { nranks: self.coll.nranks, rank, chan, pc: self.pc[pi] };
+        combine(a, b, &site).map_err(|clash| {
             let msg = match clash {
                 Clash::Undef { at, operand } => {
                     let which = if operand == 0 { a_name.to_string() } else { b_name.to_string() };

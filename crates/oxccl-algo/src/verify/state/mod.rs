@@ -1,8 +1,8 @@
 //! The symbolic machine behind [`super::verify_with`].
 
 use super::race::{Clocks, Rec};
-use super::sym::{Piece, Ranks, SymBuf, Val};
-use super::{Report, VerifyOptions};
+use super::sym::{self, Piece, Ranks, SymBuf, Val};
+use super::{Departure, Report, VerifyOptions};
 use crate::collective::Collective;
 use crate::ir::{Buf, Program, Slice, Step};
 use oxccl_core::{Error, Result};
@@ -112,7 +112,7 @@ impl<'a> Machine<'a> {
             };
             let mut b = l.lens.map(SymBuf::undef);
             let (pb, off) = l.phys(&Slice::input(0, i));
-            b[pb].write(off, &[Piece { len: i, val: Val::Sym { ranks: Rc::new(Ranks::single(r)), base: 0 } }]);
+            b[pb].write(off, &[Piece { len: i, val: Val::input(r) }]);
             layout.push(l);
             bufs.push(b);
             procs.extend((0..rp.channels.len()).map(|c| (r, c)));
@@ -287,8 +287,14 @@ impl<'a> Machine<'a> {
             return Err(self.deadlock());
         }
         self.check_leftovers()?;
-        self.check_results()?;
-        Ok(Report { sent_bytes: self.sent, recv_bytes: self.recv, messages: self.messages, steps: self.steps })
+        let departure = self.check_results()?;
+        Ok(Report {
+            sent_bytes: self.sent,
+            recv_bytes: self.recv,
+            messages: self.messages,
+            steps: self.steps,
+            departure,
+        })
     }
 
     fn finished(&self, pi: usize) -> bool {
@@ -363,7 +369,10 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
-    fn check_results(&self) -> Result<()> {
+    /// Checks every output element's contributions; the first one (by rank,
+    /// then element) reduced in an order that is not the canonical one.
+    fn check_results(&self) -> Result<Option<Departure>> {
+        let mut first: Option<Departure> = None;
         for r in 0..self.coll.nranks {
             let l = self.layout[r];
             for e in self.coll.expected(r) {
@@ -373,7 +382,10 @@ impl<'a> Machine<'a> {
                 for piece in self.bufs[r][pb].read(off, e.len) {
                     let problem = match &piece.val {
                         Val::Undef => Some("was never written".to_string()),
-                        Val::Sym { ranks, base } => {
+                        Val::Sym { ranks, base, off } => {
+                            if let (None, Some(d)) = (&first, off) {
+                                first = Some(self.departure(d, r, at));
+                            }
                             let want_base = e.base + (at - e.start);
                             let missing = want.minus(ranks);
                             let extra = ranks.minus(&want);
@@ -404,7 +416,23 @@ impl<'a> Machine<'a> {
                 }
             }
         }
-        Ok(())
+        Ok(first)
+    }
+
+    /// What the report says of a reduction `d` that left the canonical
+    /// order and reached rank `rank`'s `output[at]`.
+    fn departure(&self, d: &sym::Departure, rank: usize, at: usize) -> Departure {
+        let n = self.coll.nranks;
+        let tree = if n <= 16 { format!(" ({})", crate::canon::expr(n)) } else { String::new() };
+        let message = format!(
+            "{}: {} combines ranks {} with ranks {} at input[{}], which are not the two halves of one node of the canonical tree over {n} ranks{tree}; the result reaches rank {rank}'s output[{at}]",
+            self.p.name,
+            self.at(d.rank, d.chan, d.pc),
+            d.left,
+            d.right,
+            d.element,
+        );
+        Departure { rank: d.rank, channel: d.chan, step: d.pc, element: d.element, output: (rank, at), message }
     }
 }
 

@@ -1,0 +1,215 @@
+//! Reductions in the canonical order ([`crate::canon`]) for any number of
+//! ranks, over plain messages: the algorithm the deterministic mode runs
+//! where nothing faster is proven canonical.
+//!
+//! Each block of the result has an owner (block `j`: rank `j`, blocks as
+//! the ring cuts them). Every rank sends its piece of block `j` to rank
+//! `j`, which reduces the `n` pieces in the canonical tree as they come,
+//! keeping the subtrees it has not finished in scratch; then the owners
+//! send the finished blocks to everyone (all-reduce), or to the root
+//! (reduce). Every rank sends and receives `(n-1)/n · S` per half, as the
+//! ring does, in two rounds of `n-1` messages instead of `n-1` rounds of
+//! one. Blocks are cut into pipeline chunks: chunk `c` of every block
+//! goes out before chunk `c + 1`.
+//!
+//! [`Tree`] writes the canonical evaluation of one block from leaves that
+//! are local slices or messages (a one-sided leaf would be one more arm).
+
+use super::BuildOptions;
+use crate::canon::split;
+use crate::collective::{Collective, part};
+use crate::ir::{Program, Slice, Step};
+
+/// Where a leaf of the tree (one rank's contribution) comes from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Leaf {
+    /// A slice of the rank's own buffers.
+    Local(Slice),
+    /// The next message from this peer.
+    Msg(usize),
+}
+
+/// Writes the canonical reduction of one block into a rank's channel 0.
+pub(crate) struct Tree<'a> {
+    pub p: &'a mut Program,
+    pub rank: usize,
+    /// Scratch slots of `len` elements start here.
+    pub scratch_at: usize,
+}
+
+impl Tree<'_> {
+    /// `out = canon(leaves)`: the leaves are taken in rank order, and
+    /// `out` is written only by the last step (so it may alias a local
+    /// leaf, as in place). Uses scratch slots past `scratch_at`.
+    pub(crate) fn reduce(&mut self, leaves: &[Leaf], out: Slice) {
+        if out.len > 0 && !leaves.is_empty() {
+            self.eval(leaves, 0, leaves.len(), out, 0);
+        }
+    }
+
+    fn slot(&mut self, d: usize, len: usize) -> Slice {
+        let s = Slice::scratch(self.scratch_at + d * len, len);
+        self.p.need_scratch(self.rank, s.end());
+        s
+    }
+
+    fn push(&mut self, step: Step) {
+        self.p.push(self.rank, 0, step);
+    }
+
+    /// `dst = leaf` (a copy or a receive).
+    fn load(&mut self, leaf: Leaf, dst: Slice) {
+        self.push(match leaf {
+            Leaf::Local(src) => Step::Copy { src, dst },
+            Leaf::Msg(peer) => Step::Recv { peer, dst },
+        });
+    }
+
+    /// `dst = acc ⊕ leaf`.
+    fn add(&mut self, acc: Slice, leaf: Leaf, dst: Slice) {
+        self.push(match leaf {
+            Leaf::Local(src) => Step::Reduce { srcs: vec![acc, src], dst },
+            Leaf::Msg(peer) => Step::RecvReduce { peer, src: acc, dst },
+        });
+    }
+
+    fn eval(&mut self, leaves: &[Leaf], l: usize, r: usize, out: Slice, d: usize) {
+        let len = out.len;
+        if r - l == 1 {
+            return self.load(leaves[l], out);
+        }
+        if r - l == 2 {
+            return match (leaves[l], leaves[l + 1]) {
+                (Leaf::Local(a), b) => self.add(a, b, out),
+                (a, Leaf::Local(b)) => self.add(b, a, out),
+                (a, b) => {
+                    let t = self.slot(d, len);
+                    self.load(a, t);
+                    self.add(t, b, out);
+                }
+            };
+        }
+        let m = split(l, r);
+        let left = self.slot(d, len);
+        self.eval(leaves, l, m, left, d + 1);
+        if r - m == 1 {
+            return self.add(left, leaves[m], out);
+        }
+        let right = self.slot(d + 1, len);
+        self.eval(leaves, m, r, right, d + 2);
+        self.push(Step::Reduce { srcs: vec![left, right], dst: out });
+    }
+}
+
+fn peers(r: usize, n: usize) -> impl Iterator<Item = usize> {
+    (1..n).map(move |k| (r + k) % n)
+}
+
+/// The shape of one call: where block `j`'s chunk `c` lies in the input
+/// (`from`) and in the output (`to`), and what the owners do with it.
+struct Shape {
+    n: usize,
+    chunks: usize,
+    /// Input offset and length of block `j`.
+    block: Box<dyn Fn(usize) -> (usize, usize)>,
+}
+
+impl Shape {
+    fn chunk(&self, j: usize, c: usize) -> (usize, usize) {
+        let (off, len) = (self.block)(j);
+        let (o, l) = part(len, self.chunks, c);
+        (off + o, l)
+    }
+}
+
+/// The canonical reduction of block `r`'s chunk `c` at rank `r`, its
+/// pieces sent to their owners first.
+fn scatter_chunk(p: &mut Program, s: &Shape, r: usize, c: usize, out: Slice, scratch_at: usize) {
+    for q in peers(r, s.n) {
+        let (off, len) = s.chunk(q, c);
+        if len > 0 {
+            p.push(r, 0, Step::Send { peer: q, src: Slice::input(off, len) });
+        }
+    }
+    let (off, len) = s.chunk(r, c);
+    let leaves: Vec<Leaf> =
+        (0..s.n).map(|j| if j == r { Leaf::Local(Slice::input(off, len)) } else { Leaf::Msg(j) }).collect();
+    Tree { p, rank: r, scratch_at }.reduce(&leaves, out);
+}
+
+fn start(p: &mut Program, c: Collective, o: &BuildOptions, block: Box<dyn Fn(usize) -> (usize, usize)>) -> Shape {
+    p.reset("ordered", c);
+    p.in_place = true;
+    let n = c.nranks;
+    let widest = (0..n).map(|j| block(j).1).max().unwrap_or(0);
+    Shape { n, chunks: o.chunking(widest, c.dtype.size()), block }
+}
+
+/// All-reduce: canonical reduce-scatter of the ring's blocks, then every
+/// owner sends its block to everyone.
+pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
+    let (n, count) = (c.nranks, c.count);
+    let s = start(p, c, o, Box::new(move |j| part(count, n, j)));
+    for r in 0..n {
+        for k in 0..s.chunks {
+            let (off, len) = s.chunk(r, k);
+            scatter_chunk(p, &s, r, k, Slice::output(off, len), 0);
+            for q in peers(r, n) {
+                if len > 0 {
+                    p.push(r, 0, Step::Send { peer: q, src: Slice::output(off, len) });
+                }
+            }
+            for q in peers(r, n) {
+                let (off, len) = s.chunk(q, k);
+                if len > 0 {
+                    p.push(r, 0, Step::Recv { peer: q, dst: Slice::output(off, len) });
+                }
+            }
+        }
+    }
+}
+
+/// Reduce-scatter: rank `j`'s output is the canonical reduction of every
+/// rank's input block `j`.
+pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
+    let cnt = c.count;
+    let s = start(p, c, o, Box::new(move |j| (j * cnt, cnt)));
+    for r in 0..c.nranks {
+        for k in 0..s.chunks {
+            let (_, len) = s.chunk(r, k);
+            let (at, _) = part(cnt, s.chunks, k);
+            scatter_chunk(p, &s, r, k, Slice::output(at, len), 0);
+        }
+    }
+}
+
+/// Reduce: canonical reduce-scatter of the ring's blocks, then every
+/// owner sends its block to the root (the others' blocks wait in
+/// scratch, before the tree's slots).
+pub(crate) fn reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
+    let (n, count, root) = (c.nranks, c.count, c.root);
+    let s = start(p, c, o, Box::new(move |j| part(count, n, j)));
+    let widest = (0..n).flat_map(|j| (0..s.chunks).map(move |k| (j, k))).map(|(j, k)| s.chunk(j, k).1).max();
+    let held = widest.unwrap_or(0);
+    for r in 0..n {
+        for k in 0..s.chunks {
+            let (off, len) = s.chunk(r, k);
+            if r == root {
+                scatter_chunk(p, &s, r, k, Slice::output(off, len), 0);
+                for q in peers(r, n) {
+                    let (off, len) = s.chunk(q, k);
+                    if len > 0 {
+                        p.push(r, 0, Step::Recv { peer: q, dst: Slice::output(off, len) });
+                    }
+                }
+            } else {
+                let mine = Slice::scratch(0, len);
+                p.need_scratch(r, mine.end());
+                scatter_chunk(p, &s, r, k, mine, held);
+                if len > 0 {
+                    p.push(r, 0, Step::Send { peer: root, src: mine });
+                }
+            }
+        }
+    }
+}
