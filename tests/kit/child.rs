@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 /// opened 100 silent connections to each of its own listening ports and
 /// the others waited a second: connections are made at first use) or
 /// `count` (one all_reduce, rank 1's count another than the others'),
+/// `canon` (every reduction × float type × operator, checked bit for bit
+/// against the canonical order: run with `OXCCL_DETERMINISTIC=1`),
 /// `first` (one all_reduce, checked; prints the seconds from before init
 /// to its result), `early-exit` (rank 0 broadcasts and exits; the others broadcast 0.5 s
 /// later) or `closer` (the last rank closes after one all_reduce; the
@@ -116,6 +118,11 @@ pub fn body() {
         }
         // Rank 1 passes another count than the others: an error naming
         // both counts is expected on every rank.
+        "canon" => {
+            let counts = [1, 7, 1003, 70_001];
+            let cases = crate::canon::cases(size, &counts, &crate::canon::TYPES, &crate::canon::OPS);
+            crate::canon::check_all(&comm, &cases).map(|k| println!("CASES {k}"))
+        }
         "count" => {
             let count = if rank == 1 { 12_000 } else { 10_000 };
             let mut buf = vec![1.0f32; count];

@@ -10,12 +10,15 @@
 //!   checked and input left alone;
 //! - [`matrix`]: every collective × type × operator × count × placement;
 //! - [`on_threads`]: ranks as threads over a chosen transport;
+//! - [`canon`]: order-sensitive inputs and the canonical order of the
+//!   deterministic mode, computed independently;
 //! - [`child`]: ranks as processes (the test binary is its own child);
 //! - [`netns`]: two "hosts", network namespaces joined by veth;
 //! - [`tree`]: the workspace's Rust sources, for tests of the sources;
 //! - [`skip_or_fail`]: a test that cannot run here says why, or fails
 //!   where CI set the `OXCCL_REQUIRE_*` variable that names what it needs.
 
+pub mod canon;
 pub mod child;
 pub mod netns;
 pub mod tree;

@@ -58,6 +58,21 @@ struct Inner {
     device: Mutex<Option<Arc<DeviceComm>>>,
 }
 
+/// Fails on every rank, naming one that differs, unless all ranks run the
+/// deterministic mode or none does (they would pick different algorithms).
+fn agree_on_mode(boot: &Bootstrap, rank: usize, on: bool) -> Result<()> {
+    let all = boot.all_gather(&[u8::from(on)])?;
+    match all.iter().position(|v| v.as_slice() != [u8::from(on)]) {
+        None => Ok(()),
+        Some(q) => Err(Error::InvalidUsage(format!(
+            "rank {rank} {} the deterministic mode ({}) but rank {q} {}: set OXCCL_DETERMINISTIC (or Config::deterministic) the same on every rank",
+            if on { "runs" } else { "does not run" },
+            crate::tuner::DETERMINISTIC,
+            if on { "does not" } else { "does" },
+        ))),
+    }
+}
+
 impl Communicator {
     /// Joins communicator `id` as `rank` of `nranks` (NCCL's
     /// `ncclCommInitRank`): every rank calls it with the same id.
@@ -84,10 +99,12 @@ impl Communicator {
             rank,
             &BootOptions { timeout: cfg.timeout, host_id: None, encrypt: cfg.encrypt },
         )?);
+        agree_on_mode(&boot, rank, cfg.deterministic)?;
         let fabric = Fabric::new(boot.clone(), id.nonce(), &cfg.fabric_options())?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
-        let tuner = Tuner::new(fabric.layout(), fabric.links(), filter, cfg.programs.clone(), fifo)?;
+        let tuner = Tuner::new(fabric.layout(), fabric.links(), filter, cfg.programs.clone(), fifo)?
+            .deterministic(cfg.deterministic)?;
         let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
         let who = format!("comm {tag} rank {rank}/{nranks}");
         let shared = Arc::new(Shared {

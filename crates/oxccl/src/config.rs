@@ -87,6 +87,15 @@ pub struct Config {
     /// default off). Every rank must agree: init fails naming a rank that
     /// differs.
     pub encrypt: Option<bool>,
+    /// Reproducible reductions (`OXCCL_DETERMINISTIC=1`; default off):
+    /// every floating-point all-reduce, reduce-scatter and reduce computes
+    /// each element in the canonical order of [`oxccl_algo::canon`]
+    /// (the balanced tree over the ranks in rank order), whatever the
+    /// size, algorithm, transport or placement, so the same inputs give
+    /// the same bits. The tuner then runs only programs the verifier
+    /// proves canonical. Every rank must agree: init fails naming a rank
+    /// that differs.
+    pub deterministic: Option<bool>,
     /// RDMA settings: `None` reads the `OXCCL_IB_*` variables (see
     /// `oxccl_transport::rdma::env`; a bad value fails init, naming it),
     /// then the defaults; `Some` is used as it is and no `OXCCL_IB_*`
@@ -217,6 +226,8 @@ pub struct Resolved {
     pub single_copy: SingleCopy,
     /// See [`Config::encrypt`].
     pub encrypt: bool,
+    /// See [`Config::deterministic`].
+    pub deterministic: bool,
     /// See [`Config::rdma`].
     pub rdma: RdmaOptions,
 }
@@ -473,6 +484,10 @@ impl Config {
             Some(e) => e,
             None => parse_bool("OXCCL_ENCRYPT")?.unwrap_or(false),
         };
+        let deterministic = match self.deterministic {
+            Some(d) => d,
+            None => parse_bool("OXCCL_DETERMINISTIC")?.unwrap_or(false),
+        };
         let single_copy = match self.single_copy_min {
             Some(s) => s,
             None => env("OXCCL_SINGLE_COPY_MIN").map(|v| v.parse()).transpose()?.unwrap_or_default(),
@@ -493,6 +508,7 @@ impl Config {
             programs,
             cma,
             encrypt,
+            deterministic,
             single_copy,
             device_path,
             device_window: device_window / 256 * 256,

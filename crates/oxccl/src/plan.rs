@@ -63,6 +63,7 @@ static BUILT: LazyLock<Mutex<(HashMap<BuildKey, Arc<Built>>, VecDeque<BuildKey>)
 fn built(tuner: &Tuner, choice: Choice, coll: &Collective, shared: bool) -> Result<Arc<Built>> {
     let make = || -> Result<Arc<Built>> {
         let prog = tuner.build(choice, coll)?;
+        tuner.prove(&prog, coll)?;
         let peers = prog.has_one_sided().then(|| one_sided_peers_all(&prog).into_iter().map(Arc::new).collect());
         Ok(Arc::new(Built { prog, peers }))
     };

@@ -29,7 +29,9 @@ use oxccl_algo::cost::{Link, Topology};
 use oxccl_algo::ir::Program;
 use oxccl_core::{Error, Result};
 use oxccl_transport::provider::{LinkCost, LinkParams};
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 /// What runs a collective: a built-in algorithm or a registered program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -241,6 +243,56 @@ pub struct Tuner {
     programs: Vec<ProgramId>,
     /// FIFO capacity of the slowest connection kind: chunks must fit twice.
     fifo: usize,
+    /// `OXCCL_DETERMINISTIC`: floating-point reductions run only programs
+    /// proven canonical.
+    deterministic: bool,
+}
+
+/// The variable (and value) that turns the deterministic mode on, as
+/// messages name it.
+pub const DETERMINISTIC: &str = "OXCCL_DETERMINISTIC=1";
+
+/// What the verifier said of a (choice, collective kind, ranks, root):
+/// `None` when canonical, else why not.
+type Proofs = HashMap<(Choice, CollKind, usize, usize), Option<String>>;
+
+/// The canonical tree over `n` ranks, written out up to 16 ranks.
+fn tree_text(n: usize) -> String {
+    match n {
+        ..=16 => oxccl_algo::canon::expr(n),
+        _ => format!("the balanced tree over ranks 0..{n}"),
+    }
+}
+
+/// Proofs of canonical order, per process (the same algorithm at the same
+/// rank count is proven once).
+static PROOFS: LazyLock<Mutex<Proofs>> = LazyLock::new(Default::default);
+
+/// Whether the verifier proves `c`'s programs for `coll`'s kind, ranks
+/// and root canonical ([`oxccl_algo::canon`]); why not, when not. A
+/// built-in algorithm is proven at a count that leaves uneven blocks,
+/// in several pipeline chunks (every program that runs is proven again
+/// at its own count before it runs: [`Tuner::prove`]); a program, as
+/// registered (scaling keeps its order).
+fn canonical(c: Choice, coll: &Collective) -> std::result::Result<(), String> {
+    let root = if coll.kind.is_rooted() { coll.root } else { 0 };
+    let key = (c, coll.kind, coll.nranks, root);
+    if let Some(v) = PROOFS.lock().get(&key) {
+        return v.clone().map_or(Ok(()), Err);
+    }
+    let program = match c {
+        Choice::Builtin(a) => {
+            let at = Collective { count: 3 * coll.nranks + 1, ..*coll };
+            build(a, &at, &BuildOptions { chunk_bytes: 4 * at.dtype.size(), max_chunks: 3 })
+        }
+        Choice::Program(id) => Ok(programs::get(id).program.clone()),
+    };
+    let verdict = match program.and_then(|p| oxccl_algo::verify::verify(&p)) {
+        Ok(report) => report.departure.map(|d| d.message),
+        Err(e) => Some(e.to_string()),
+    };
+    PROOFS.lock().insert(key, verdict.clone());
+    verdict.map_or(Ok(()), Err)
 }
 
 fn link(c: LinkCost) -> Link {
@@ -270,9 +322,54 @@ impl Tuner {
         let topo = |f: fn(&LinkParams) -> LinkCost| {
             on_host(Topology::new(nodes.max(1), per_node.max(1), link(f(&intra)), link(f(&inter))))
         };
-        let t = Tuner { two: topo(|l| l.fifo), one: topo(|l| l.one_sided), filter, programs, fifo };
+        let t =
+            Tuner { two: topo(|l| l.fifo), one: topo(|l| l.one_sided), filter, programs, fifo, deterministic: false };
         t.filter.check(|k| t.candidates(k))?;
         Ok(t)
+    }
+
+    /// The same tuner in the deterministic mode ([`DETERMINISTIC`]) or
+    /// not. In it, a program of a reducing collective that is not proven
+    /// canonical is an error, naming where its order departs.
+    pub fn deterministic(mut self, on: bool) -> Result<Tuner> {
+        self.deterministic = on;
+        if on {
+            for &id in &self.programs {
+                let c = programs::get(id).program.collective;
+                if c.kind.reduces()
+                    && let Err(why) = canonical(Choice::Program(id), &c)
+                {
+                    return Err(Error::InvalidUsage(format!(
+                        "{DETERMINISTIC}: program {:?} is not proven to reduce in the canonical order, so it cannot run in the deterministic mode: {why}",
+                        programs::name(id)
+                    )));
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    /// Whether `coll` must run in the canonical order: the deterministic
+    /// mode is on, it reduces, and its type is floating point (integer
+    /// sums, products, min and max give the same bits in every order).
+    pub fn strict(&self, coll: &Collective) -> bool {
+        self.deterministic && coll.kind.reduces() && coll.dtype.is_float()
+    }
+
+    /// Checks that `program`, about to run `coll`, is proven canonical
+    /// where [`strict`](Tuner::strict) asks for it.
+    pub fn prove(&self, program: &Program, coll: &Collective) -> Result<()> {
+        if !self.strict(coll) {
+            return Ok(());
+        }
+        let report = oxccl_algo::verify::verify(program)?;
+        match report.departure {
+            None => Ok(()),
+            Some(d) => Err(Error::InvalidUsage(format!(
+                "{DETERMINISTIC}: {} of {} ranks would run {}, which is not canonical: {d}",
+                coll.kind, coll.nranks, program.name
+            ))),
+        }
     }
 
     /// Everything that implements `kind` here: built-in algorithms, then
@@ -334,7 +431,31 @@ impl Tuner {
                 have.join(", ")
             )));
         }
-        let setting = || self.filter.setting.clone();
+        let strict = self.strict(coll);
+        if strict {
+            let mut refused = Vec::new();
+            allowed.retain(|&c| match canonical(c, coll) {
+                Ok(()) => true,
+                Err(why) => {
+                    refused.push(format!("{c}: {why}"));
+                    false
+                }
+            });
+            if allowed.is_empty() {
+                return Err(Error::InvalidUsage(format!(
+                    "{DETERMINISTIC}: {} allows no algorithm proven to reduce {coll} in the canonical order ({}); {}",
+                    if restricted { self.filter.setting.as_str() } else { "oxccl" },
+                    tree_text(coll.nranks),
+                    refused.join("; ")
+                )));
+            }
+        }
+        let setting = || match (strict, restricted) {
+            (true, true) => format!("{} and {DETERMINISTIC}", self.filter.setting),
+            (true, false) => DETERMINISTIC.to_string(),
+            (false, _) => self.filter.setting.clone(),
+        };
+        let restricted = restricted || strict;
         if allowed.len() == 1 {
             let reason = if restricted { Reason::Forced { setting: setting() } } else { Reason::Only };
             return Ok(Decision { choice: allowed[0], reason });

@@ -162,17 +162,32 @@ impl Communicator {
         let (kind, coll) = (call.kind, call.collective());
         let exec = self.resolved().device_exec;
         let named = self.tuner().names_algorithm(kind);
+        // The deterministic mode runs proven programs only: the kernel's
+        // order is its own.
+        let strict = self.tuner().strict(&coll);
         let wants = match exec {
             DeviceExec::Program => true,
+            DeviceExec::Kernel if strict => {
+                return Err(Error::InvalidUsage(format!(
+                    "OXCCL_DEVICE_EXEC=kernel cannot run {coll} in the deterministic mode ({}): the kernel's reduction order is not the canonical one; unset one of the two",
+                    crate::tuner::DETERMINISTIC
+                )));
+            }
             DeviceExec::Kernel => false,
-            DeviceExec::Auto => named || matches!(kind, CollKind::Gather | CollKind::Scatter),
+            DeviceExec::Auto => strict || named || matches!(kind, CollKind::Gather | CollKind::Scatter),
         };
         let choice = if wants && dc.is_direct() { Some(self.tuner().pick(&coll)?) } else { None };
         let build = |chunk: usize| match choice {
-            Some(c) => self.tuner().build_chunked(c, &coll, chunk),
+            Some(c) => {
+                let p = self.tuner().build_chunked(c, &coll, chunk)?;
+                self.tuner().prove(&p, &coll)?;
+                Ok(p)
+            }
             None => Err(Error::Internal("no program chosen".into())),
         };
-        let required = exec == DeviceExec::Program;
+        // Where the program cannot run on the device, the deterministic
+        // mode fails rather than fall back to the kernel.
+        let required = exec == DeviceExec::Program || strict;
         let src = choice.map(|c| Source { name: c.to_string(), build: &build, named, required });
         if dc.run_direct(call, stream, src.as_ref())? {
             return Ok(());
