@@ -294,6 +294,24 @@ fn nccl_variables_are_honoured_and_oxccl_twins_win() {
     assert!(out.contains("PASS"), "{out}");
 }
 
+/// OXCCL_DETERMINISTIC reaches the C ABI: the canonical order's bits
+/// whatever NCCL_ALGO's list leaves (the tuner's pick, the ordered
+/// algorithm), a refusal naming the mode for one it does not prove
+/// canonical, and other bits without the mode.
+#[test]
+fn the_deterministic_mode_is_read_from_the_environment() {
+    let bin = build("gcc", "deterministic.c", &[]);
+    let limit = Duration::from_secs(60);
+    for algo in ["", "ordered"] {
+        let out = run(Command::new(&bin).arg("canon").env("OXCCL_DETERMINISTIC", "1").env("NCCL_ALGO", algo), limit);
+        assert!(out.contains("PASS"), "NCCL_ALGO={algo:?}: {out}");
+    }
+    let out = run(Command::new(&bin).arg("refused").env("OXCCL_DETERMINISTIC", "1").env("NCCL_ALGO", "ring"), limit);
+    assert!(out.contains("PASS"), "{out}");
+    let out = run(Command::new(&bin).arg("differs").env("OXCCL_DETERMINISTIC", "0").env("NCCL_ALGO", "ring"), limit);
+    assert!(out.contains("PASS"), "{out}");
+}
+
 #[test]
 fn the_readme_example_runs() {
     let bin = build("gcc", "../allreduce.c", &[]);

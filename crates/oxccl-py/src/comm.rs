@@ -54,7 +54,7 @@ fn blocking<T: Send>(py: Python<'_>, c: &Communicator, f: impl FnOnce() -> oxccl
 
 /// A [`Config`] from the keyword arguments Python passed (`None` or a dict
 /// of `timeout` in seconds, `algo`, `transport`, `programs` as JSON texts,
-/// `encrypt`).
+/// `encrypt`, `deterministic`).
 fn config(opts: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
     let mut c = Config::default();
     let Some(opts) = opts else { return Ok(c) };
@@ -79,6 +79,7 @@ fn config(opts: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
                 c.transport = t.map(|t| t.parse::<Kind>()).transpose().py()?;
             }
             "encrypt" => c.encrypt = v.extract()?,
+            "deterministic" => c.deterministic = v.extract()?,
             "programs" => {
                 let texts: Vec<String> = v.extract()?;
                 for t in texts {
@@ -87,7 +88,7 @@ fn config(opts: Option<&Bound<'_, PyDict>>) -> PyResult<Config> {
             }
             other => {
                 return Err(to_py(Error::invalid(format!(
-                    "unknown communicator option {other:?}; expected timeout, algo, transport, programs or encrypt"
+                    "unknown communicator option {other:?}; expected timeout, algo, transport, programs, encrypt or deterministic"
                 ))));
             }
         }

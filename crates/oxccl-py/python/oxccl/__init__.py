@@ -85,10 +85,12 @@ def _packed(counts):
     return out
 
 
-def _opts(timeout=None, algo=None, transport=None, programs=None, encrypt=None):
+def _opts(timeout=None, algo=None, transport=None, programs=None, encrypt=None, deterministic=None):
     d = {}
     if encrypt is not None:
         d["encrypt"] = bool(encrypt)
+    if deterministic is not None:
+        d["deterministic"] = bool(deterministic)
     if timeout is not None:
         d["timeout"] = float(getattr(timeout, "total_seconds", lambda: timeout)())
     if algo is not None:
@@ -110,7 +112,10 @@ class Communicator:
     registered program's name), ``transport`` (``mem``, ``shm``, ``tcp``),
     ``programs`` (:class:`oxccl.algo.Program`\\ s or their JSON, verified
     and considered by the tuner), ``encrypt`` (``OXCCL_ENCRYPT``: the
-    bootstrap and TCP traffic, every rank the same).
+    bootstrap and TCP traffic, every rank the same), ``deterministic``
+    (``OXCCL_DETERMINISTIC``: floating-point all_reduce, reduce_scatter and
+    reduce in the canonical order, the same bits at every size and
+    algorithm; every rank the same).
     """
 
     def __init__(self, native):

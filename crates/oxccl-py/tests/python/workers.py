@@ -228,10 +228,11 @@ def _batches(torch, rank, steps):
     return [(torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)) for _ in range(steps)]
 
 
-def ddp_train(backend, steps, zero=False, hook=None):
+def ddp_train(backend, steps, zero=False, hook=None, bucket_mb=None):
     """A small MLP trained by PyTorch's DistributedDataParallel (and, with
     ``zero``, its ZeroRedundancyOptimizer; with ``hook`` "bf16" or "fp16",
-    PyTorch's compression hook on its gradients) on ``backend``: the final
+    PyTorch's compression hook on its gradients; with ``bucket_mb``, DDP's
+    buckets of that many MiB) on ``backend``: the final
     parameters, the losses, the step times and oxccl's byte counts."""
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -239,7 +240,7 @@ def ddp_train(backend, steps, zero=False, hook=None):
     dist = _torch_init(backend)
     r = dist.get_rank()
     torch.set_num_threads(1)
-    model = DDP(_model(torch))
+    model = DDP(_model(torch)) if bucket_mb is None else DDP(_model(torch), bucket_cap_mb=bucket_mb)
     if hook is not None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -529,7 +530,7 @@ def ddp_peer_dies(victim, at):
 
     dist = _torch_init("oxccl")
     r = dist.get_rank()
-    model = DDP(_model(torch))
+    model = DDP(_model(torch)) if bucket_mb is None else DDP(_model(torch), bucket_cap_mb=bucket_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for i, (x, y) in enumerate(_batches(torch, r, at + 3)):
         if i == at and r == victim:
