@@ -182,7 +182,7 @@ fn equal_to_ddp<P: Param>() {
 /// several binades.
 fn wide_grad(step: u64, rank: usize, _layer: usize, _: usize, i: usize) -> f32 {
     let h = (step as usize * 7919 + rank * 104_729 + i * 613) % 1009;
-    let sign = if h % 2 == 0 { 1.0 } else { -1.0 };
+    let sign = if h.is_multiple_of(2) { 1.0 } else { -1.0 };
     sign * (1.0 + (h % 97) as f32 / 97.0) * 2f32.powi((h % 13) as i32 - 6)
 }
 
