@@ -77,6 +77,12 @@ fn print_verified(path: &Path, program: &Program) -> Result<(), String> {
         v.max_sent(),
         v.total_sent()
     );
+    if coll.kind.reduces() {
+        match &v.departure {
+            None => println!("# order: canonical (runs under OXCCL_DETERMINISTIC=1)"),
+            Some(d) => println!("# order: not canonical (refused under OXCCL_DETERMINISTIC=1): {d}"),
+        }
+    }
     Ok(())
 }
 

@@ -200,7 +200,14 @@ fn emitted_programs_verify_and_price_and_broken_ones_are_refused() {
     let text = stdout(&["--program", good.to_str().unwrap()]);
     assert!(text.contains("# verified: computes all_reduce of 16 × float on 4 ranks"), "{text}");
     assert!(text.contains("bytes sent per rank: max 96, total 384"), "{text}");
+    assert!(text.contains("# order: not canonical (refused under OXCCL_DETERMINISTIC=1): ring: rank"), "{text}");
     assert_eq!(data_rows(&text).len(), 1);
+    // The ordered algorithm's program is canonical, and says so.
+    let ordered = dir.join("ordered.json");
+    std::fs::write(&ordered, stdout(&["all_reduce", "--ranks-per-node", "3", "-b", "60", "--algo", "ordered", "--emit"]))
+        .unwrap();
+    let text = stdout(&["--program", ordered.to_str().unwrap()]);
+    assert!(text.contains("# order: canonical (runs under OXCCL_DETERMINISTIC=1)"), "{text}");
     // The first send of input[8..12] (rank 0's third step) sends another block.
     let broken = json.replacen("\"src\": \"input[8..12]\"", "\"src\": \"input[12..16]\"", 1);
     assert_ne!(broken, json);
