@@ -204,8 +204,11 @@ fn emitted_programs_verify_and_price_and_broken_ones_are_refused() {
     assert_eq!(data_rows(&text).len(), 1);
     // The ordered algorithm's program is canonical, and says so.
     let ordered = dir.join("ordered.json");
-    std::fs::write(&ordered, stdout(&["all_reduce", "--ranks-per-node", "3", "-b", "60", "--algo", "ordered", "--emit"]))
-        .unwrap();
+    std::fs::write(
+        &ordered,
+        stdout(&["all_reduce", "--ranks-per-node", "3", "-b", "60", "--algo", "ordered", "--emit"]),
+    )
+    .unwrap();
     let text = stdout(&["--program", ordered.to_str().unwrap()]);
     assert!(text.contains("# order: canonical (runs under OXCCL_DETERMINISTIC=1)"), "{text}");
     // The first send of input[8..12] (rank 0's third step) sends another block.

@@ -29,6 +29,7 @@ mod rooted;
 mod table;
 mod tree;
 
+pub use ordered::weighted as ordered_block;
 pub use table::{AlgoSpec, Builder, CostModel, NCCL_ONLY, TABLE};
 pub use tree::{TreeLinks, btree, dtree};
 

@@ -110,13 +110,13 @@ fn peers(r: usize, n: usize) -> impl Iterator<Item = usize> {
 struct Shape {
     n: usize,
     chunks: usize,
-    /// Input offset and length of block `j`.
-    block: Box<dyn Fn(usize) -> (usize, usize)>,
+    /// Input offset and length of each block.
+    blocks: Vec<(usize, usize)>,
 }
 
 impl Shape {
     fn chunk(&self, j: usize, c: usize) -> (usize, usize) {
-        let (off, len) = (self.block)(j);
+        let (off, len) = self.blocks[j];
         let (o, l) = part(len, self.chunks, c);
         (off + o, l)
     }
@@ -137,19 +137,58 @@ fn scatter_chunk(p: &mut Program, s: &Shape, r: usize, c: usize, out: Slice, scr
     Tree { p, rank: r, scratch_at }.reduce(&leaves, out);
 }
 
-fn start(p: &mut Program, c: Collective, o: &BuildOptions, block: Box<dyn Fn(usize) -> (usize, usize)>) -> Shape {
+/// Memory passes rank `r` makes to reduce one element of its block in the
+/// canonical tree over `n`: one per node, plus a copy for each node whose
+/// children are two other ranks' pieces (one is staged in scratch).
+fn passes(n: usize, r: usize) -> usize {
+    fn pairs(l: usize, rr: usize, r: usize) -> usize {
+        match rr - l {
+            1 => 0,
+            2 => usize::from(r != l && r != l + 1),
+            _ => {
+                let m = split(l, rr);
+                pairs(l, m, r) + pairs(m, rr, r)
+            }
+        }
+    }
+    n.saturating_sub(1) + pairs(0, n.max(1), r)
+}
+
+/// Rank `j`'s block of `count` elements (offset, length) in the ordered
+/// all-reduce and reduce: sizes inversely proportional to
+/// [`passes`], so that every owner reduces for about as long (on 3 ranks
+/// rank 2 stages one piece per element that ranks 0 and 1 reduce at once:
+/// its block is 2/8 of the buffer, theirs 3/8).
+pub fn weighted(count: usize, n: usize, j: usize) -> (usize, usize) {
+    weighted_all(count, n)[j]
+}
+
+/// Every rank's block of [`weighted`].
+fn weighted_all(count: usize, n: usize) -> Vec<(usize, usize)> {
+    let w: Vec<u128> = (0..n).map(|r| 720_720 / passes(n, r).max(1) as u128).collect();
+    let total: u128 = w.iter().sum();
+    let mut at = vec![0usize; n + 1];
+    let mut acc = 0u128;
+    for k in 0..n {
+        acc += w[k];
+        at[k + 1] = (count as u128 * acc / total) as usize;
+    }
+    (0..n).map(|k| (at[k], at[k + 1] - at[k])).collect()
+}
+
+fn start(p: &mut Program, c: Collective, o: &BuildOptions, blocks: Vec<(usize, usize)>) -> Shape {
     p.reset("ordered", c);
     p.in_place = true;
     let n = c.nranks;
-    let widest = (0..n).map(|j| block(j).1).max().unwrap_or(0);
-    Shape { n, chunks: o.chunking(widest, c.dtype.size()), block }
+    let widest = blocks.iter().map(|b| b.1).max().unwrap_or(0);
+    Shape { n, chunks: o.chunking(widest, c.dtype.size()), blocks }
 }
 
 /// All-reduce: canonical reduce-scatter of the ring's blocks, then every
 /// owner sends its block to everyone.
 pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count) = (c.nranks, c.count);
-    let s = start(p, c, o, Box::new(move |j| part(count, n, j)));
+    let s = start(p, c, o, weighted_all(count, n));
     for r in 0..n {
         for k in 0..s.chunks {
             let (off, len) = s.chunk(r, k);
@@ -173,7 +212,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
 /// rank's input block `j`.
 pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
     let cnt = c.count;
-    let s = start(p, c, o, Box::new(move |j| (j * cnt, cnt)));
+    let s = start(p, c, o, (0..c.nranks).map(|j| (j * cnt, cnt)).collect());
     for r in 0..c.nranks {
         for k in 0..s.chunks {
             let (_, len) = s.chunk(r, k);
@@ -188,7 +227,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
 /// scratch, before the tree's slots).
 pub(crate) fn reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
-    let s = start(p, c, o, Box::new(move |j| part(count, n, j)));
+    let s = start(p, c, o, weighted_all(count, n));
     let widest = (0..n).flat_map(|j| (0..s.chunks).map(move |k| (j, k))).map(|(j, k)| s.chunk(j, k).1).max();
     let held = widest.unwrap_or(0);
     for r in 0..n {
@@ -211,5 +250,24 @@ pub(crate) fn reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_that_stage_get_smaller_blocks() {
+        assert_eq!((passes(3, 0), passes(3, 1), passes(3, 2)), (2, 2, 3));
+        assert!((0..4).all(|r| passes(4, r) == 4) && (0..6).all(|r| passes(6, r) == 7));
+        assert_eq!((passes(5, 3), passes(5, 4), passes(1, 0)), (5, 6, 0));
+        assert_eq!((0..3).map(|j| weighted(800, 3, j)).collect::<Vec<_>>(), [(0, 300), (300, 300), (600, 200)]);
+        for (count, n) in [(0, 1), (1, 3), (7, 5), (1_000_003, 7), (10, 16)] {
+            let blocks: Vec<_> = (0..n).map(|j| weighted(count, n, j)).collect();
+            assert_eq!(blocks.iter().map(|b| b.1).sum::<usize>(), count);
+            assert!(blocks.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+        }
+        assert_eq!(weighted(100, 4, 1), part(100, 4, 1), "no staging: even blocks");
     }
 }

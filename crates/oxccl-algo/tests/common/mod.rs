@@ -10,9 +10,11 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
     let s = c.count as u64 * e; // bytes of a rank's buffer (block for RS/AG/A2A)
     let nn = n as u64;
     let v = match (algo, c.kind) {
-        (Algorithm::Ring | Algorithm::Ordered, CollKind::AllReduce) | (Algorithm::TwoShot, _)
-            if c.count.is_multiple_of(n) =>
-        {
+        (Algorithm::Ring, CollKind::AllReduce) | (Algorithm::TwoShot, _) if c.count.is_multiple_of(n) => {
+            vec![2 * (nn - 1) * s / nn; n]
+        }
+        // Blocks are even where every owner pairs its piece with a peer's.
+        (Algorithm::Ordered, CollKind::AllReduce) if c.count.is_multiple_of(n) && n % 2 == 0 => {
             vec![2 * (nn - 1) * s / nn; n]
         }
         (
@@ -87,7 +89,7 @@ pub fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
         (_, CollKind::AllReduce) if algo == Algorithm::OneShot => n * (n - 1) * s,
         // Every block to its owner, then every other owner's block to the root.
         (Algorithm::Ordered, CollKind::Reduce) => {
-            let root_block = oxccl_algo::collective::part(c.count, c.nranks, c.root).1 as u64 * e;
+            let root_block = oxccl_algo::algos::ordered_block(c.count, c.nranks, c.root).1 as u64 * e;
             (n - 1) * s + s - root_block
         }
         (_, CollKind::AllReduce) => 2 * (n - 1) * s,
