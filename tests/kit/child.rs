@@ -3,7 +3,7 @@
 //! child` and told what to do through `OXCCL_TEST_*` variables.
 
 use crate::{DTYPES, matrix, run_case};
-use oxccl::{Communicator, Config, DataType, ReduceOp, UniqueId};
+use oxccl::{CollKind, Communicator, Config, DataType, ReduceOp, UniqueId};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -120,7 +120,18 @@ pub fn body() {
         // both counts is expected on every rank.
         "canon" => {
             let counts = [1, 7, 1003, 70_001];
-            let cases = crate::canon::cases(size, &counts, &crate::canon::TYPES, &crate::canon::OPS);
+            let mut cases = crate::canon::cases(size, &counts, &crate::canon::TYPES, &crate::canon::OPS);
+            // Several MiB: 4 MiB of f32, 2.4 MiB of f64 to rank 0.
+            let big = |kind, dtype, count, in_place| crate::canon::Case {
+                kind,
+                dtype,
+                op: ReduceOp::Sum,
+                count,
+                root: 0,
+                in_place,
+            };
+            cases.push(big(CollKind::AllReduce, DataType::Float32, 1_000_003, false));
+            cases.push(big(CollKind::Reduce, DataType::Float64, 300_001, true));
             crate::canon::check_all(&comm, &cases).map(|k| println!("CASES {k}"))
         }
         "count" => {
