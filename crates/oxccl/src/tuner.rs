@@ -622,6 +622,32 @@ mod tests {
     }
 
     #[test]
+    fn the_deterministic_mode_picks_only_what_the_verifier_proves_canonical() {
+        let det = |n: usize, filter: &str| tuner(n, filter).unwrap().deterministic(true).unwrap();
+        for count in [2, 1000, 64 << 20] {
+            let coll = Collective::new(CollKind::AllReduce, 5, count);
+            let d = det(5, "").decide(&coll).unwrap();
+            // On 5 ranks only the ordered algorithm is canonical.
+            assert_eq!(d.choice, B(Algorithm::Ordered), "{count}");
+            assert_eq!(d.reason, Reason::Forced { setting: DETERMINISTIC.into() });
+        }
+        // Doubling is canonical on 4 ranks (and 3, 6, 7, 8): the cost model
+        // chooses among the proven ones.
+        let small = det(4, "").decide(&Collective::new(CollKind::AllReduce, 4, 2)).unwrap();
+        assert_eq!(small.choice, B(Algorithm::Doubling), "{small}");
+        assert!(small.to_string().ends_with("(the tuner's pick of those OXCCL_DETERMINISTIC=1 allows)"), "{small}");
+        // Integers give the same bits in every order: not restricted.
+        let ints = Collective { dtype: oxccl_core::DataType::Int32, ..Collective::new(CollKind::AllReduce, 5, 1 << 20) };
+        assert_eq!(det(5, "").decide(&ints).unwrap(), tuner(5, "").unwrap().decide(&ints).unwrap());
+        // A list that leaves nothing canonical says why each was refused.
+        let e = det(5, "allreduce:ring,tree").decide(&Collective::new(CollKind::AllReduce, 5, 100)).unwrap_err();
+        let e = e.to_string();
+        for want in [DETERMINISTIC, "ring: ring: rank", "tree: tree: rank", "((x0 ⊕ x1) ⊕ (x2 ⊕ x3)) ⊕ x4"] {
+            assert!(e.contains(want), "{e} does not say {want:?}");
+        }
+    }
+
+    #[test]
     fn a_program_file_is_named_in_the_decision() {
         let coll = Collective::new(CollKind::AllReduce, 8, 64);
         let mut p = build(Algorithm::Ring, &coll, &BuildOptions::default()).unwrap();
