@@ -637,7 +637,8 @@ mod tests {
         assert_eq!(small.choice, B(Algorithm::Doubling), "{small}");
         assert!(small.to_string().ends_with("(the tuner's pick of those OXCCL_DETERMINISTIC=1 allows)"), "{small}");
         // Integers give the same bits in every order: not restricted.
-        let ints = Collective { dtype: oxccl_core::DataType::Int32, ..Collective::new(CollKind::AllReduce, 5, 1 << 20) };
+        let ints =
+            Collective { dtype: oxccl_core::DataType::Int32, ..Collective::new(CollKind::AllReduce, 5, 1 << 20) };
         assert_eq!(det(5, "").decide(&ints).unwrap(), tuner(5, "").unwrap().decide(&ints).unwrap());
         // A list that leaves nothing canonical says why each was refused.
         let e = det(5, "allreduce:ring,tree").decide(&Collective::new(CollKind::AllReduce, 5, 100)).unwrap_err();
