@@ -71,3 +71,38 @@ fn a_reordered_program_is_named_by_rank_step_and_element() {
     // The set of contributions is right, so the program still verifies.
     assert_eq!(r.messages, 4);
 }
+
+#[test]
+fn an_order_that_departs_only_in_place_is_reported() {
+    // Rank 0 first swaps its element with rank 2's (into its output, which
+    // in place is its input), then adds rank 1's to its input: out of place
+    // x0 ⊕ x1, in place x2 ⊕ x1. Both hold the right contributions.
+    let (i, o) = (Slice::input(0, 1), Slice::output(0, 1));
+    let mut p = Program::new("swap", Collective::new(CollKind::AllReduce, 3, 1));
+    p.in_place = true;
+    for s in [
+        Step::Send { peer: 2, src: i },
+        Step::Recv { peer: 2, dst: o },
+        Step::RecvReduce { peer: 1, src: i, dst: o },
+        Step::Send { peer: 2, src: o },
+        Step::Recv { peer: 2, dst: o },
+    ] {
+        p.push(0, 0, s);
+    }
+    p.push(1, 0, Step::Send { peer: 0, src: i });
+    p.push(1, 0, Step::Recv { peer: 2, dst: o });
+    for s in [
+        Step::Send { peer: 0, src: i },
+        Step::Recv { peer: 0, dst: o },
+        Step::RecvReduce { peer: 0, src: i, dst: o },
+        Step::Send { peer: 0, src: o },
+        Step::Send { peer: 1, src: o },
+    ] {
+        p.push(2, 0, s);
+    }
+    let out = verify_with(&p, &VerifyOptions::default()).unwrap();
+    assert!(out.is_canonical(), "{:?}", out.departure);
+    let d = verify(&p).unwrap().departure.expect("in place, rank 0 adds x2 and x1 first");
+    assert_eq!((d.rank, d.step), (0, 2));
+    assert!(d.message.ends_with("(in place)") && d.message.contains("ranks {2} with ranks {1}"), "{d}");
+}

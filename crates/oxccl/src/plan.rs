@@ -14,7 +14,7 @@ use oxccl_core::{DataType, ReduceOp, Result};
 use oxccl_transport::P2P_CHANNEL;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 /// One rank's share of a built program, cached per collective.
 #[derive(Clone)]
@@ -40,10 +40,12 @@ impl Part {
     }
 }
 
-/// A program built in this process, and every rank's one-sided peers.
+/// A program built in this process, every rank's one-sided peers, and
+/// (once a deterministic communicator asked) why it is not canonical.
 struct Built {
     prog: Program,
     peers: Option<Vec<Arc<OneSidedPeers>>>,
+    order: OnceLock<Option<String>>,
 }
 
 /// What a build depends on: the choice, the collective (ranks, count,
@@ -63,9 +65,8 @@ static BUILT: LazyLock<Mutex<(HashMap<BuildKey, Arc<Built>>, VecDeque<BuildKey>)
 fn built(tuner: &Tuner, choice: Choice, coll: &Collective, shared: bool) -> Result<Arc<Built>> {
     let make = || -> Result<Arc<Built>> {
         let prog = tuner.build(choice, coll)?;
-        tuner.prove(&prog, coll)?;
         let peers = prog.has_one_sided().then(|| one_sided_peers_all(&prog).into_iter().map(Arc::new).collect());
-        Ok(Arc::new(Built { prog, peers }))
+        Ok(Arc::new(Built { prog, peers, order: OnceLock::new() }))
     };
     if !shared {
         return make();
@@ -152,6 +153,13 @@ impl Cache {
         };
         let choice = decision.choice;
         let built = built(tuner, choice, coll, self.shared)?;
+        // The deterministic mode proves every program before its first run
+        // (once per program in this process, whoever built it).
+        if tuner.strict(coll)
+            && let Some(why) = built.order.get_or_init(|| crate::tuner::departure(&built.prog))
+        {
+            return Err(crate::tuner::refusal(coll, &built.prog.name, why));
+        }
         tracing::info!(
             "{who}: {} of {} bytes ({}) on {} ranks runs {decision}",
             coll.kind,

@@ -264,6 +264,42 @@ fn tree_text(n: usize) -> String {
     }
 }
 
+/// Why `program` cannot run in the deterministic mode (`None`: it can):
+/// the verifier's departure from the canonical order (in or out of
+/// place), its error, or a reduce step of more than two operands (the
+/// device kernel adds those in `f32` and rounds narrow types once, where
+/// the canonical order rounds at every node).
+pub(crate) fn departure(program: &Program) -> Option<String> {
+    for (r, rp) in program.ranks.iter().enumerate() {
+        for (c, chan) in rp.channels.iter().enumerate() {
+            for (i, step) in chan.iter().enumerate() {
+                if let oxccl_algo::ir::Step::Reduce { srcs, .. } = step
+                    && srcs.len() > 2
+                {
+                    return Some(format!(
+                        "{}: rank {r} channel {c} step {i} reduces {} operands in one step, which the device rounds once; the deterministic mode takes two at a time",
+                        program.name,
+                        srcs.len()
+                    ));
+                }
+            }
+        }
+    }
+    match oxccl_algo::verify::verify(program) {
+        Ok(report) => report.departure.map(|d| d.message),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// The error for `coll` about to run `program`, which `why` keeps from
+/// the canonical order.
+pub(crate) fn refusal(coll: &Collective, program: &str, why: &str) -> Error {
+    Error::InvalidUsage(format!(
+        "{DETERMINISTIC}: {} of {} ranks would run {program}, which is not canonical: {why}",
+        coll.kind, coll.nranks
+    ))
+}
+
 /// Proofs of canonical order, per process (the same algorithm at the same
 /// rank count is proven once).
 static PROOFS: LazyLock<Mutex<Proofs>> = LazyLock::new(Default::default);
@@ -287,8 +323,8 @@ fn canonical(c: Choice, coll: &Collective) -> std::result::Result<(), String> {
         }
         Choice::Program(id) => Ok(programs::get(id).program.clone()),
     };
-    let verdict = match program.and_then(|p| oxccl_algo::verify::verify(&p)) {
-        Ok(report) => report.departure.map(|d| d.message),
+    let verdict = match program {
+        Ok(p) => departure(&p),
         Err(e) => Some(e.to_string()),
     };
     PROOFS.lock().insert(key, verdict.clone());
@@ -359,16 +395,9 @@ impl Tuner {
     /// Checks that `program`, about to run `coll`, is proven canonical
     /// where [`strict`](Tuner::strict) asks for it.
     pub fn prove(&self, program: &Program, coll: &Collective) -> Result<()> {
-        if !self.strict(coll) {
-            return Ok(());
-        }
-        let report = oxccl_algo::verify::verify(program)?;
-        match report.departure {
+        match self.strict(coll).then(|| departure(program)).flatten() {
             None => Ok(()),
-            Some(d) => Err(Error::InvalidUsage(format!(
-                "{DETERMINISTIC}: {} of {} ranks would run {}, which is not canonical: {d}",
-                coll.kind, coll.nranks, program.name
-            ))),
+            Some(why) => Err(refusal(coll, &program.name, &why)),
         }
     }
 

@@ -2,15 +2,16 @@
 //! ranks, over plain messages: the algorithm the deterministic mode runs
 //! where nothing faster is proven canonical.
 //!
-//! Each block of the result has an owner (block `j`: rank `j`, blocks as
-//! the ring cuts them). Every rank sends its piece of block `j` to rank
+//! Each block of the result has an owner (block `j`: rank `j`; for
+//! all-reduce and reduce the blocks are sized by [`weighted`], even where
+//! the rank count is even). Every rank sends its piece of block `j` to rank
 //! `j`, which reduces the `n` pieces in the canonical tree as they come,
 //! keeping the subtrees it has not finished in scratch; then the owners
 //! send the finished blocks to everyone (all-reduce), or to the root
-//! (reduce). Every rank sends and receives `(n-1)/n · S` per half, as the
-//! ring does, in two rounds of `n-1` messages instead of `n-1` rounds of
-//! one. Blocks are cut into pipeline chunks: chunk `c` of every block
-//! goes out before chunk `c + 1`.
+//! (reduce). With even blocks every rank sends and receives `(n-1)/n · S`
+//! per half, as the ring does, in two rounds of `n-1` messages instead of
+//! `n-1` rounds of one. Blocks are cut into pipeline chunks: chunk `c` of
+//! every block goes out before chunk `c + 1`.
 //!
 //! [`Tree`] writes the canonical evaluation of one block from leaves that
 //! are local slices or messages (a one-sided leaf would be one more arm).
@@ -184,7 +185,7 @@ fn start(p: &mut Program, c: Collective, o: &BuildOptions, blocks: Vec<(usize, u
     Shape { n, chunks: o.chunking(widest, c.dtype.size()), blocks }
 }
 
-/// All-reduce: canonical reduce-scatter of the ring's blocks, then every
+/// All-reduce: canonical reduce-scatter of the [`weighted`] blocks, then every
 /// owner sends its block to everyone.
 pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count) = (c.nranks, c.count);
@@ -222,7 +223,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
     }
 }
 
-/// Reduce: canonical reduce-scatter of the ring's blocks, then every
+/// Reduce: canonical reduce-scatter of the [`weighted`] blocks, then every
 /// owner sends its block to the root (the others' blocks wait in
 /// scratch, before the tree's slots).
 pub(crate) fn reduce(p: &mut Program, c: Collective, o: &BuildOptions) {

@@ -115,16 +115,26 @@ impl Report {
 
 /// Verifies `program` out of place and, when it claims to be in-place
 /// safe ([`Program::in_place`]), in place too. Returns the out-of-place
-/// report.
+/// report, whose [`departure`](Report::departure) is the in-place run's
+/// where only that one leaves the canonical order (aliasing can change
+/// what a step reads).
 pub fn verify(program: &Program) -> Result<Report> {
-    let report = verify_with(program, &VerifyOptions::default())?;
+    let mut report = verify_with(program, &VerifyOptions::default())?;
     if program.in_place {
-        verify_with(program, &VerifyOptions { in_place: true, ..VerifyOptions::default() }).map_err(|e| match e {
-            oxccl_core::Error::InvalidProgram(m) => {
-                oxccl_core::Error::program(format!("{m} (in place; the program claims in-place safety)"))
-            }
-            other => other,
-        })?;
+        let aliased = verify_with(program, &VerifyOptions { in_place: true, ..VerifyOptions::default() }).map_err(
+            |e| match e {
+                oxccl_core::Error::InvalidProgram(m) => {
+                    oxccl_core::Error::program(format!("{m} (in place; the program claims in-place safety)"))
+                }
+                other => other,
+            },
+        )?;
+        if report.departure.is_none()
+            && let Some(mut d) = aliased.departure
+        {
+            d.message.push_str(" (in place)");
+            report.departure = Some(d);
+        }
     }
     Ok(report)
 }

@@ -530,7 +530,7 @@ def ddp_peer_dies(victim, at):
 
     dist = _torch_init("oxccl")
     r = dist.get_rank()
-    model = DDP(_model(torch)) if bucket_mb is None else DDP(_model(torch), bucket_cap_mb=bucket_mb)
+    model = DDP(_model(torch))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for i, (x, y) in enumerate(_batches(torch, r, at + 3)):
         if i == at and r == victim:

@@ -201,8 +201,8 @@ impl Direct {
         let Some(exec) = &self.exec else {
             if src.required {
                 return Err(Error::InvalidUsage(format!(
-                    "rank {}: OXCCL_DEVICE_EXEC=program, but the device executor is off: the ranks' \
-                     OXCCL_DEVICE_WINDOW differ",
+                    "rank {}: OXCCL_DEVICE_EXEC=program (or OXCCL_DETERMINISTIC=1, which runs only the \
+                     executor's proven programs), but the device executor is off: the ranks' OXCCL_DEVICE_WINDOW differ",
                     self.win.rank
                 )));
             }
