@@ -324,14 +324,27 @@ template <> struct ox_dtype<11> { typedef ox_e5m2 type; };
 
 // The binary operators. SUM/PROD combine accumulators; MAX/MIN select one of
 // the operands by their keys (fmaxf/fminf: a NaN operand loses unless both
-// are NaN, equal operands give the second).
+// are NaN, when the first wins; +0 against -0 gives +0 for MAX and -0 for
+// MIN in either order, as oxccl-core's kernels: the result does not depend
+// on the operands' order). Keys of equal value and different bits are
+// zeros of both signs (the integers' keys never are).
 template <class T, int OP>
 OX_DEV typename T::A ox_combine(typename T::A a, typename T::A b) {
     return OP == OXCCL_OP_PROD ? T::mul(a, b) : T::add(a, b);
 }
+// Integers: keys that compare equal are equal.
+template <class C>
+OX_DEV bool ox_negative(C) { return false; }
+template <>
+OX_DEV bool ox_negative<float>(float c) { return (ox_f2u(c) >> 31) != 0; }
+template <>
+OX_DEV bool ox_negative<double>(double c) { return (ox_d2u(c) >> 63) != 0; }
 template <class T, int OP>
 OX_DEV bool ox_keep_first(typename T::C a, typename T::C b) {
-    return (OP == OXCCL_OP_MAX ? a > b : a < b) || T::is_nan(b);
+    if ((OP == OXCCL_OP_MAX ? a > b : a < b) || T::is_nan(b)) return true;
+    if (!(a == b)) return false;
+    const bool na = ox_negative(a), nb = ox_negative(b);
+    return OP == OXCCL_OP_MAX ? (nb && !na) : (na && !nb);
 }
 
 // ---------------------------------------------------------------------------

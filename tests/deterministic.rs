@@ -140,6 +140,34 @@ fn integers_and_min_max_are_exact_in_the_mode() {
 }
 
 #[test]
+fn float_max_and_min_of_signed_zeros_are_the_same_bits_on_every_rank_and_algorithm() {
+    // +0, -0 and two -inf on 4 ranks: max is +0 and min of (+0, -0, +inf,
+    // +inf) is -0, whichever operand each rank's algorithm puts first (the
+    // doubling partners each compute op(own, peer); the kernels used to
+    // return the second of two equal operands, so ranks disagreed).
+    for algo in ["", "ring", "doubling", "oneshot", "twoshot", "rhd", "tree", "ordered"] {
+        // The mode admits on 4 ranks only the canonical ones.
+        let modes: &[bool] = if matches!(algo, "" | "doubling" | "ordered") { &[false, true] } else { &[false] };
+        for &on in modes {
+            let name = (!algo.is_empty()).then(|| format!("allreduce:{algo}"));
+            on_threads(4, cfg(on, name.as_deref(), None), |c| {
+                let r = c.rank();
+                let zero = if r == 1 { -0.0f32 } else { 0.0 };
+                let mut mx = vec![if r >= 2 { f32::NEG_INFINITY } else { zero }; 5];
+                let mut mn = vec![if r >= 2 { f32::INFINITY } else { zero }; 5];
+                c.all_reduce_in_place(&mut mx, ReduceOp::Max).map_err(|e| e.to_string())?;
+                c.all_reduce_in_place(&mut mn, ReduceOp::Min).map_err(|e| e.to_string())?;
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                if bits(&mx) != [0; 5] || bits(&mn) != [0x8000_0000; 5] {
+                    return Err(format!("{algo:?} mode {on} rank {r}: max {mx:?} min {mn:?}"));
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+#[test]
 fn ranks_that_disagree_on_the_mode_fail_at_init_naming_one() {
     let id = UniqueId::new().unwrap();
     let errs: Vec<String> = std::thread::scope(|s| {

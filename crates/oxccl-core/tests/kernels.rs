@@ -170,7 +170,19 @@ fn max_and_min_skip_nan_and_sum_propagates_it() {
     reduce2_typed(ReduceOp::Max, &mut d, &[nan, 1.0, nan, -0.0], &[1.0, nan, nan, 0.0]).unwrap();
     assert_eq!(&d[..2], &[1.0, 1.0]);
     assert!(d[2].is_nan());
-    assert!(d[3] == 0.0 && d[3].is_sign_positive(), "equal operands give the second");
+    assert!(d[3] == 0.0 && d[3].is_sign_positive(), "+0 against -0: +0");
+    // Either order: the same bits (the deterministic mode's order fixes the
+    // tree, not which operand comes first).
+    for (x, y) in [(0.0f32, -0.0f32), (-0.0, 0.0)] {
+        let (mut mx, mut mn) = ([0f32], [0f32]);
+        reduce2_typed(ReduceOp::Max, &mut mx, &[x], &[y]).unwrap();
+        reduce2_typed(ReduceOp::Min, &mut mn, &[x], &[y]).unwrap();
+        assert_eq!((mx[0].to_bits(), mn[0].to_bits()), (0, 0x8000_0000), "max/min of {x} and {y}");
+        let (mut h, mut e) = ([f16::from_f32(x)], [F8E5M2::from_f32(x)]);
+        reduce_into_typed(ReduceOp::Max, &mut h, &[f16::from_f32(y)]).unwrap();
+        reduce_into_typed(ReduceOp::Min, &mut e, &[F8E5M2::from_f32(y)]).unwrap();
+        assert_eq!((h[0].to_bits(), e[0].to_bits()), (0, 0x80), "f16 max, e5m2 min of {x} and {y}");
+    }
     reduce2_typed(ReduceOp::Min, &mut d, &[nan, 2.0, 5.0, 1.0], &[2.0, nan, 3.0, 1.0]).unwrap();
     assert_eq!(d, [2.0, 2.0, 3.0, 1.0]);
     reduce2_typed(ReduceOp::Sum, &mut d, &[nan, 1.0, 1.0, 1.0], &[1.0, 1.0, 1.0, 1.0]).unwrap();

@@ -74,21 +74,66 @@ int_element!(u32, Uint32, u64);
 int_element!(i64, Int64, i128);
 int_element!(u64, Uint64, u64);
 
-/// `a` if it is larger than `b` or `b` is NaN, else `b`: IEEE `maxNum` (as
-/// CUDA's `fmaxf`), with equal operands (`-0`, `+0`) giving `b`.
-#[inline(always)]
-fn fmax<T: PartialOrd + Copy>(a: T, b: T) -> T {
-    #[allow(clippy::eq_op)]
-    let b_nan = b != b;
-    if a > b || b_nan { a } else { b }
+/// A float's sign bit: which of `+0` and `-0` a tie between them keeps.
+trait SignBit: PartialOrd + Copy {
+    fn negative(self) -> bool;
 }
 
-/// `a` if it is smaller than `b` or `b` is NaN, else `b` (see [`fmax`]).
+impl SignBit for f32 {
+    #[inline(always)]
+    fn negative(self) -> bool {
+        self.is_sign_negative()
+    }
+}
+impl SignBit for f64 {
+    #[inline(always)]
+    fn negative(self) -> bool {
+        self.is_sign_negative()
+    }
+}
+impl SignBit for f16 {
+    #[inline(always)]
+    fn negative(self) -> bool {
+        self.is_sign_negative()
+    }
+}
+impl SignBit for bf16 {
+    #[inline(always)]
+    fn negative(self) -> bool {
+        self.is_sign_negative()
+    }
+}
+impl SignBit for F8E4M3 {
+    #[inline(always)]
+    fn negative(self) -> bool {
+        self.to_bits() & 0x80 != 0
+    }
+}
+impl SignBit for F8E5M2 {
+    #[inline(always)]
+    fn negative(self) -> bool {
+        self.to_bits() & 0x80 != 0
+    }
+}
+
+/// `a` if it is larger than `b` or `b` is NaN, else `b`: IEEE `maxNum` (as
+/// CUDA's `fmaxf`), with `+0` against `-0` giving `+0` in either order (so
+/// the result does not depend on the operands' order: reductions in the
+/// deterministic mode rely on that); two NaNs give the first.
 #[inline(always)]
-fn fmin<T: PartialOrd + Copy>(a: T, b: T) -> T {
+fn fmax<T: SignBit>(a: T, b: T) -> T {
     #[allow(clippy::eq_op)]
     let b_nan = b != b;
-    if a < b || b_nan { a } else { b }
+    if a > b || b_nan || (a == b && b.negative() && !a.negative()) { a } else { b }
+}
+
+/// `a` if it is smaller than `b` or `b` is NaN, else `b`, with `+0` against
+/// `-0` giving `-0` in either order (see [`fmax`]).
+#[inline(always)]
+fn fmin<T: SignBit>(a: T, b: T) -> T {
+    #[allow(clippy::eq_op)]
+    let b_nan = b != b;
+    if a < b || b_nan || (a == b && a.negative() && !b.negative()) { a } else { b }
 }
 
 macro_rules! float_element {

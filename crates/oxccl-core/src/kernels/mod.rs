@@ -20,8 +20,10 @@
 //!   GPU. `max`/`min` are the obvious ones.
 //! - **`max`/`min` on floats** follow CUDA's `fmaxf`/`fminf` (IEEE
 //!   `maxNum`): a NaN operand is ignored in favour of the other one; only
-//!   two NaNs give NaN. Operands that compare equal (`-0` and `+0`) give the
-//!   second one. `sum` and `prod` propagate NaN as IEEE arithmetic does;
+//!   two NaNs give NaN (the first). `+0` against `-0` gives `+0` for `max`
+//!   and `-0` for `min` whichever comes first, so a reduction's result does
+//!   not depend on the order of its operands (the deterministic mode fixes
+//!   the tree; this makes the operand order within a node irrelevant). `sum` and `prod` propagate NaN as IEEE arithmetic does;
 //!   which NaN (sign, payload) comes out is unspecified (the compiler may
 //!   commute an addition's operands), and FP8 has one NaN code, `0x7F`.
 //! - **`f16`, `bf16` and the FP8 types** ([`F8E4M3`], [`F8E5M2`]) are

@@ -169,10 +169,14 @@ int_ref!(u32, u128);
 int_ref!(i64, i128);
 int_ref!(u64, u128);
 
-/// The documented `max`/`min`: `a` if it wins or `b` is NaN, else `b`.
+/// The documented `max`/`min`: `a` if it wins or `b` is NaN, else `b`;
+/// of `+0` and `-0` (equal values, other signs), `+0` for max and `-0` for
+/// min in either order.
 fn pick<T>(op: ReduceOp, a: T, b: T, x: f64, y: f64) -> T {
     let a_wins = if op == ReduceOp::Max { x > y } else { x < y };
-    if a_wins || y.is_nan() { a } else { b }
+    let tie = x == y && x.is_sign_negative() != y.is_sign_negative();
+    let a_by_sign = if op == ReduceOp::Max { y.is_sign_negative() } else { x.is_sign_negative() };
+    if a_wins || y.is_nan() || (tie && a_by_sign) { a } else { b }
 }
 
 /// Sum and product in f64 (exact for every narrow pair), then one rounding.
