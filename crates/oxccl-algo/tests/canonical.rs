@@ -80,25 +80,25 @@ fn an_order_that_departs_only_in_place_is_reported() {
     let (i, o) = (Slice::input(0, 1), Slice::output(0, 1));
     let mut p = Program::new("swap", Collective::new(CollKind::AllReduce, 3, 1));
     p.in_place = true;
-    for s in [
-        Step::Send { peer: 2, src: i },
-        Step::Recv { peer: 2, dst: o },
-        Step::RecvReduce { peer: 1, src: i, dst: o },
-        Step::Send { peer: 2, src: o },
-        Step::Recv { peer: 2, dst: o },
-    ] {
-        p.push(0, 0, s);
-    }
-    p.push(1, 0, Step::Send { peer: 0, src: i });
-    p.push(1, 0, Step::Recv { peer: 2, dst: o });
-    for s in [
-        Step::Send { peer: 0, src: i },
-        Step::Recv { peer: 0, dst: o },
-        Step::RecvReduce { peer: 0, src: i, dst: o },
-        Step::Send { peer: 0, src: o },
-        Step::Send { peer: 1, src: o },
-    ] {
-        p.push(2, 0, s);
+    let ranks = [
+        vec![
+            Step::Send { peer: 2, src: i },
+            Step::Recv { peer: 2, dst: o },
+            Step::RecvReduce { peer: 1, src: i, dst: o },
+            Step::Send { peer: 2, src: o },
+            Step::Recv { peer: 2, dst: o },
+        ],
+        vec![Step::Send { peer: 0, src: i }, Step::Recv { peer: 2, dst: o }],
+        vec![
+            Step::Send { peer: 0, src: i },
+            Step::Recv { peer: 0, dst: o },
+            Step::RecvReduce { peer: 0, src: i, dst: o },
+            Step::Send { peer: 0, src: o },
+            Step::Send { peer: 1, src: o },
+        ],
+    ];
+    for (r, steps) in ranks.into_iter().enumerate() {
+        steps.into_iter().for_each(|s| p.push(r, 0, s));
     }
     let out = verify_with(&p, &VerifyOptions::default()).unwrap();
     assert!(out.is_canonical(), "{:?}", out.departure);

@@ -18,7 +18,8 @@ use super::copy_nonempty;
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
 
-fn peers(r: usize, n: usize) -> impl Iterator<Item = usize> {
+/// Every rank but `r`, starting after it.
+pub(super) fn peers(r: usize, n: usize) -> impl Iterator<Item = usize> {
     (1..n).map(move |k| (r + k) % n)
 }
 

@@ -3,8 +3,8 @@
 //! where nothing faster is proven canonical.
 //!
 //! Each block of the result has an owner (block `j`: rank `j`; for
-//! all-reduce and reduce the blocks are sized by [`weighted`], even where
-//! the rank count is even). Every rank sends its piece of block `j` to rank
+//! all-reduce and reduce the blocks are sized by [`weighted`], which cuts
+//! even blocks for an even rank count). Every rank sends its piece of block `j` to rank
 //! `j`, which reduces the `n` pieces in the canonical tree as they come,
 //! keeping the subtrees it has not finished in scratch; then the owners
 //! send the finished blocks to everyone (all-reduce), or to the root
@@ -17,6 +17,7 @@
 //! are local slices or messages (a one-sided leaf would be one more arm).
 
 use super::BuildOptions;
+use super::direct::peers;
 use crate::canon::split;
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
@@ -102,12 +103,8 @@ impl Tree<'_> {
     }
 }
 
-fn peers(r: usize, n: usize) -> impl Iterator<Item = usize> {
-    (1..n).map(move |k| (r + k) % n)
-}
-
-/// The shape of one call: where block `j`'s chunk `c` lies in the input
-/// (`from`) and in the output (`to`), and what the owners do with it.
+/// The shape of one call: the blocks, and into how many pipeline chunks
+/// each is cut.
 struct Shape {
     n: usize,
     chunks: usize,
@@ -120,6 +117,11 @@ impl Shape {
         let (off, len) = self.blocks[j];
         let (o, l) = part(len, self.chunks, c);
         (off + o, l)
+    }
+
+    /// The longest chunk of any block (the first chunk of the longest).
+    fn widest_chunk(&self) -> usize {
+        self.blocks.iter().map(|b| part(b.1, self.chunks, 0).1).max().unwrap_or(0)
     }
 }
 
@@ -194,8 +196,8 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
         for k in 0..s.chunks {
             let (off, len) = s.chunk(r, k);
             scatter_chunk(p, &s, r, k, Slice::output(off, len), 0);
-            for q in peers(r, n) {
-                if len > 0 {
+            if len > 0 {
+                for q in peers(r, n) {
                     p.push(r, 0, Step::Send { peer: q, src: Slice::output(off, len) });
                 }
             }
@@ -229,8 +231,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
 pub(crate) fn reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, count, root) = (c.nranks, c.count, c.root);
     let s = start(p, c, o, weighted_all(count, n));
-    let widest = (0..n).flat_map(|j| (0..s.chunks).map(move |k| (j, k))).map(|(j, k)| s.chunk(j, k).1).max();
-    let held = widest.unwrap_or(0);
+    let held = s.widest_chunk();
     for r in 0..n {
         for k in 0..s.chunks {
             let (off, len) = s.chunk(r, k);

@@ -79,42 +79,19 @@ trait SignBit: PartialOrd + Copy {
     fn negative(self) -> bool;
 }
 
-impl SignBit for f32 {
-    #[inline(always)]
-    fn negative(self) -> bool {
-        self.is_sign_negative()
-    }
+macro_rules! sign_bit {
+    ($($t:ty: $neg:expr),*) => {$(
+        impl SignBit for $t {
+            #[inline(always)]
+            fn negative(self) -> bool {
+                $neg(self)
+            }
+        }
+    )*};
 }
-impl SignBit for f64 {
-    #[inline(always)]
-    fn negative(self) -> bool {
-        self.is_sign_negative()
-    }
-}
-impl SignBit for f16 {
-    #[inline(always)]
-    fn negative(self) -> bool {
-        self.is_sign_negative()
-    }
-}
-impl SignBit for bf16 {
-    #[inline(always)]
-    fn negative(self) -> bool {
-        self.is_sign_negative()
-    }
-}
-impl SignBit for F8E4M3 {
-    #[inline(always)]
-    fn negative(self) -> bool {
-        self.to_bits() & 0x80 != 0
-    }
-}
-impl SignBit for F8E5M2 {
-    #[inline(always)]
-    fn negative(self) -> bool {
-        self.to_bits() & 0x80 != 0
-    }
-}
+sign_bit!(f32: f32::is_sign_negative, f64: f64::is_sign_negative, f16: f16::is_sign_negative,
+    bf16: bf16::is_sign_negative, F8E4M3: |x: F8E4M3| x.to_bits() & 0x80 != 0,
+    F8E5M2: |x: F8E5M2| x.to_bits() & 0x80 != 0);
 
 /// `a` if it is larger than `b` or `b` is NaN, else `b`: IEEE `maxNum` (as
 /// CUDA's `fmaxf`), with `+0` against `-0` giving `+0` in either order (so
