@@ -27,6 +27,7 @@
 //! | `OXCCL_REQUIRE_MPI` | Open MPI (`mpicc`, `mpirun`) |
 //! | `OXCCL_REQUIRE_PYTHON` | a `python3` with numpy |
 //! | `OXCCL_REQUIRE_TORCH` | a `python3` with torch (the torch.distributed tests, the Gloo peer benchmark) |
+//! | `OXCCL_REQUIRE_MATPLOTLIB` | a `python3` (or `/usr/bin/python3`) with matplotlib (python3-matplotlib): the plots of `oxccl-sim --plot` |
 //! | `OXCCL_REQUIRE_NVRTC` | libnvrtc (no GPU needed) |
 //! | `OXCCL_REQUIRE_NCCL_H` | NVIDIA's nccl.h (`OXCCL_NCCL_H`, or `target/nvidia-nccl/nccl.h`, which `.ci/nvidia-nccl-h` fetches) |
 //!

@@ -21,6 +21,10 @@
 //! oxccl-sim --program hand.json -b 8 -e 64M -f 4
 //! ```
 //!
+//! `--plot FILE.png` also draws the sweep's predicted busbw against size,
+//! one curve per algorithm (matplotlib, through the same script as
+//! `tools/compare-peers --plot`).
+//!
 //! A program that is not index-aligned runs only at multiples of its
 //! count: a size it cannot run at gets a `#` line saying why instead of a
 //! row (the exit status stays 0; scripts that skip `#` lines see only the
@@ -36,6 +40,7 @@
 //! in GB/s (10⁹ bytes per second), as nccl-tests has them. Sizes run in parallel on `--threads` threads,
 //! biggest programs first, never more at once than fits in memory.
 
+mod plot;
 mod program;
 mod sweep;
 
@@ -128,6 +133,11 @@ struct Args {
     /// Worker threads [default: the machine's cores].
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Also draw the sweep's predicted busbw against size, one curve per
+    /// algorithm (log-log), into this PNG (matplotlib through python3;
+    /// Debian's python3-matplotlib is installed when missing).
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
     /// Print each simulation's step count and build/simulate times to
     /// stderr.
     #[arg(short = 'v', long)]
@@ -217,6 +227,9 @@ fn run(args: &Args) -> Result<(), String> {
             return Err("--max-chunks must be at least 1".into());
         }
         opts.max_chunks = m;
+    }
+    if args.plot.is_some() && (args.emit || (args.program.is_some() && !args.sweeps())) {
+        return Err("--plot draws a sweep: give -b/-e/-f (with --program), and not --emit".into());
     }
     match &args.program {
         Some(path) => program::run(args, path),
@@ -308,11 +321,24 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
     );
     println!("#");
     table.print_header();
-    for (c, times) in colls.iter().zip(results) {
-        table.print_row(&Row { coll: *c, times });
+    let rows: Vec<Row> = colls.iter().zip(results).map(|(c, times)| Row { coll: *c, times }).collect();
+    for row in &rows {
+        table.print_row(row);
     }
     table.print_footer();
+    if let Some(out) = &args.plot {
+        let names: Vec<String> = algos.iter().map(|a| a.name().to_string()).collect();
+        let title = format!("{kind}, {n} ranks: predicted busbw\n{topo}");
+        plot::draw(&plot::spec(kind, &names, &rows, &title, &caption()), out)?;
+        eprintln!("oxccl-sim: wrote {}", out.display());
+    }
     Ok(())
+}
+
+/// The command line, for a plot's caption.
+fn caption() -> String {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    format!("oxccl-sim {}", argv.join(" "))
 }
 
 #[cfg(test)]

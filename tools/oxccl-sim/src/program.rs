@@ -142,6 +142,15 @@ fn sweep(args: &Args, path: &Path, program: &Program, topo: &Topology) -> Result
         }
     }
     table.print_footer();
+    if let Some(out) = &args.plot {
+        let priced: Vec<Row> =
+            rows.iter().filter_map(|(c, r)| r.as_ref().ok().map(|t| Row { coll: *c, times: vec![*t] })).collect();
+        let title = format!("{}: {}, {} ranks, predicted busbw\n{topo}", program.name, coll.kind, coll.nranks);
+        let spec =
+            crate::plot::spec(coll.kind, std::slice::from_ref(&program.name), &priced, &title, &crate::caption());
+        crate::plot::draw(&spec, out)?;
+        eprintln!("oxccl-sim: wrote {}", out.display());
+    }
     if skipped > 0 {
         eprintln!(
             "oxccl-sim: {} cannot run at {skipped} of {} sizes (see the '#' lines in their place)",

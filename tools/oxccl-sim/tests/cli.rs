@@ -321,3 +321,49 @@ fn a_misaligned_program_runs_only_at_multiples_of_its_count() {
     assert!(!text.contains("cannot run"), "{text}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Whether a Python here can draw (what `tools/plot` runs under).
+fn have_matplotlib() -> bool {
+    ["python3", "/usr/bin/python3"]
+        .iter()
+        .any(|py| Command::new(py).args(["-c", "import matplotlib"]).output().is_ok_and(|o| o.status.success()))
+}
+
+#[test]
+fn plot_draws_the_sweep_as_a_png() {
+    if !have_matplotlib() {
+        oxccl_skip::skip_or_fail(
+            "OXCCL_REQUIRE_MATPLOTLIB",
+            "no python3 with matplotlib (apt-get install python3-matplotlib)",
+        );
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("oxccl-sim-plot-test-{}.png", std::process::id()));
+    let path = out.to_str().unwrap();
+    let text = stdout(&[
+        "all_reduce",
+        "--ranks-per-node",
+        "4",
+        "-b",
+        "1K",
+        "-e",
+        "1M",
+        "-f",
+        "4",
+        "--algo",
+        "ring,tree",
+        "--plot",
+        path,
+    ]);
+    assert_eq!(data_rows(&text).len(), 6, "the table still prints: {text}");
+    let png = std::fs::read(&out).expect("the PNG was written");
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    assert!(png.len() > 10_000, "a {}-byte PNG holds no plot", png.len());
+}
+
+#[test]
+fn plot_needs_a_sweep() {
+    let err = stderr_of_failure(&["all_reduce", "--algo", "ring", "--emit", "--plot", "x.png"]);
+    assert!(err.contains("--plot draws a sweep"), "{err}");
+}
