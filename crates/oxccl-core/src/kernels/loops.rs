@@ -98,12 +98,12 @@ pub(crate) fn map_into<T: Element, O: Op<T>>(acc: &mut [T], b: &[T]) {
     route!(T, O, plain_map_into, map_into, (cast_slice_mut(acc), cast_slice(b)));
 }
 
-#[multiversion(targets("x86_64+avx2+fma+f16c"))]
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx512dq+avx2+fma+f16c", "x86_64+avx2+fma+f16c"))]
 fn plain_map2<T: Copy, O: BinOp<T>>(dst: &mut [T], a: &[T], b: &[T]) {
     zip2::<T, O>(dst, a, b);
 }
 
-#[multiversion(targets("x86_64+avx2+fma+f16c"))]
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx512dq+avx2+fma+f16c", "x86_64+avx2+fma+f16c"))]
 fn plain_map_into<T: Copy, O: BinOp<T>>(acc: &mut [T], b: &[T]) {
     zip_into::<T, O>(acc, b);
 }

@@ -56,8 +56,9 @@
 //! # Speed
 //!
 //! The loops are written for the compiler to vectorize (operator and type
-//! chosen once per call, plain loops without bounds checks) and built twice
-//! on x86-64: for the baseline (SSE2) and for AVX2, chosen at run time. The
+//! chosen once per call, plain loops without bounds checks) and built three
+//! times on x86-64: for the baseline (SSE2), for AVX2 and for AVX-512 (F,
+//! BW, VL, DQ), the widest the CPU has chosen at run time. The
 //! f32 sum runs at the speed of `a[i] += b[i]` built by `gcc -O3
 //! -march=native` (`tools/bench-kernels` compares them). [`reduce_n`] walks
 //! the data in 4 KiB blocks so that all sources' blocks stay in L1: one pass

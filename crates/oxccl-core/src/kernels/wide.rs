@@ -146,7 +146,7 @@ narrow_fp8!(F8E5M2);
 
 /// `dst = a op b` for a narrow type; `a` and `b` have at least `dst.len()`
 /// elements.
-#[multiversion(targets("x86_64+avx2+fma+f16c"))]
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx512dq+avx2+fma+f16c", "x86_64+avx2+fma+f16c"))]
 pub(crate) fn map2<N: Narrow, O: BinOp<f32>>(dst: &mut [N], a: &[N], b: &[N]) {
     let (mut wa, mut wb) = ([0f32; BLOCK], [0f32; BLOCK]);
     for (i, d) in dst.chunks_mut(BLOCK).enumerate() {
@@ -160,7 +160,7 @@ pub(crate) fn map2<N: Narrow, O: BinOp<f32>>(dst: &mut [N], a: &[N], b: &[N]) {
 }
 
 /// `acc = acc op b` for a narrow type; `b` has at least `acc.len()` elements.
-#[multiversion(targets("x86_64+avx2+fma+f16c"))]
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx512dq+avx2+fma+f16c", "x86_64+avx2+fma+f16c"))]
 pub(crate) fn map_into<N: Narrow, O: BinOp<f32>>(acc: &mut [N], b: &[N]) {
     let (mut wa, mut wb) = ([0f32; BLOCK], [0f32; BLOCK]);
     for (i, d) in acc.chunks_mut(BLOCK).enumerate() {
@@ -177,7 +177,7 @@ pub(crate) fn map_into<N: Narrow, O: BinOp<f32>>(acc: &mut [N], b: &[N]) {
 /// `f32` across the sources, rounded to the type after each operation, so
 /// the result is the chain's, bit for bit (a NaN for a NaN); it is
 /// narrowed once at the end.
-#[multiversion(targets("x86_64+avx2+fma+f16c"))]
+#[multiversion(targets("x86_64+avx512f+avx512bw+avx512vl+avx512dq+avx2+fma+f16c", "x86_64+avx2+fma+f16c"))]
 pub(crate) fn fused<'a, N: Narrow, O: BinOp<f32>>(
     dst: &mut [N],
     n: usize,
