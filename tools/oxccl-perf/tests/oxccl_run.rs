@@ -466,3 +466,49 @@ fn gloo_peer_benchmark() {
     let unsupported = o.status.code() == Some(3) && o.stdout.contains("# unsupported: reduce_scatter");
     assert!(unsupported || o.stdout.contains("Out of bounds values : 0 OK"), "{}\n{}", o.stdout, o.stderr);
 }
+
+/// The CPUs each rank may run on, by rank (`Cpus_allowed_list` of its
+/// /proc status).
+fn cpus_by_rank(args: &[&str]) -> Vec<String> {
+    let script = "echo $RANK $(grep Cpus_allowed_list /proc/self/status | cut -f2)";
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend(["sh", "-c", script]);
+    let out = oxccl_run(&a);
+    assert!(out.status.success(), "{args:?}: {}", out.stderr);
+    let mut rows: Vec<(usize, String)> = out
+        .stdout
+        .lines()
+        .map(|l| {
+            let (r, c) = l.split_once(' ').unwrap_or_else(|| panic!("odd line {l:?}"));
+            (r.parse().unwrap(), c.to_string())
+        })
+        .collect();
+    rows.sort();
+    rows.into_iter().map(|(_, c)| c).collect()
+}
+
+#[test]
+fn ranks_are_bound_to_a_cpu_each_when_there_are_enough() {
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let unbound = cpus_by_rank(&["-np", "1", "--bind-to", "none"]);
+    if all < 2 {
+        eprintln!("one CPU here: only the refusal to bind 2 ranks is checked");
+    } else {
+        let bound = cpus_by_rank(&["-np", "2"]);
+        assert_eq!(bound.len(), 2);
+        assert!(bound.iter().all(|c| c.parse::<usize>().is_ok()), "one CPU each: {bound:?}");
+        assert_ne!(bound[0], bound[1], "distinct CPUs: {bound:?}");
+        assert_eq!(
+            cpus_by_rank(&["-np", "2", "--bind-to", "none"]),
+            vec![unbound[0].clone(); 2],
+            "none: the launcher's"
+        );
+    }
+    // More ranks than CPUs: not bound by default, refused when insisted on.
+    let many = (all + 1).to_string();
+    let shared = cpus_by_rank(&["-np", &many]);
+    assert!(shared.iter().all(|c| *c == unbound[0]), "{shared:?} vs {unbound:?}");
+    let out = oxccl_run(&["-np", &many, "--bind-to", "core", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("--bind-to none"), "{}", out.stderr);
+}

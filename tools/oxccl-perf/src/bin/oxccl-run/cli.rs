@@ -60,6 +60,10 @@ set already); OXCCL_TRANSPORT with --transport; OXCCL_SOCKET_IFNAME=lo with
 env:// store) also MASTER_ADDR=127.0.0.1 and MASTER_PORT=<another free port>, unless
 either is set already. Standard input is closed for every rank.
 
+Ranks are bound to a CPU each (rank r to the r-th CPU oxccl-run may use) when
+there are at least as many CPUs as ranks, as mpirun binds; --bind-to none lets
+the kernel place them, --bind-to core insists (an error when CPUs are too few).
+
 With --tag-output each line a rank writes is prefixed with `[R] ` (R right-aligned
 to the width of the largest rank: `[ 3] ` for 16 ranks), stdout to stdout and
 stderr to stderr.
@@ -91,6 +95,11 @@ pub struct Cli {
     /// Network interface for TCP (sets OXCCL_SOCKET_IFNAME; default lo with --transport tcp).
     #[arg(long, value_name = "IF")]
     pub ifname: Option<String>,
+    /// Bind each rank to a CPU of its own (core), or not (none). Default:
+    /// core when every rank can have one of the CPUs oxccl-run may use,
+    /// else none (mpirun's default).
+    #[arg(long = "bind-to", value_name = "core|none", value_parser = crate::bind::parse)]
+    pub bind_to: Option<crate::bind::BindTo>,
     /// Stop the job after SECS seconds (exit status 124).
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     pub timeout: Option<Duration>,
@@ -103,7 +112,7 @@ pub struct Cli {
 }
 
 /// Options that take a value: what follows them is not the program.
-const VALUED: [&str; 7] = ["-n", "-np", "--np", "--transport", "--ifname", "--timeout", "--grace"];
+const VALUED: [&str; 8] = ["-n", "-np", "--np", "--transport", "--ifname", "--bind-to", "--timeout", "--grace"];
 
 /// Rewrites mpirun's `-np` (and `-np=N`) into `--np` among oxccl-run's own
 /// options, leaving the program and its arguments untouched.

@@ -2,12 +2,13 @@
 //! environment `Communicator::from_env()` reads, like `mpirun -np N`.
 //!
 //! ```text
-//! oxccl-run -np 4 [--transport shm|tcp] [--tag-output] [--ifname IF] [--timeout SECS] PROGRAM ARGS...
+//! oxccl-run -np 4 [--transport shm|tcp] [--tag-output] [--ifname IF] [--bind-to core|none] [--timeout SECS] PROGRAM ARGS...
 //! ```
 //!
 //! See `oxccl-run --help` (the text is in `cli.rs`) for the variables, the
 //! output tags and what happens when a rank fails.
 
+mod bind;
 mod cli;
 mod group;
 mod output;
@@ -70,6 +71,13 @@ fn run() -> i32 {
             return 1;
         }
     };
+    let binder = match bind::Binder::new(cli.bind_to, job.np) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("oxccl-run: {e}");
+            return 2;
+        }
+    };
     let (tx, rx) = mpsc::channel::<Event>();
     // Signals first, so none arriving while ranks start is lost.
     let sigs = [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP];
@@ -91,7 +99,10 @@ fn run() -> i32 {
     let mut pumps = 0;
     let mut pgids: Vec<u32> = Vec::with_capacity(job.np);
     for rank in 0..job.np {
-        let mut child = match job.spawn(rank) {
+        // The child inherits this thread's CPUs (bind.rs).
+        let spawned = binder.enter(rank).map_err(std::io::Error::other).and_then(|()| job.spawn(rank));
+        binder.leave();
+        let mut child = match spawned {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("oxccl-run: cannot start rank {rank} ({}): {e}", job.program.display());
