@@ -107,6 +107,11 @@ impl Communicator {
             .deterministic(cfg.deterministic)?;
         let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
         let who = format!("comm {tag} rank {rank}/{nranks}");
+        // Ranks of this communicator in this process (threads), this one
+        // included: they share the programs they build.
+        let me = &boot.peers()[rank];
+        let process_ranks = boot.peers().iter().filter(|p| p.pid == me.pid && p.host == me.host).count();
+        let hot_spin = engine::hot_spin(process_ranks, std::thread::available_parallelism().ok(), cfg.spin);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Default::default()),
             bell: fabric.bell(),
@@ -117,6 +122,7 @@ impl Communicator {
             shutdown: Default::default(),
             timeout: cfg.timeout,
             spin: cfg.spin,
+            hot_spin,
             who: who.clone(),
             on_poison: Default::default(),
         });
@@ -128,10 +134,6 @@ impl Communicator {
             .spawn(move || engine::run(s2))
             .map_err(|e| Error::System(format!("{who}: cannot start the progress thread: {e}")))?;
         tracing::info!("{who}: ready ({:?})", kinds.iter().flatten().collect::<std::collections::BTreeSet<_>>());
-        // Ranks of this communicator in this process (threads), this one
-        // included: they share the programs they build.
-        let me = &boot.peers()[rank];
-        let process_ranks = boot.peers().iter().filter(|p| p.pid == me.pid && p.host == me.host).count();
         Ok(Communicator {
             inner: Arc::new(Inner {
                 rank,

@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub timeout: Duration,
     /// How long a waiting rank polls before it sleeps.
     pub spin: Duration,
+    /// How long it polls before it starts yielding its core ([`hot_spin`]).
+    pub hot_spin: Duration,
     pub who: String,
     /// Run once when the communicator is poisoned (device paths abort
     /// their kernels' waits).
@@ -257,7 +259,7 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
             continue;
         };
         let idle = since.elapsed();
-        if idle < HOT_SPIN {
+        if idle < shared.hot_spin {
             std::hint::spin_loop();
             continue;
         }
@@ -336,5 +338,35 @@ fn await_word(shared: &Shared, words: &dyn Counters, word: usize, value: u64) ->
     Ok(())
 }
 
-/// How long a waiting rank polls without yielding its core.
+/// How long a waiting rank polls without yielding its core, unless it has
+/// a CPU to itself ([`hot_spin`]).
 const HOT_SPIN: Duration = Duration::from_micros(3);
+
+/// How long a waiting rank polls before it yields its core: all of
+/// `spin` when it is the only rank of its process and bound to one CPU
+/// (oxccl-run, mpirun and srun bind ranks so): its peers run on other CPUs,
+/// and a yield would hand the core to whatever else is runnable there (a
+/// busy process) for a whole time slice, on every call (a 2-rank 8-byte
+/// all_reduce beside one busy process took 6–600 µs per call, Open MPI's
+/// 0.2–2.5). Otherwise (ranks as threads, or sharing CPUs) [`HOT_SPIN`]:
+/// the rank it waits for may need this core.
+pub(crate) fn hot_spin(process_ranks: usize, cpus: Option<std::num::NonZeroUsize>, spin: Duration) -> Duration {
+    if process_ranks == 1 && cpus.is_some_and(|n| n.get() == 1) { spin.max(HOT_SPIN) } else { HOT_SPIN }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroUsize;
+
+    #[test]
+    fn only_a_rank_alone_on_its_cpu_polls_without_yielding() {
+        let (one, two) = (NonZeroUsize::new(1), NonZeroUsize::new(2));
+        let spin = Duration::from_millis(2);
+        assert_eq!(hot_spin(1, one, spin), spin, "bound, alone in its process: polls all of spin");
+        assert_eq!(hot_spin(2, one, spin), HOT_SPIN, "ranks as threads on one CPU need each other's turns");
+        assert_eq!(hot_spin(1, two, spin), HOT_SPIN, "not bound: a peer may share the core");
+        assert_eq!(hot_spin(1, None, spin), HOT_SPIN, "unknown CPUs");
+        assert_eq!(hot_spin(1, one, Duration::ZERO), HOT_SPIN, "OXCCL_SPIN_US=0 still polls a moment");
+    }
+}
