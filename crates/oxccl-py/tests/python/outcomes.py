@@ -7,10 +7,18 @@ those it names as allowed to skip."""
 
 import json
 import os
+import signal
 import sys
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+# Started in the background by a shell without job control (`.ci/run &`
+# from a script), this process inherits SIGINT ignored: Python then never
+# raises KeyboardInterrupt, and the processes the tests start ignore it
+# too. The Ctrl-C tests need Python's own handler, as a terminal gives it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 class Result(unittest.TextTestResult):
