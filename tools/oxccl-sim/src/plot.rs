@@ -4,7 +4,7 @@
 //! script is built into the binary; it needs `python3`, and installs
 //! Debian's python3-matplotlib with apt-get when no Python here has it.
 
-use crate::sweep::Row;
+use crate::sweep::{Row, bandwidths};
 use oxccl_algo::CollKind;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -25,10 +25,9 @@ pub fn spec(kind: CollKind, names: &[String], rows: &[Row], title: &str, caption
                 .iter()
                 .filter(|r| r.coll.size_bytes() > 0)
                 .map(|r| {
-                    let size = r.coll.size_bytes() as u64;
                     let t = r.times.get(a).copied().unwrap_or(0.0);
-                    let busbw = size as f64 / t / 1e9 * kind.busbw_factor(r.coll.nranks);
-                    (size, (t > 0.0 && busbw > 0.0 && busbw.is_finite()).then_some(busbw))
+                    let busbw = bandwidths(kind, &r.coll, t).1;
+                    (r.coll.size_bytes() as u64, (busbw > 0.0 && busbw.is_finite()).then_some(busbw))
                 })
                 .unzip();
             json!({"label": name, "x": xs, "y": ys})

@@ -237,6 +237,13 @@ pub struct Table {
     rows: usize,
 }
 
+/// nccl-tests' algbw and busbw in GB/s of `c` taking `t` seconds (0 for
+/// a time that is not positive).
+pub fn bandwidths(kind: CollKind, c: &Collective, t: f64) -> (f64, f64) {
+    let algbw = if t > 0.0 { c.size_bytes() as f64 / t / 1e9 } else { 0.0 };
+    (algbw, algbw * kind.busbw_factor(c.nranks))
+}
+
 impl Table {
     /// A table for `kind` comparing `names`.
     pub fn new(kind: CollKind, op: ReduceOp, names: Vec<String>) -> Table {
@@ -277,13 +284,10 @@ impl Table {
     /// Prints one row and accumulates the averages.
     pub fn print_row(&mut self, row: &Row) {
         let c = &row.coll;
-        let size = c.size_bytes();
-        let factor = self.kind.busbw_factor(c.nranks);
         let mut line = self.lead(c);
         let mut best: Option<(usize, f64)> = None;
         for (a, &t) in row.times.iter().enumerate() {
-            let algbw = if t > 0.0 { size as f64 / t / 1e9 } else { 0.0 };
-            let busbw = algbw * factor;
+            let (algbw, busbw) = bandwidths(self.kind, c, t);
             self.busbw_sum[a] += busbw;
             line.push_str(&format!("  {}  {algbw:>6.2}  {busbw:>6.2}", float_str(t * 1e6, 7)));
             if best.is_none_or(|(_, bt)| t < bt) {
@@ -291,8 +295,7 @@ impl Table {
             }
         }
         if let Some((a, t)) = best {
-            let algbw = if t > 0.0 { size as f64 / t / 1e9 } else { 0.0 };
-            self.best_sum += algbw * factor;
+            self.best_sum += bandwidths(self.kind, c, t).1;
             line.push_str(&format!("  {}", self.names[a]));
         }
         self.rows += 1;

@@ -46,15 +46,14 @@ impl Binder {
         if mode == Some(BindTo::None) {
             return Ok(unbound);
         }
-        let original = match sched_getaffinity(Pid::from_raw(0)) {
-            Ok(set) => set,
+        let (original, cpus) = match allowed() {
+            Ok(a) => a,
             Err(e) if mode.is_none() => {
                 eprintln!("oxccl-run: warning: not binding ranks: reading this process's CPUs: {e}");
                 return Ok(unbound);
             }
             Err(e) => return Err(format!("--bind-to core: reading this process's CPUs: {e}")),
         };
-        let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| original.is_set(c).unwrap_or(false)).collect();
         if np > cpus.len() {
             return match mode {
                 Some(_) => Err(format!(
@@ -93,6 +92,13 @@ impl Binder {
     }
 }
 
+/// The calling thread's CPU mask, and the CPUs in it in order.
+fn allowed() -> nix::Result<(CpuSet, Vec<usize>)> {
+    let set = sched_getaffinity(Pid::from_raw(0))?;
+    let cpus = (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)).collect();
+    Ok((set, cpus))
+}
+
 /// CPUs as `0-3,6`.
 fn list(cpus: &[usize]) -> String {
     let mut out: Vec<String> = Vec::new();
@@ -122,8 +128,7 @@ mod tests {
 
     #[test]
     fn too_many_ranks_to_bind_is_an_error_only_when_asked() {
-        let cpus = sched_getaffinity(Pid::from_raw(0)).unwrap();
-        let n = (0..CpuSet::count()).filter(|&c| cpus.is_set(c).unwrap()).count();
+        let n = allowed().unwrap().1.len();
         let e = Binder::new(Some(BindTo::Core), n + 1).err().expect("more ranks than CPUs");
         assert!(e.contains(&format!("{} ranks", n + 1)) && e.contains("--bind-to none"), "{e}");
         assert!(Binder::new(None, n + 1).unwrap().cpu(0).is_none(), "unasked: no binding, no error");
