@@ -331,6 +331,26 @@ impl Step {
             _ => 0,
         }
     }
+
+    /// The same step with every peer `p` renamed `f(p)`.
+    pub fn map_peers(&self, f: impl Fn(usize) -> usize) -> Step {
+        let mut s = self.clone();
+        match &mut s {
+            Step::Send { peer, .. }
+            | Step::Recv { peer, .. }
+            | Step::RecvReduce { peer, .. }
+            | Step::Put { peer, .. }
+            | Step::Get { peer, .. }
+            | Step::GetReduce { peer, .. }
+            | Step::Signal { peer }
+            | Step::Wait { peer } => *peer = f(*peer),
+            Step::RecvReduceSend { recv, send, .. }
+            | Step::RecvCopySend { recv, send, .. }
+            | Step::RecvReduceCopySend { recv, send, .. } => (*recv, *send) = (f(*recv), f(*send)),
+            Step::Copy { .. } | Step::Reduce { .. } => {}
+        }
+        s
+    }
 }
 
 impl fmt::Display for Step {
@@ -455,6 +475,22 @@ impl Program {
     pub fn need_scratch(&mut self, rank: usize, elems: usize) {
         let s = &mut self.ranks[rank].scratch;
         *s = (*s).max(elems);
+    }
+
+    /// The same communication with rank `r` renamed `new[r]` (a
+    /// permutation): what the simulator prices, since it only times
+    /// messages. The result does not compute the collective in general
+    /// (blocks belong to ranks by number).
+    pub fn relabeled(&self, new: &[usize]) -> Program {
+        let mut out = self.clone();
+        for (r, rp) in self.ranks.iter().enumerate() {
+            let mut rp = rp.clone();
+            for ch in &mut rp.channels {
+                ch.iter_mut().for_each(|s| *s = s.map_peers(|p| new.get(p).copied().unwrap_or(p)));
+            }
+            out.ranks[new[r]] = rp;
+        }
+        out
     }
 
     /// Total number of steps over all ranks and channels.

@@ -11,6 +11,8 @@
 //!   direct one-sided access (one-shot/two-shot all-reduce and every other
 //!   collective), pipelined chain and binary tree for rooted collectives,
 //!   pairwise all-to-all, linear gather/scatter, send/recv.
+//! - [`placement`]: which ranks share a host; rings that follow the
+//!   hosts and the hierarchical algorithms are built on one.
 //! - [`verify`]: executes a program symbolically for all ranks, over
 //!   intervals, and proves it computes its collective (every output element
 //!   holds each required contribution exactly once), never deadlocks under
@@ -45,6 +47,7 @@ pub mod cost;
 pub mod exact;
 pub mod interp;
 pub mod ir;
+pub mod placement;
 pub mod scale;
 pub mod sim;
 pub mod verify;

@@ -89,6 +89,9 @@ matrix! {
     pairwise_all_to_all: Pairwise AllToAll;
     linear_gather: Linear Gather;
     linear_scatter: Linear Scatter;
+    hier_all_reduce: Hier AllReduce;
+    hier_reduce_scatter: Hier ReduceScatter;
+    hier_all_gather: Hier AllGather;
     ordered_all_reduce: Ordered AllReduce;
     ordered_reduce_scatter: Ordered ReduceScatter;
     ordered_reduce: Ordered Reduce;

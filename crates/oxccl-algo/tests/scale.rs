@@ -64,8 +64,9 @@ fn scaled_bytes(p: &Program, n: usize) -> (Vec<u64>, Vec<u64>) {
 /// time (slots reused from chunk to chunk; one slot per element would
 /// take several times the buffer), so it runs at the count it was built
 /// for, as every built-in program does.
-const ALIGNED: [Algorithm; 9] = [
+const ALIGNED: [Algorithm; 10] = [
     Algorithm::Ring,
+    Algorithm::Hier,
     Algorithm::Tree,
     Algorithm::Rhd,
     Algorithm::Doubling,
@@ -91,7 +92,8 @@ fn count_independent(algo: Algorithm, kind: CollKind) -> bool {
     use CollKind::*;
     match algo {
         Algorithm::OneShot | Algorithm::Doubling | Algorithm::Direct | Algorithm::Pairwise | Algorithm::Linear => true,
-        Algorithm::Ring => matches!(kind, ReduceScatter | AllGather | Broadcast | Reduce),
+        // `hier` is the ring on one host.
+        Algorithm::Ring | Algorithm::Hier => matches!(kind, ReduceScatter | AllGather | Broadcast | Reduce),
         Algorithm::Tree => matches!(kind, Broadcast | Reduce),
         Algorithm::Rhd => matches!(kind, ReduceScatter | AllGather),
         Algorithm::TwoShot => false,

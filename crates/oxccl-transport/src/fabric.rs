@@ -109,7 +109,6 @@ pub struct Fabric {
     next_op: u64,
     /// Per peer: one-sided bytes (put, got).
     one_sided: Vec<(u64, u64)>,
-    layout: (usize, usize),
     last_check: Instant,
 }
 
@@ -299,12 +298,6 @@ impl Fabric {
         }
         let serving: Vec<bool> = serves.iter().map(|s| s.iter().enumerate().any(|(r, &on)| on && r != rank)).collect();
         let links = agree(&boot, &providers, &serving)?;
-        let mut hosts: BTreeMap<&str, usize> = BTreeMap::new();
-        for p in &peers {
-            *hosts.entry(p.host.as_str()).or_default() += 1;
-        }
-        let per = *hosts.values().next().unwrap_or(&1);
-        let layout = if hosts.values().all(|&c| c == per) { (hosts.len(), per) } else { (n, 1) };
         let polled = providers.iter().map(|p| p.needs_progress()).collect();
         Ok(Fabric {
             boot,
@@ -321,7 +314,6 @@ impl Fabric {
             ops: HashMap::new(),
             next_op: 1,
             one_sided: vec![(0, 0); n],
-            layout,
             last_check: Instant::now(),
         })
     }
@@ -339,12 +331,6 @@ impl Fabric {
     /// The provider that carries traffic with `peer` (`None` for this rank).
     pub fn kind_of(&self, peer: usize) -> Option<Kind> {
         (peer != self.rank).then(|| self.carrier.get(peer).map(|&c| self.providers[c].kind())).flatten()
-    }
-
-    /// (hosts, ranks per host), or (ranks, 1) when hosts hold different
-    /// numbers of ranks.
-    pub fn layout(&self) -> (usize, usize) {
-        self.layout
     }
 
     /// The link parameters to peers on this rank's host and on other

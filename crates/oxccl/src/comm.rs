@@ -103,7 +103,9 @@ impl Communicator {
         let fabric = Fabric::new(boot.clone(), id.nonce(), &cfg.fabric_options())?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
-        let tuner = Tuner::new(fabric.layout(), fabric.links(), filter, cfg.programs.clone(), fifo)?
+        let placement =
+            oxccl_algo::placement::Placement::from_keys(&boot.peers().iter().map(|p| &p.host).collect::<Vec<_>>());
+        let tuner = Tuner::new(placement, fabric.links(), filter, cfg.programs.clone(), fifo)?
             .deterministic(cfg.deterministic)?;
         let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
         let who = format!("comm {tag} rank {rank}/{nranks}");

@@ -16,6 +16,11 @@
 //! [`one_sided`](oxccl_algo::algos::AlgoSpec::one_sided)) with their
 //! one-sided links, programs with the simulator on the matching links.
 //!
+//! Built-in algorithms are built on the communicator's
+//! [`Placement`]: rings follow the hosts, `hier` runs inside hosts and
+//! rail by rail across them, and the cost model prices them with the
+//! hosts' shape (hosts × ranks per host) where it is uniform.
+//!
 //! [`Tuner::decide`] also says what decided ([`Reason`]): the algorithm
 //! setting (`OXCCL_ALGO`, `NCCL_ALGO` or `Config::algo`) leaving one
 //! candidate, a collective only one algorithm runs, or the cost model;
@@ -23,10 +28,11 @@
 //! size), and names the file a chosen program was loaded from.
 
 use crate::programs::{self, ProgramId};
-use oxccl_algo::algos::{Algorithm, BuildOptions, build, is_nccl_only};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build, build_on, is_nccl_only};
 use oxccl_algo::collective::{CollKind, Collective};
 use oxccl_algo::cost::{Link, Topology};
 use oxccl_algo::ir::Program;
+use oxccl_algo::placement::Placement;
 use oxccl_core::{Error, Result};
 use oxccl_transport::provider::{LinkCost, LinkParams};
 use parking_lot::Mutex;
@@ -246,6 +252,8 @@ pub struct Tuner {
     /// `OXCCL_DETERMINISTIC`: floating-point reductions run only programs
     /// proven canonical.
     deterministic: bool,
+    /// Which ranks share a host.
+    placement: Placement,
 }
 
 /// The variable (and value) that turns the deterministic mode on, as
@@ -336,13 +344,13 @@ fn link(c: LinkCost) -> Link {
 }
 
 impl Tuner {
-    /// A tuner for ranks spread over `nodes` hosts with `per_node` ranks each
-    /// (1 host per rank when uneven), with the link parameters the
-    /// providers report for peers on this host (`intra`) and on others
-    /// (`inter`); `programs` join the built-in algorithms. An error when
-    /// the filter asks for what cannot run here, saying why.
+    /// A tuner for ranks placed on hosts as `placement` says (priced as
+    /// one host per rank when the hosts are uneven), with the link
+    /// parameters the providers report for peers on this host (`intra`)
+    /// and on others (`inter`); `programs` join the built-in algorithms.
+    /// An error when the filter asks for what cannot run here, saying why.
     pub fn new(
-        (nodes, per_node): (usize, usize),
+        placement: Placement,
         (intra, inter): (Option<LinkParams>, Option<LinkParams>),
         filter: AlgoFilter,
         programs: Vec<ProgramId>,
@@ -353,13 +361,24 @@ impl Tuner {
             one_sided: LinkCost { bw: 5e9, lat: 5e-6 },
             native: true,
         };
+        let (nodes, per_node) = match placement.per_host() {
+            Some(l) => (placement.nhosts(), l),
+            None => (placement.nranks(), 1),
+        };
         let intra = intra.or(inter).unwrap_or(fallback);
         let inter = inter.unwrap_or(intra);
         let topo = |f: fn(&LinkParams) -> LinkCost| {
             on_host(Topology::new(nodes.max(1), per_node.max(1), link(f(&intra)), link(f(&inter))))
         };
-        let t =
-            Tuner { two: topo(|l| l.fifo), one: topo(|l| l.one_sided), filter, programs, fifo, deterministic: false };
+        let t = Tuner {
+            two: topo(|l| l.fifo),
+            one: topo(|l| l.one_sided),
+            filter,
+            programs,
+            fifo,
+            deterministic: false,
+            placement,
+        };
         t.filter.check(|k| t.candidates(k))?;
         Ok(t)
     }
@@ -529,9 +548,20 @@ impl Tuner {
     /// not the host's).
     pub fn build_chunked(&self, c: Choice, coll: &Collective, chunk_bytes: usize) -> Result<Program> {
         match c {
-            Choice::Builtin(a) => build(a, coll, &BuildOptions { chunk_bytes, max_chunks: usize::MAX }),
+            Choice::Builtin(a) => {
+                let opts = BuildOptions { chunk_bytes, max_chunks: usize::MAX };
+                match self.placement.nranks() == coll.nranks {
+                    true => build_on(a, coll, &opts, &self.placement),
+                    false => build(a, coll, &opts),
+                }
+            }
             Choice::Program(id) => programs::instantiate(id, coll),
         }
+    }
+
+    /// Which ranks share a host.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
     }
 
     /// Pipeline chunk in bytes: two messages (the verifier's two slots)
@@ -577,7 +607,7 @@ mod tests {
     }
 
     fn tuner(n: usize, filter: &str) -> Result<Tuner> {
-        Tuner::new((1, n), (Some(shm()), None), AlgoFilter::parse(filter, &[])?, Vec::new(), 4 << 20)
+        Tuner::new(Placement::flat(n), (Some(shm()), None), AlgoFilter::parse(filter, &[])?, Vec::new(), 4 << 20)
     }
 
     #[test]
@@ -633,7 +663,7 @@ mod tests {
         assert_eq!(d.reason, Reason::Forced { setting: r#"OXCCL_ALGO="allreduce:twoshot""#.into() });
         // Through the C ABI the same list is NCCL_ALGO's; from a Config, its field's.
         let filter = AlgoFilter::parse("tree", &[]).unwrap().set_by("NCCL_ALGO");
-        let t = Tuner::new((1, 8), (Some(shm()), None), filter, Vec::new(), 4 << 20).unwrap();
+        let t = Tuner::new(Placement::flat(8), (Some(shm()), None), filter, Vec::new(), 4 << 20).unwrap();
         assert_eq!(t.decide(&big).unwrap().to_string(), r#"tree (forced by NCCL_ALGO="tree")"#);
         // A list that leaves several: the tuner picks among them.
         let d = tuner(8, "ring,tree").unwrap().decide(&big).unwrap();
@@ -688,7 +718,7 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
         let ids = ids.unwrap();
         let filter = AlgoFilter::parse("tuner_reason_ring", &ids).unwrap();
-        let t = Tuner::new((1, 8), (Some(shm()), None), filter, ids.clone(), 4 << 20).unwrap();
+        let t = Tuner::new(Placement::flat(8), (Some(shm()), None), filter, ids.clone(), 4 << 20).unwrap();
         let d = t.decide(&coll).unwrap();
         assert_eq!(d.choice, Choice::Program(ids[0]));
         let want = format!(

@@ -47,6 +47,7 @@ mod sweep;
 use clap::Parser;
 use oxccl_algo::algos::{Algorithm, BuildOptions};
 use oxccl_algo::cost::{Link, Topology, parse_bandwidth};
+use oxccl_algo::placement::Placement;
 use oxccl_algo::{CollKind, Collective};
 use oxccl_core::{DataType, ReduceOp};
 use std::path::PathBuf;
@@ -58,7 +59,7 @@ use sweep::{Row, Table};
     name = "oxccl-sim",
     version,
     about = "Predict collective algorithms' time, algbw and busbw on a modelled cluster (nccl-tests columns)",
-    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n\nSizes: 8GB = 8·10^9 bytes, 8GiB = 8·2^30, and a bare 8G = 8·2^30 as in nccl-tests; bandwidths 450GB/s = 450·10^9 bytes/s, 50GiB/s, 100Gb/s (bits).\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\nModel: per-rank intra-node ports, one NIC per node shared by its ranks, first-come first-served; see oxccl_algo::sim."
+    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n\nSizes: 8GB = 8·10^9 bytes, 8GiB = 8·2^30, and a bare 8G = 8·2^30 as in nccl-tests; bandwidths 450GB/s = 450·10^9 bytes/s, 50GiB/s, 100Gb/s (bits).\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\nModel: per-rank intra-node ports, --nics-per-node NICs per node (rail-optimized) shared by the ranks that use them, first-come first-served; see oxccl_algo::sim."
 )]
 struct Args {
     /// Collective, as nccl-tests names it: all_reduce, all_gather,
@@ -73,12 +74,21 @@ struct Args {
     /// over the nodes].
     #[arg(long = "ranks-per-node")]
     ranks_per_node: Option<usize>,
+    /// How ranks are numbered over the nodes: blocked (rank r on node
+    /// r / ranks-per-node) or cyclic (node r mod nodes, as `srun
+    /// --distribution=cyclic`); algorithms follow the nodes either way.
+    #[arg(long, default_value = "blocked", value_parser = ["blocked", "cyclic"])]
+    numbering: String,
     /// Link between ranks of one node: BANDWIDTH,LATENCY.
     #[arg(long, default_value = "450GB/s,0.6us", value_parser = parse_link)]
     intra: Link,
-    /// Link between nodes, one NIC per node shared by its ranks.
+    /// Link between nodes: one NIC, shared by the ranks that use it.
     #[arg(long, default_value = "50GB/s,5us", value_parser = parse_link)]
     inter: Link,
+    /// NICs per node, rail-optimized: local rank i uses NIC i mod N, NIC j
+    /// of every node is on rail j (8 on DGX H100 nodes).
+    #[arg(long = "nics-per-node", default_value_t = 1)]
+    nics_per_node: usize,
     /// Smallest size in bytes (8K = 8KiB = 8192, 8KB = 8000) [default: 32M].
     #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
     minbytes: Option<u64>,
@@ -238,7 +248,7 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn topology(args: &Args, nodes: usize, rpn: usize) -> Result<Topology, String> {
-    let mut topo = Topology::new(nodes, rpn, args.intra, args.inter);
+    let mut topo = Topology::new(nodes, rpn, args.intra, args.inter).with_nics(args.nics_per_node);
     if let Some(bw) = args.reduce_bw {
         topo = topo.with_reduce_bw(bw);
     }
@@ -303,18 +313,22 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
             c.validate().map(|()| c).map_err(|e| plain(&e))
         })
         .collect::<Result<_, _>>()?;
+    let placement = match args.numbering.as_str() {
+        "cyclic" => Placement::cyclic(topo.nodes, topo.ranks_per_node),
+        _ => Placement::blocked(topo.nodes, topo.ranks_per_node),
+    };
     if args.emit {
         let [algo] = algos[..] else {
             return Err(format!("--emit prints one program: name one algorithm with --algo, not {}", algos.len()));
         };
-        let p = oxccl_algo::algos::build(algo, &colls[0], opts).map_err(|e| plain(&e))?;
+        let p = oxccl_algo::algos::build_on(algo, &colls[0], opts, &placement).map_err(|e| plain(&e))?;
         println!("{}", p.to_json());
         return Ok(());
     }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get())).max(1);
-    let results = sweep::run(&colls, &algos, opts, &topo, threads, args.verbose)?;
+    let results = sweep::run(&colls, &algos, opts, &topo, &placement, threads, args.verbose)?;
     let mut table = Table::new(kind, args.op, algos.iter().map(|a| a.name().to_string()).collect());
-    println!("# oxccl-sim: {kind}, {n} ranks on {topo}");
+    println!("# oxccl-sim: {kind}, {n} ranks on {topo}, numbered {}", args.numbering);
     println!(
         "# pipeline chunk {} bytes, at most {} chunks; times are predicted by oxccl_algo::sim",
         opts.chunk_bytes, opts.max_chunks

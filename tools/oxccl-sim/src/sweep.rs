@@ -2,9 +2,10 @@
 //! printing the results in nccl-tests' columns.
 
 use oxccl_algo::Program;
-use oxccl_algo::algos::{Algorithm, BuildOptions, build_into};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build_into_on};
 use oxccl_algo::cost::Topology;
 use oxccl_algo::ir::Step;
+use oxccl_algo::placement::Placement;
 use oxccl_algo::sim::Simulator;
 use oxccl_algo::{CollKind, Collective};
 use oxccl_core::ReduceOp;
@@ -121,12 +122,15 @@ fn memory_budget() -> u64 {
 }
 
 /// Simulates every collective with every algorithm on `threads` threads;
-/// returns the times in seconds, `[size][algorithm]`.
+/// returns the times in seconds, `[size][algorithm]`. Programs are built
+/// on `placement` (the topology's shape, numbered blocked or cyclically)
+/// and priced on the links its ranks take.
 pub fn run(
     colls: &[Collective],
     algos: &[Algorithm],
     opts: &BuildOptions,
     topo: &Topology,
+    placement: &Placement,
     threads: usize,
     verbose: bool,
 ) -> Result<Vec<Vec<f64>>, String> {
@@ -141,6 +145,9 @@ pub fn run(
         freed: Condvar::new(),
         budget: memory_budget(),
     };
+    // The topology numbers ranks blocked: rename the placement's ranks so.
+    let new = placement.blocked_number();
+    let relabel = new.iter().enumerate().any(|(r, &b)| r != b).then_some(new);
     type Cell = Option<Result<f64, String>>;
     let results: Mutex<Vec<Vec<Cell>>> = Mutex::new(vec![vec![None; algos.len()]; colls.len()]);
     std::thread::scope(|s| {
@@ -153,9 +160,12 @@ pub fn run(
                 let mut prog = Program::new("", colls[0]);
                 while let Some((i, a, bytes)) = pool.take() {
                     let t0 = Instant::now();
-                    let out = build_into(algos[a], &colls[i], opts, &mut prog).and_then(|()| {
+                    let out = build_into_on(algos[a], &colls[i], opts, placement, &mut prog).and_then(|()| {
                         let t1 = Instant::now();
-                        let r = sim.simulate(&prog, topo);
+                        let r = match relabel.as_deref() {
+                            None => sim.simulate(&prog, topo),
+                            Some(new) => sim.simulate(&prog.relabeled(new), topo),
+                        };
                         if verbose {
                             let steps = r.as_ref().map_or(0, |r| r.steps);
                             eprintln!(

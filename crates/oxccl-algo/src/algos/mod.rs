@@ -11,7 +11,12 @@
 //! | `direct`   | reduce-scatter, all-gather, all-to-all, broadcast, reduce, gather, scatter over one-sided access; send/recv |
 //! | `pairwise` | all-to-all: n-1 rounds of pairwise exchange |
 //! | `linear`   | gather, scatter: the root talks to every rank |
+//! | `hier`     | all-reduce, reduce-scatter, all-gather: inside hosts, then between the ranks of one local index across hosts (rail-aligned), then inside hosts ([`Placement`]) |
 //! | `ordered`  | all-reduce, reduce-scatter, reduce in the canonical order ([`crate::canon`]) for any rank count: each block's owner reduces every rank's piece in the tree, then sends it on |
+//!
+//! Rings and chains follow the hosts ([`Placement::ring`]): built with
+//! [`build_on`], they visit each host's ranks contiguously whatever the
+//! numbering; [`build`] places every rank on one host.
 //!
 //! All of them work for any number of ranks (powers of two or not), any
 //! count (0, 1, counts that do not divide by the rank count) and any root.
@@ -22,6 +27,7 @@
 //! algorithms reads the table.
 
 mod direct;
+mod hier;
 mod ordered;
 mod rhd;
 mod ring;
@@ -35,6 +41,7 @@ pub use tree::{TreeLinks, btree, dtree};
 
 use crate::collective::{CollKind, Collective};
 use crate::ir::Program;
+use crate::placement::Placement;
 use oxccl_core::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -63,6 +70,8 @@ pub enum Algorithm {
     Pairwise,
     /// The root exchanges with every rank.
     Linear,
+    /// Hierarchical: inside hosts, across them rail by rail, inside again.
+    Hier,
     /// Reductions in the canonical order, over messages.
     Ordered,
 }
@@ -167,8 +176,15 @@ fn copy_nonempty(p: &mut Program, r: usize, src: crate::ir::Slice, dst: crate::i
 /// (the algorithm does not implement that collective, or the collective's
 /// description is invalid).
 pub fn build(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> Result<Program> {
+    build_on(algo, coll, opts, &Placement::flat(coll.nranks))
+}
+
+/// [`build`] for ranks placed on hosts as `placement` says: rings follow
+/// the hosts, hierarchical algorithms use them. An error also when the
+/// placement has another number of ranks.
+pub fn build_on(algo: Algorithm, coll: &Collective, opts: &BuildOptions, placement: &Placement) -> Result<Program> {
     let mut p = Program::new(algo.name(), *coll);
-    build_into(algo, coll, opts, &mut p)?;
+    build_into_on(algo, coll, opts, placement, &mut p)?;
     Ok(p)
 }
 
@@ -176,7 +192,25 @@ pub fn build(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> Result<
 /// over sizes builds programs of millions of steps one after another).
 /// On error the program is left as it was.
 pub fn build_into(algo: Algorithm, coll: &Collective, opts: &BuildOptions, program: &mut Program) -> Result<()> {
+    build_into_on(algo, coll, opts, &Placement::flat(coll.nranks), program)
+}
+
+/// [`build_into`] on a placement ([`build_on`]).
+pub fn build_into_on(
+    algo: Algorithm,
+    coll: &Collective,
+    opts: &BuildOptions,
+    placement: &Placement,
+    program: &mut Program,
+) -> Result<()> {
     coll.validate()?;
+    if placement.nranks() != coll.nranks {
+        return Err(Error::invalid(format!(
+            "{coll} has {} ranks; the placement ({placement}) has {}",
+            coll.nranks,
+            placement.nranks()
+        )));
+    }
     if !algo.supports(coll.kind) {
         let have: Vec<&str> = Algorithm::for_kind(coll.kind).iter().map(|a| a.name()).collect();
         return Err(Error::invalid(format!(
@@ -186,7 +220,7 @@ pub fn build_into(algo: Algorithm, coll: &Collective, opts: &BuildOptions, progr
             have.join(" ")
         )));
     }
-    (algo.spec().build)(program, *coll, opts);
+    (algo.spec().build)(program, *coll, opts, placement);
     program.trim();
     Ok(())
 }

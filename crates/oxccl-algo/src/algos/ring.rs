@@ -1,16 +1,25 @@
-//! Ring algorithms, as NCCL runs them on one channel.
+//! Ring algorithms, one channel, along the ring that follows the hosts.
 //!
-//! The count is cut into `n` blocks (balanced: sizes differ by at most one
-//! element) and each block into `k` pipeline chunks. For each chunk, in
-//! order, a rank runs the ring's steps: reduce-scatter passes partial sums
-//! around the ring (`n-1` hops), all-gather passes finished blocks (`n-1`
-//! hops). Per rank, all-reduce sends exactly `2(n-1)` blocks, i.e.
-//! `2(n-1)/n · S` when `n` divides the count; reduce-scatter and
-//! all-gather send `(n-1)` blocks.
+//! The ring is [`Placement::ring`]: each host's ranks contiguously, so it
+//! crosses each host boundary once whatever the numbering (rank order
+//! when ranks are numbered blocked, or all on one host). The count is cut
+//! into `n` blocks (balanced: sizes differ by at most one element) and
+//! each block into `k` pipeline chunks. For each chunk, in order, a rank
+//! runs the ring's steps: reduce-scatter passes partial sums around the
+//! ring (`n-1` hops), all-gather passes finished blocks (`n-1` hops). Per
+//! rank, all-reduce sends exactly `2(n-1)` blocks, i.e. `2(n-1)/n · S`
+//! when `n` divides the count; reduce-scatter and all-gather send `(n-1)`
+//! blocks. Rank `r` completes block `r` in all three, whatever the ring's
+//! order, so all-reduce equals reduce-scatter + all-gather bit for bit.
+//!
+//! The three patterns run on any ring of members over any blocks
+//! ([`reduce_scatter_on`], [`all_gather_on`], [`all_reduce_on`]): the
+//! hierarchical algorithms run them inside hosts and across them.
 
 use super::{BuildOptions, copy_nonempty};
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
+use crate::placement::Placement;
 
 /// The non-empty chunks of a `len`-element range cut into `k` pieces:
 /// `(offset, len)` relative to the range.
@@ -23,106 +32,147 @@ pub(super) fn ring_next(r: usize, n: usize) -> (usize, usize) {
     ((r + 1) % n, (r + n - 1) % n)
 }
 
-/// Ring all-reduce: reduce-scatter then all-gather, fused at the turn
-/// (`recv-reduce-copy-send`).
-pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
-    let n = c.nranks;
-    p.reset("ring", c);
-    p.in_place = true;
-    let block = |j: usize| part(c.count, n, j % n);
-    let k = o.chunking(block(0).1, c.dtype.size());
-    for r in 0..n {
-        let (next, prev) = ring_next(r, n);
+/// Block `q` of a member's buffers: the slice, same on every member.
+pub(super) type Blocks<'a> = &'a dyn Fn(usize) -> Slice;
+
+/// Chunk `c` of `k` of a block.
+fn chunk(s: Slice, k: usize, c: usize) -> Slice {
+    let (off, len) = part(s.len, k, c);
+    s.sub(off, len)
+}
+
+/// Pushes `f(chunk c of block j mod n)` to `r`'s channel 0 unless it is empty.
+fn emit(p: &mut Program, r: usize, block: Slice, k: usize, c: usize, f: impl FnOnce(Slice) -> Step) {
+    let s = chunk(block, k, c);
+    if s.len > 0 {
+        p.push(r, 0, f(s));
+    }
+}
+
+/// Reduce-scatter around `ring` (ranks in ring order, `n` of them): block
+/// `q` of every member's `src` ends reduced in `ring[q]`'s `dst(q)`, in
+/// `k` pipeline chunks. After step `s` of a chunk, the member at position
+/// `q` has added its part to block `q-1-s`.
+pub(super) fn reduce_scatter_on(p: &mut Program, ring: &[usize], k: usize, src: Blocks, dst: Blocks) {
+    let n = ring.len();
+    for (q, &r) in ring.iter().enumerate() {
         if n == 1 {
-            copy_nonempty(p, r, Slice::input(0, c.count), Slice::output(0, c.count));
+            (0..k).for_each(|c| emit(p, r, src(0), k, c, |s| Step::Copy { src: s, dst: chunk(dst(0), k, c) }));
             continue;
         }
-        for ch in 0..k {
-            // The chunk `ch` of block j, as a (offset, len) in the buffers.
-            let piece = |j: usize| {
-                let (boff, blen) = block(j);
-                let (coff, clen) = part(blen, k, ch);
-                (boff + coff, clen)
-            };
-            let mut emit = |j: usize, f: &dyn Fn(usize, usize) -> Step| {
-                let (off, len) = piece(j);
-                if len > 0 {
-                    p.push(r, 0, f(off, len));
-                }
-            };
-            // Reduce-scatter, as `reduce_scatter` runs it (so that the sums are
-            // added in the same order, bit for bit): after step s, rank r has
-            // added its part to block r-1-s.
-            emit(r + n - 1, &|off, len| Step::Send { peer: next, src: Slice::input(off, len) });
+        let (next, prev) = (ring[(q + 1) % n], ring[(q + n - 1) % n]);
+        for c in 0..k {
+            emit(p, r, src((q + n - 1) % n), k, c, |s| Step::Send { peer: next, src: s });
             for s in 1..n - 1 {
-                emit(r + 2 * n - 1 - s, &|off, len| Step::RecvReduceSend {
+                emit(p, r, src((q + 2 * n - 1 - s) % n), k, c, |s| Step::RecvReduceSend {
                     recv: prev,
                     send: next,
-                    src: Slice::input(off, len),
+                    src: s,
                 });
             }
-            // Block r is complete here: keep it and start the all-gather.
-            emit(r, &|off, len| Step::RecvReduceCopySend {
-                recv: prev,
-                send: next,
-                src: Slice::input(off, len),
-                dst: Slice::output(off, len),
-            });
-            for s in 1..n - 1 {
-                emit(r + n - s, &|off, len| Step::RecvCopySend {
-                    recv: prev,
-                    send: next,
-                    dst: Slice::output(off, len),
-                });
-            }
-            emit(r + 1, &|off, len| Step::Recv { peer: prev, dst: Slice::output(off, len) });
+            emit(p, r, src(q), k, c, |s| Step::RecvReduce { peer: prev, src: s, dst: chunk(dst(q), k, c) });
         }
     }
+}
+
+/// All-gather around `ring`: `ring[q]`'s `own(q)` (copied to its `dst(q)`
+/// first unless `own` is `dst`) ends in every member's `dst(q)`.
+pub(super) fn all_gather_on(p: &mut Program, ring: &[usize], k: usize, own: Blocks, dst: Blocks, copy_own: bool) {
+    let n = ring.len();
+    for (q, &r) in ring.iter().enumerate() {
+        let (next, prev) = (ring[(q + 1) % n], ring[(q + n - 1) % n]);
+        for c in 0..k {
+            if copy_own {
+                emit(p, r, own(q), k, c, |s| Step::Copy { src: s, dst: chunk(dst(q), k, c) });
+            }
+            if n == 1 {
+                continue;
+            }
+            emit(p, r, own(q), k, c, |s| Step::Send { peer: next, src: s });
+            for s in 1..n - 1 {
+                emit(p, r, dst((q + n - s) % n), k, c, |d| Step::RecvCopySend { recv: prev, send: next, dst: d });
+            }
+            emit(p, r, dst((q + 1) % n), k, c, |d| Step::Recv { peer: prev, dst: d });
+        }
+    }
+}
+
+/// All-reduce around `ring`: reduce-scatter then all-gather, fused at the
+/// turn (`recv-reduce-copy-send`); member `q` completes block `q` of
+/// `dst` from every member's `src(q)`, then every `dst(j)` arrives.
+pub(super) fn all_reduce_on(p: &mut Program, ring: &[usize], k: usize, src: Blocks, dst: Blocks) {
+    let n = ring.len();
+    for (q, &r) in ring.iter().enumerate() {
+        if n == 1 {
+            (0..n).for_each(|j| copy_nonempty(p, r, src(j), dst(j)));
+            continue;
+        }
+        let (next, prev) = (ring[(q + 1) % n], ring[(q + n - 1) % n]);
+        for c in 0..k {
+            // Reduce-scatter, as `reduce_scatter_on` runs it (so that the
+            // sums are added in the same order, bit for bit).
+            emit(p, r, src((q + n - 1) % n), k, c, |s| Step::Send { peer: next, src: s });
+            for s in 1..n - 1 {
+                emit(p, r, src((q + 2 * n - 1 - s) % n), k, c, |s| Step::RecvReduceSend {
+                    recv: prev,
+                    send: next,
+                    src: s,
+                });
+            }
+            // Block q is complete here: keep it and start the all-gather.
+            emit(p, r, src(q), k, c, |s| Step::RecvReduceCopySend {
+                recv: prev,
+                send: next,
+                src: s,
+                dst: chunk(dst(q), k, c),
+            });
+            for s in 1..n - 1 {
+                emit(p, r, dst((q + n - s) % n), k, c, |d| Step::RecvCopySend { recv: prev, send: next, dst: d });
+            }
+            emit(p, r, dst((q + 1) % n), k, c, |d| Step::Recv { peer: prev, dst: d });
+        }
+    }
+}
+
+/// Ring all-reduce: block `r` of `n` completes at rank `r`.
+pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
+    p.reset("ring", c);
+    p.in_place = true;
+    let ring = at.ring();
+    let block = |q: usize| part(c.count, c.nranks, ring[q]);
+    let k = o.chunking(part(c.count, c.nranks, 0).1, c.dtype.size());
+    all_reduce_on(
+        p,
+        &ring,
+        k,
+        &|q| {
+            let (off, len) = block(q);
+            Slice::input(off, len)
+        },
+        &|q| {
+            let (off, len) = block(q);
+            Slice::output(off, len)
+        },
+    );
 }
 
 /// Ring reduce-scatter: block `j` (of `count` elements) of every input
 /// travels the ring and ends, fully reduced, at rank `j`.
-pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
-    let (n, cnt) = (c.nranks, c.count);
+pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
+    let cnt = c.count;
     p.reset("ring", c);
     p.in_place = true;
+    let ring = at.ring();
     let k = o.chunking(cnt, c.dtype.size());
-    for r in 0..n {
-        let (next, prev) = ring_next(r, n);
-        for (off, len) in chunks(cnt, k) {
-            let at = |j: usize| Slice::input((j % n) * cnt + off, len);
-            if n == 1 {
-                p.push(r, 0, Step::Copy { src: at(0), dst: Slice::output(off, len) });
-                continue;
-            }
-            p.push(r, 0, Step::Send { peer: next, src: at(r + n - 1) });
-            for s in 1..n - 1 {
-                p.push(r, 0, Step::RecvReduceSend { recv: prev, send: next, src: at(r + 2 * n - 1 - s) });
-            }
-            p.push(r, 0, Step::RecvReduce { peer: prev, src: at(r), dst: Slice::output(off, len) });
-        }
-    }
+    reduce_scatter_on(p, &ring, k, &|q| Slice::input(ring[q] * cnt, cnt), &|_| Slice::output(0, cnt));
 }
 
 /// Ring all-gather: every input travels the ring once.
-pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions) {
-    let (n, cnt) = (c.nranks, c.count);
+pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
+    let cnt = c.count;
     p.reset("ring", c);
     p.in_place = true;
+    let ring = at.ring();
     let k = o.chunking(cnt, c.dtype.size());
-    for r in 0..n {
-        let (next, prev) = ring_next(r, n);
-        for (off, len) in chunks(cnt, k) {
-            let at = |j: usize| Slice::output((j % n) * cnt + off, len);
-            p.push(r, 0, Step::Copy { src: Slice::input(off, len), dst: at(r) });
-            if n == 1 {
-                continue;
-            }
-            p.push(r, 0, Step::Send { peer: next, src: Slice::input(off, len) });
-            for s in 1..n - 1 {
-                p.push(r, 0, Step::RecvCopySend { recv: prev, send: next, dst: at(r + n - s) });
-            }
-            p.push(r, 0, Step::Recv { peer: prev, dst: at(r + 1) });
-        }
-    }
+    all_gather_on(p, &ring, k, &|_| Slice::input(0, cnt), &|q| Slice::output(ring[q] * cnt, cnt), true);
 }

@@ -6,16 +6,40 @@ use super::tree::{TreeLinks, broadcast_down, btree, reduce_up};
 use super::{BuildOptions, copy_nonempty};
 use crate::collective::Collective;
 use crate::ir::{Program, Slice, Step};
+use crate::placement::Placement;
 
-/// Pipelined chain broadcast: root → root+1 → … → root-1, chunk by chunk.
-pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) {
+/// The chain of a rooted collective, crossing each host boundary once:
+/// the root's host (from the root, in rank order around the host), then
+/// the other hosts in [`Placement::ring`]'s order; for `reduce` it ends at
+/// the root instead (the other hosts, then the root's host from the rank
+/// after the root). With one host, `root, root+1, …, root-1` (broadcast)
+/// and `root+1, …, root` (reduce). Returns `i ↦ (rank, next, prev)`.
+fn chain(at: &Placement, root: usize, reduce: bool) -> impl Fn(usize) -> (usize, usize, usize) {
+    let (h0, nh) = (at.host_of(root), at.nhosts());
+    let mut mine = at.ranks_of(h0);
+    let me = mine.iter().position(|&r| r == root).unwrap_or(0);
+    let len = mine.len();
+    mine.rotate_left((me + usize::from(reduce)) % len);
+    let others = (1..nh).flat_map(|d| at.ranks_of((h0 + d) % nh));
+    let order: Vec<usize> =
+        if reduce { others.chain(mine).collect() } else { mine.into_iter().chain(others).collect() };
+    move |i| {
+        let n = order.len();
+        let (next, prev) = ring_next(i % n, n);
+        (order[i % n], order[next], order[prev])
+    }
+}
+
+/// Pipelined chain broadcast from the root ([`chain`]: root → root+1 → …
+/// → root-1 on one host), chunk by chunk.
+pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
     let (n, count, root) = (c.nranks, c.count, c.root);
     p.reset("ring", c);
     p.in_place = true;
+    let link = chain(at, root, false);
     for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
         for i in 0..n {
-            let r = (root + i) % n;
-            let (next, prev) = ring_next(r, n);
+            let (r, next, prev) = link(i);
             let out = Slice::output(off, len);
             if i == 0 {
                 copy_nonempty(p, r, Slice::input(off, len), out);
@@ -31,16 +55,17 @@ pub(crate) fn chain_broadcast(p: &mut Program, c: Collective, o: &BuildOptions) 
     }
 }
 
-/// Pipelined chain reduce: root+1 → root+2 → … → root, accumulating.
-pub(crate) fn chain_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
+/// Pipelined chain reduce to the root ([`chain`]: root+1 → root+2 → … →
+/// root on one host), accumulating.
+pub(crate) fn chain_reduce(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
     let (n, count, root) = (c.nranks, c.count, c.root);
     p.reset("ring", c);
     p.in_place = true;
+    let link = chain(at, root, true);
     for (off, len) in chunks(count, o.chunking(count, c.dtype.size())) {
         let input = Slice::input(off, len);
         for i in 0..n {
-            let r = (root + 1 + i) % n;
-            let (next, prev) = ring_next(r, n);
+            let (r, next, prev) = link(i);
             let step = match (i, i + 1 == n) {
                 (_, true) if n == 1 => Step::Copy { src: input, dst: Slice::output(off, len) },
                 (_, true) => Step::RecvReduce { peer: prev, src: input, dst: Slice::output(off, len) },

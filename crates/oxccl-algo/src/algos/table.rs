@@ -12,15 +12,16 @@
 //! (tests/table.rs) then build, verify and price every collective it
 //! lists; docs/EXTENDING.md has the whole checklist.
 
-use super::{Algorithm, BuildOptions, direct, ordered, rhd, ring, rooted, tree};
+use super::{Algorithm, BuildOptions, direct, hier, ordered, rhd, ring, rooted, tree};
 use crate::collective::{CollKind, Collective};
 use crate::cost::{Terms, models};
 use crate::ir::Program;
+use crate::placement::Placement;
 
 /// Writes an algorithm's program for `c` into `p`, which it first resets
 /// ([`Program::reset`], under the algorithm's name); `c` is valid and its
-/// kind one of the entry's collectives.
-pub type Builder = fn(&mut Program, Collective, &BuildOptions);
+/// kind one of the entry's collectives; the placement has its rank count.
+pub type Builder = fn(&mut Program, Collective, &BuildOptions, &Placement);
 
 /// An algorithm's closed-form time in seconds for a collective, from the
 /// collective's [`Terms`]; `None` for a collective it does not build.
@@ -86,7 +87,7 @@ pub const TABLE: &[AlgoSpec] = &[
         aliases: &["recursive_doubling", "rd"],
         collectives: &[AllReduce],
         one_sided: false,
-        build: |p, c, _| rhd::all_reduce_doubling(p, c),
+        build: |p, c, _, _| rhd::all_reduce_doubling(p, c),
         cost: models::doubling,
     },
     AlgoSpec {
@@ -95,7 +96,7 @@ pub const TABLE: &[AlgoSpec] = &[
         aliases: &["one_shot"],
         collectives: &[AllReduce],
         one_sided: true,
-        build: |p, c, _| direct::one_shot(p, c),
+        build: |p, c, _, _| direct::one_shot(p, c),
         cost: models::one_shot,
     },
     AlgoSpec {
@@ -104,7 +105,7 @@ pub const TABLE: &[AlgoSpec] = &[
         aliases: &["two_shot"],
         collectives: &[AllReduce],
         one_sided: true,
-        build: |p, c, _| direct::two_shot(p, c),
+        build: |p, c, _, _| direct::two_shot(p, c),
         cost: models::two_shot,
     },
     AlgoSpec {
@@ -122,7 +123,7 @@ pub const TABLE: &[AlgoSpec] = &[
         aliases: &[],
         collectives: &[AllToAll],
         one_sided: false,
-        build: |p, c, _| rooted::pairwise_all_to_all(p, c),
+        build: |p, c, _, _| rooted::pairwise_all_to_all(p, c),
         cost: models::pairwise,
     },
     AlgoSpec {
@@ -133,6 +134,15 @@ pub const TABLE: &[AlgoSpec] = &[
         one_sided: false,
         build: build_linear,
         cost: models::linear,
+    },
+    AlgoSpec {
+        algorithm: Algorithm::Hier,
+        name: "hier",
+        aliases: &["hierarchical", "2d"],
+        collectives: &[AllReduce, ReduceScatter, AllGather],
+        one_sided: false,
+        build: build_hier,
+        cost: models::hier,
     },
     AlgoSpec {
         algorithm: Algorithm::Ordered,
@@ -176,18 +186,18 @@ fn unlisted(algo: &str, kind: CollKind) -> ! {
     unreachable!("the table lists {kind} for {algo}, but its builder has no program for it")
 }
 
-fn build_ring(p: &mut Program, c: Collective, o: &BuildOptions) {
+fn build_ring(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
     match c.kind {
-        AllReduce => ring::all_reduce(p, c, o),
-        ReduceScatter => ring::reduce_scatter(p, c, o),
-        AllGather => ring::all_gather(p, c, o),
-        Broadcast => rooted::chain_broadcast(p, c, o),
-        Reduce => rooted::chain_reduce(p, c, o),
+        AllReduce => ring::all_reduce(p, c, o, at),
+        ReduceScatter => ring::reduce_scatter(p, c, o, at),
+        AllGather => ring::all_gather(p, c, o, at),
+        Broadcast => rooted::chain_broadcast(p, c, o, at),
+        Reduce => rooted::chain_reduce(p, c, o, at),
         k => unlisted("ring", k),
     }
 }
 
-fn build_tree(p: &mut Program, c: Collective, o: &BuildOptions) {
+fn build_tree(p: &mut Program, c: Collective, o: &BuildOptions, _: &Placement) {
     match c.kind {
         AllReduce => tree::all_reduce(p, c, o),
         Broadcast => rooted::tree_broadcast(p, c, o),
@@ -196,7 +206,7 @@ fn build_tree(p: &mut Program, c: Collective, o: &BuildOptions) {
     }
 }
 
-fn build_rhd(p: &mut Program, c: Collective, _: &BuildOptions) {
+fn build_rhd(p: &mut Program, c: Collective, _: &BuildOptions, _: &Placement) {
     match c.kind {
         AllReduce => rhd::all_reduce(p, c),
         ReduceScatter => rhd::reduce_scatter(p, c),
@@ -205,7 +215,7 @@ fn build_rhd(p: &mut Program, c: Collective, _: &BuildOptions) {
     }
 }
 
-fn build_direct(p: &mut Program, c: Collective, _: &BuildOptions) {
+fn build_direct(p: &mut Program, c: Collective, _: &BuildOptions, _: &Placement) {
     match c.kind {
         ReduceScatter => direct::reduce_scatter(p, c),
         AllGather => direct::all_gather(p, c),
@@ -219,7 +229,7 @@ fn build_direct(p: &mut Program, c: Collective, _: &BuildOptions) {
     }
 }
 
-fn build_linear(p: &mut Program, c: Collective, _: &BuildOptions) {
+fn build_linear(p: &mut Program, c: Collective, _: &BuildOptions, _: &Placement) {
     match c.kind {
         Gather => rooted::gather(p, c),
         Scatter => rooted::scatter(p, c),
@@ -227,7 +237,16 @@ fn build_linear(p: &mut Program, c: Collective, _: &BuildOptions) {
     }
 }
 
-fn build_ordered(p: &mut Program, c: Collective, o: &BuildOptions) {
+fn build_hier(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
+    match c.kind {
+        AllReduce => hier::all_reduce(p, c, o, at),
+        ReduceScatter => hier::reduce_scatter(p, c, o, at),
+        AllGather => hier::all_gather(p, c, o, at),
+        k => unlisted("hier", k),
+    }
+}
+
+fn build_ordered(p: &mut Program, c: Collective, o: &BuildOptions, _: &Placement) {
     match c.kind {
         AllReduce => ordered::all_reduce(p, c, o),
         ReduceScatter => ordered::reduce_scatter(p, c, o),

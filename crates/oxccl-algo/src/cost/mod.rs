@@ -219,8 +219,11 @@ fn round_sig(v: f64) -> f64 {
 /// Rank `r` lives on node `r / ranks_per_node`. Ranks of one node talk over
 /// [`Topology::intra`] links; every rank has its own send port and receive
 /// port of that bandwidth. Ranks of different nodes talk through their
-/// nodes' NICs, one per node, of [`Topology::inter`] bandwidth in each
-/// direction, *shared* by all ranks of the node.
+/// nodes' NICs, of [`Topology::inter`] bandwidth each in each direction:
+/// [`Topology::nics`] per node (one by default), rail-optimized as on
+/// DGX nodes: local rank `i` uses NIC `i mod nics` of its node, NIC `j` of
+/// every node is on rail `j`, and each NIC is *shared* by the ranks that
+/// use it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Topology {
     /// Number of nodes.
@@ -229,8 +232,10 @@ pub struct Topology {
     pub ranks_per_node: usize,
     /// Link between two ranks of one node (per-rank ports).
     pub intra: Link,
-    /// Link between nodes (one NIC per node, shared by its ranks).
+    /// Link between nodes: one NIC (shared by the ranks that use it).
     pub inter: Link,
+    /// NICs per node (rails); at least 1.
+    pub nics: usize,
     /// Reduction throughput in bytes of incoming data per second
     /// (`γ = 1/reduce_bw`); infinite by default: reductions are free.
     pub reduce_bw: f64,
@@ -242,7 +247,7 @@ pub struct Topology {
 impl Topology {
     /// `nodes` nodes of `ranks_per_node` ranks; reductions and copies free.
     pub fn new(nodes: usize, ranks_per_node: usize, intra: Link, inter: Link) -> Topology {
-        Topology { nodes, ranks_per_node, intra, inter, reduce_bw: f64::INFINITY, copy_bw: f64::INFINITY }
+        Topology { nodes, ranks_per_node, intra, inter, nics: 1, reduce_bw: f64::INFINITY, copy_bw: f64::INFINITY }
     }
 
     /// `nranks` ranks on one node, every pair connected by `link`.
@@ -253,6 +258,19 @@ impl Topology {
     /// `nranks` nodes of one rank each, connected by `link`.
     pub fn one_rank_per_node(nranks: usize, link: Link) -> Topology {
         Topology::new(nranks, 1, link, link)
+    }
+
+    /// The same with `k` NICs per node (rails).
+    pub fn with_nics(mut self, k: usize) -> Topology {
+        self.nics = k;
+        self
+    }
+
+    /// The NIC `rank` sends and receives through, numbered over all nodes
+    /// (node `h`'s are `h·nics ..`).
+    pub fn nic_of(&self, rank: usize) -> usize {
+        let local = rank % self.ranks_per_node.max(1);
+        self.node_of(rank) * self.nics.max(1) + local % self.nics.max(1)
     }
 
     /// The same with reductions at `bw` bytes per second.
@@ -307,6 +325,9 @@ impl Topology {
     /// Checks every field: at least one node and one rank per node, valid
     /// links, positive throughputs.
     pub fn validate(&self) -> Result<()> {
+        if self.nics == 0 {
+            return Err(Error::invalid("topology needs at least one NIC per node, got 0"));
+        }
         if self.nodes == 0 || self.ranks_per_node == 0 {
             return Err(Error::invalid(format!(
                 "topology needs at least one node and one rank per node, got {} × {}",
@@ -334,11 +355,12 @@ impl fmt::Display for Topology {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} nodes × {} ranks, intra {}, inter {}, reduce {}",
+            "{} nodes × {} ranks, intra {}, inter {}{}, reduce {}",
             self.nodes,
             self.ranks_per_node,
             self.intra,
             self.inter,
+            if self.nics > 1 { format!(" × {} NICs", self.nics) } else { String::new() },
             format_bandwidth(self.reduce_bw)
         )?;
         if self.copy_bw.is_finite() {
@@ -453,6 +475,16 @@ pub struct Terms {
     pub gamma: f64,
     /// `κ`, seconds per byte copied locally.
     pub copy: f64,
+    /// Hosts (the topology's nodes) and ranks on each.
+    pub hosts: usize,
+    /// Ranks per host.
+    pub per_host: usize,
+    /// The link between two ranks of one host.
+    pub intra: Link,
+    /// The link between hosts (one NIC, shared by the ranks that use it).
+    pub inter: Link,
+    /// NICs per host.
+    pub nics: usize,
 }
 
 impl Terms {
@@ -465,6 +497,11 @@ impl Terms {
             link: topo.bottleneck(),
             gamma: if coll.kind.reduces() { topo.gamma() } else { 0.0 },
             copy: topo.copy_cost(),
+            hosts: topo.nodes,
+            per_host: topo.ranks_per_node,
+            intra: topo.intra,
+            inter: topo.inter,
+            nics: topo.nics,
         }
     }
 }

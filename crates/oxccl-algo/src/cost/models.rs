@@ -92,6 +92,28 @@ pub fn linear(kind: CollKind, t: &Terms) -> Option<f64> {
     }
 }
 
+/// Hierarchical: the rings inside hosts at the intra-host link, the `L`
+/// rings across hosts (one per local index) sharing each host's NICs, so
+/// each at `min(nics, L)/L` of one NIC's bandwidth; reduce-scatter and all-gather run the
+/// host's ring once per host (`(H-1)(L-1)` more intra-host latencies).
+/// Where the topology has one host or one rank per host, the ring's.
+pub fn hier(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (h, l, s, g) = (t.hosts, t.per_host, t.bytes, t.gamma);
+    if h <= 1 || l <= 1 || h * l != t.nranks {
+        return ring(kind, t);
+    }
+    let rail = super::Link::new(t.inter.bw * nf(t.nics.clamp(1, l)) / nf(l), t.inter.lat);
+    let rounds = nf(h - 1) * nf(l - 1) * t.intra.lat;
+    Some(match kind {
+        AllReduce => {
+            ring_reduce_scatter(l, s, t.intra, g) + ring_all_reduce(h, s / l, rail, g) + ring_all_gather(l, s, t.intra)
+        }
+        ReduceScatter => ring_reduce_scatter(l, s, t.intra, g) + rounds + ring_reduce_scatter(h, s / l, rail, g),
+        AllGather => ring_all_gather(h, s / l, rail) + ring_all_gather(l, s, t.intra) + rounds,
+        _ => return None,
+    })
+}
+
 /// The canonical-order reductions: the ring's bandwidth and latency terms
 /// (two rounds of `n-1` messages, each rank's link carrying `(n-1)/n · S`
 /// per half), plus copying about half the pieces into scratch before they

@@ -312,7 +312,7 @@ impl Compiled {
             self.touched[k].push(key);
             let (from, to) = if kind == GET { (peer, r) } else { (r, peer) };
             let (f, t) = (topo.node_of(from), topo.node_of(to));
-            let (tx, rx) = if f != t { (n + f, n + t) } else { (from, to) };
+            let (tx, rx) = if f != t { (n + topo.nic_of(from), n + topo.nic_of(to)) } else { (from, to) };
             let link = topo.link(from, to);
             let info = ConnInfo { lat: link.lat, bw: link.bw, tx: tx as u32, rx: rx as u32, inter: f != t };
             self.conns.push(info);

@@ -22,11 +22,13 @@
 //! are deterministic.
 //!
 //! **Resources.** Every rank has an intra-node send port and receive port;
-//! every node has one NIC with a send side and a receive side, shared by
-//! all its ranks (NIC sharing). A transfer of `m` bytes between two ranks
-//! of one node holds the sender's send port and the receiver's receive
-//! port; between nodes it holds the sending node's NIC send side and the
-//! receiving node's NIC receive side. A transfer requested at time `t`
+//! every node has [`Topology::nics`] NICs (one by default) with a send side
+//! and a receive side, local rank `i` using NIC `i mod nics`, each shared
+//! by the ranks that use it (NIC sharing; rail-optimized: NIC `j` of every
+//! node is on rail `j`). A transfer of `m` bytes between two ranks of one
+//! node holds the sender's send port and the receiver's receive port;
+//! between nodes it holds the sender's NIC send side and the receiver's
+//! NIC receive side. A transfer requested at time `t`
 //! starts at `s = max(t, both resources free)`, holds both for `m/bw`
 //! (first come, first served: requests are granted in simulated-time
 //! order), and arrives at `s + m/bw + lat` (cut-through: the resources
@@ -117,6 +119,26 @@ impl SimReport {
 /// connection do not pair up; the program deadlocks.
 pub fn simulate(program: &Program, topo: &Topology) -> Result<SimReport> {
     Simulator::new().simulate(program, topo)
+}
+
+/// [`simulate`] with the ranks on hosts as `placement` says: the
+/// topology's node `h` is the placement's host `h` (rank `r` of `topo`,
+/// numbered blocked, is the placement's [`ring`](crate::placement::Placement::ring)`[r]`),
+/// so a program of cyclically numbered ranks is priced on the links it
+/// really takes.
+///
+/// Errors also when the placement's shape is not the topology's.
+pub fn simulate_on(program: &Program, topo: &Topology, placement: &crate::placement::Placement) -> Result<SimReport> {
+    if placement.nhosts() != topo.nodes || placement.per_host() != Some(topo.ranks_per_node) {
+        return Err(Error::invalid(format!(
+            "the placement ({placement}) is not the topology's {} nodes × {} ranks",
+            topo.nodes, topo.ranks_per_node
+        )));
+    }
+    if program.ranks.len() != placement.nranks() {
+        return simulate(program, topo); // the error naming both counts
+    }
+    simulate(&program.relabeled(&placement.blocked_number()), topo)
 }
 
 /// A simulator that keeps its buffers from one program to the next: the
@@ -283,7 +305,7 @@ struct State {
 
 impl State {
     fn reset(&mut self, c: &Compiled, topo: &Topology) {
-        let (np, nres) = (c.nprocs(), topo.nranks() + topo.nodes);
+        let (np, nres) = (c.nprocs(), topo.nranks() + topo.nodes * topo.nics.max(1));
         self.chans.truncate(c.conns.len());
         for ch in &mut self.chans {
             ch.queue.clear();

@@ -6,6 +6,7 @@ use oxccl_algo::{CollKind, Collective};
 
 /// The bytes each rank must send, where the algorithm fixes them exactly.
 pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
+    let algo = flat(algo);
     let (n, e) = (c.nranks, c.dtype.size() as u64);
     let s = c.count as u64 * e; // bytes of a rank's buffer (block for RS/AG/A2A)
     let nn = n as u64;
@@ -65,6 +66,7 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
 
 /// Bytes all ranks send together (holds for every count).
 pub fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
+    let algo = flat(algo);
     let (n, e) = (c.nranks as u64, c.dtype.size() as u64);
     let s = c.count as u64 * e;
     match (algo, c.kind) {
@@ -103,4 +105,10 @@ pub fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
             }
         }
     }
+}
+
+/// The algorithm a build without a placement (every rank on one host)
+/// runs: `hier` is the ring there.
+fn flat(algo: Algorithm) -> Algorithm {
+    if algo == Algorithm::Hier { Algorithm::Ring } else { algo }
 }
