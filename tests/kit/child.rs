@@ -22,7 +22,10 @@ use std::time::{Duration, Instant};
 /// `first` (one all_reduce, checked; prints the seconds from before init
 /// to its result), `early-exit` (rank 0 broadcasts and exits; the others broadcast 0.5 s
 /// later) or `closer` (the last rank closes after one all_reduce; the
-/// others run a second).
+/// others run a second), `volume` (prints `CHOICE` the tuner's pick, then
+/// one all_reduce of `OXCCL_TEST_COUNT` floats, checked) or `bench`
+/// (all_reduce at 1, 4 and 16 MiB, out of place, checked once, then timed:
+/// prints `BENCH bytes seconds-per-call`).
 pub fn body() {
     let Some((mode, id, rank, size)) = rank_env() else { return };
     let started = Instant::now();
@@ -142,9 +145,52 @@ pub fn body() {
                 .and_then(|()| comm.barrier().map_err(|e| format!("next call: {e}")))
                 .and_then(|()| Err("the calls that disagree succeeded".to_string()))
         }
+        "volume" => {
+            let count = std::env::var("OXCCL_TEST_COUNT").ok().and_then(|c| c.parse().ok()).unwrap_or(4 << 20);
+            let choice = comm.choice(CollKind::AllReduce, count, DataType::Float32, 0).map_err(|e| e.to_string());
+            choice.and_then(|c| {
+                println!("CHOICE {c}");
+                let mut x = vec![(rank + 1) as f32; count];
+                comm.all_reduce_in_place(&mut x, ReduceOp::Sum).map_err(|e| e.to_string())?;
+                let want = (size * (size + 1) / 2) as f32;
+                match x.iter().position(|&v| v != want) {
+                    None => Ok(()),
+                    Some(i) => Err(format!("element {i} is {}, not {want}", x[i])),
+                }
+            })
+        }
+        "bench" => bench(&comm, rank, size),
         other => Err(format!("unknown mode {other}")),
     };
     report(result);
+}
+
+/// `bench` mode: all_reduce at 1, 4 and 16 MiB, each checked once, then
+/// the best of 3 runs of a few calls each (after a barrier).
+fn bench(comm: &Communicator, rank: usize, size: usize) -> Result<(), String> {
+    let e = |e: oxccl::Error| e.to_string();
+    for bytes in [1usize << 20, 4 << 20, 16 << 20] {
+        let n = bytes / 4;
+        let x = vec![(rank + 1) as f32; n];
+        let mut y = vec![0f32; n];
+        comm.all_reduce(&x, &mut y, ReduceOp::Sum).map_err(e)?;
+        let want = (size * (size + 1) / 2) as f32;
+        if y.iter().any(|&v| v != want) {
+            return Err(format!("{bytes} bytes: wrong sum"));
+        }
+        let calls = (64 << 20) / bytes;
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            comm.barrier().map_err(e)?;
+            let t = Instant::now();
+            for _ in 0..calls {
+                comm.all_reduce(&x, &mut y, ReduceOp::Sum).map_err(e)?;
+            }
+            best = best.min(t.elapsed().as_secs_f64() / calls as f64);
+        }
+        println!("BENCH {bytes} {best:.6}");
+    }
+    Ok(())
 }
 
 /// Waits until every child in `loop` mode has printed `READY`; their

@@ -1,22 +1,33 @@
-//! Two "hosts" for tests: network namespaces joined by a veth pair
-//! (10.211.0.1 and 10.211.0.2), removed on drop. Needs root and iproute2:
-//! without them the test skips, or fails where `OXCCL_REQUIRE_NETNS` is set
-//! (CI).
+//! "Hosts" for tests: network namespaces, removed on drop. Two are joined
+//! by a veth pair (10.211.0.1 and 10.211.0.2); three or more each by a
+//! veth to a bridge in a switch namespace of their own (10.211.0.h+1).
+//! Each host's interface counts the bytes that leave and enter it, and can
+//! be shaped (`tc tbf`). Needs root and iproute2: without them the test
+//! skips, or fails where `OXCCL_REQUIRE_NETNS` is set (CI).
 
 use oxccl::UniqueId;
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Two namespaces joined by a veth pair.
+/// Namespaces joined by veth (and a bridge for three or more).
 pub struct Hosts {
-    ns: [String; 2],
+    ns: Vec<String>,
+    /// The switch namespace, for three or more hosts.
+    switch: Option<String>,
     tag: u32,
 }
 
 impl Hosts {
-    /// Makes them, or says why it cannot and returns `None` (not root, or
-    /// no `ip`): a skip, or a failure where `OXCCL_REQUIRE_NETNS` is set.
+    /// Two hosts joined by a veth pair, or `None` after saying why not
+    /// (not root, or no `ip`): a skip, or a failure where
+    /// `OXCCL_REQUIRE_NETNS` is set.
     pub fn new(test: &str) -> Option<Hosts> {
+        Hosts::many(test, 2)
+    }
+
+    /// `k` hosts (at least 2, at most 26), or `None` as for [`Hosts::new`].
+    pub fn many(test: &str, k: usize) -> Option<Hosts> {
+        assert!((2..=26).contains(&k), "{k} hosts");
         // The effective uid from /proc (no unsafe in tests).
         let root = std::fs::read_to_string("/proc/self/status")
             .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
@@ -24,7 +35,7 @@ impl Hosts {
         let has_ip = Command::new("ip").arg("-V").output().is_ok_and(|o| o.status.success());
         if !root || !has_ip {
             let why = format!(
-                "two hosts for {test} need root and iproute2 (root: {root}, ip: {has_ip}; apt-get install iproute2)"
+                "{k} hosts for {test} need root and iproute2 (root: {root}, ip: {has_ip}; apt-get install iproute2)"
             );
             crate::skip_or_fail("OXCCL_REQUIRE_NETNS", why);
             return None;
@@ -32,20 +43,50 @@ impl Hosts {
         // Unique per test of this process: tests of one binary run at once.
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let tag = (std::process::id() % 10_000) * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10;
-        let hosts = Hosts { ns: [format!("oxa{tag}"), format!("oxb{tag}")], tag };
-        let [a, b] = &hosts.ns;
-        sh(&format!("ip netns add {a} && ip netns add {b}"));
-        sh(&format!("ip link add va{tag} netns {a} type veth peer name vb{tag} netns {b}"));
-        for (i, (ns, end)) in [(a, "va"), (b, "vb")].into_iter().enumerate() {
-            sh(&format!(
-                "ip -n {ns} addr add 10.211.0.{}/24 dev {end}{tag} && ip -n {ns} link set {end}{tag} up && ip -n {ns} link set lo up",
-                i + 1
-            ));
+        let letter = |h: usize| (b'a' + h as u8) as char;
+        let ns: Vec<String> = (0..k).map(|h| format!("ox{}{tag}", letter(h))).collect();
+        let switch = (k > 2).then(|| format!("oxs{tag}"));
+        let hosts = Hosts { ns, switch, tag };
+        for n in hosts.ns.iter().chain(&hosts.switch) {
+            sh(&format!("ip netns add {n} && ip -n {n} link set lo up"));
+        }
+        match &hosts.switch {
+            None => {
+                let [a, b] = &hosts.ns[..] else { unreachable!() };
+                sh(&format!("ip link add va{tag} netns {a} type veth peer name vb{tag} netns {b}"));
+            }
+            Some(s) => {
+                sh(&format!("ip -n {s} link add br{tag} type bridge && ip -n {s} link set br{tag} up"));
+                for (h, n) in hosts.ns.iter().enumerate() {
+                    let l = letter(h);
+                    sh(&format!("ip link add v{l}{tag} netns {n} type veth peer name s{l}{tag} netns {s}"));
+                    sh(&format!("ip -n {s} link set s{l}{tag} master br{tag} && ip -n {s} link set s{l}{tag} up"));
+                }
+            }
+        }
+        for h in 0..k {
+            let (n, dev) = (&hosts.ns[h], hosts.dev(h));
+            sh(&format!("ip -n {n} addr add 10.211.0.{}/24 dev {dev} && ip -n {n} link set {dev} up", h + 1));
         }
         Some(hosts)
     }
 
-    /// The command prefix that runs a program on host `h` (0 or 1).
+    /// Number of hosts.
+    pub fn len(&self) -> usize {
+        self.ns.len()
+    }
+
+    /// Whether there are none (never: at least two).
+    pub fn is_empty(&self) -> bool {
+        self.ns.is_empty()
+    }
+
+    /// Host `h`'s interface.
+    fn dev(&self, h: usize) -> String {
+        format!("v{}{}", (b'a' + h as u8) as char, self.tag)
+    }
+
+    /// The command prefix that runs a program on host `h`.
     pub fn prefix(&self, h: usize) -> Vec<String> {
         ["ip", "netns", "exec", &self.ns[h]].iter().map(|s| s.to_string()).collect()
     }
@@ -57,16 +98,44 @@ impl Hosts {
         UniqueId::from_addr(addr, UniqueId::new().unwrap().nonce())
     }
 
+    /// Bytes host `h`'s interface has sent and received (its counters,
+    /// frames with their headers).
+    pub fn bytes(&self, h: usize) -> (u64, u64) {
+        let read = |what: &str| {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns[h], "cat"])
+                .arg(format!("/sys/class/net/{}/statistics/{what}_bytes", self.dev(h)))
+                .output()
+                .expect("ip netns exec cat");
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{what}_bytes: {out:?}"))
+        };
+        (read("tx"), read("rx"))
+    }
+
+    /// Shapes what host `h` sends to `rate` (`tc tbf`, e.g. "200mbit"), or
+    /// says why it cannot (no `tc`) and returns false.
+    pub fn shape(&self, h: usize, rate: &str) -> bool {
+        let cmd = format!(
+            "tc -n {} qdisc replace dev {} root tbf rate {rate} burst 256kb latency 50ms",
+            self.ns[h],
+            self.dev(h)
+        );
+        Command::new("sh").arg("-c").arg(&cmd).status().is_ok_and(|s| s.success())
+    }
+
     /// Takes the link down at host 0's end: nothing crosses any more, and
     /// neither end is told (no reset, no FIN).
     pub fn link_down(&self) {
-        sh(&format!("ip -n {} link set va{} down", self.ns[0], self.tag));
+        sh(&format!("ip -n {} link set {} down", self.ns[0], self.dev(0)));
     }
 }
 
 impl Drop for Hosts {
     fn drop(&mut self) {
-        for ns in &self.ns {
+        for ns in self.ns.iter().chain(&self.switch) {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }

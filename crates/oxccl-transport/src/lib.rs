@@ -63,6 +63,7 @@ pub mod ring;
 pub mod seal;
 pub mod shm;
 pub mod tcp;
+pub mod topo;
 pub mod wire;
 
 pub use oxccl_core::{Error, Result};

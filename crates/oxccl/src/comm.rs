@@ -10,11 +10,13 @@ use crate::job::{Completion, Extras, Job};
 use crate::plan::{self, Cache};
 use crate::tuner::{AlgoFilter, Tuner};
 use oxccl_algo::collective::CollKind;
+use oxccl_algo::placement::Placement;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
 use oxccl_transport::bootstrap::{BootOptions, Bootstrap};
 use oxccl_transport::fabric::Fabric;
 use oxccl_transport::futex::Doorbell;
 use oxccl_transport::id::UniqueId;
+use oxccl_transport::topo::Topology;
 use oxccl_transport::{Kind, PeerStats};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +56,8 @@ struct Inner {
     /// new communicator's rendezvous).
     shrinks: AtomicU64,
     kinds: Vec<Option<Kind>>,
+    /// The hosts and what is on them, as every rank agreed at init.
+    topology: Topology,
     /// The device side, set up by the first call on device buffers.
     device: Mutex<Option<Arc<DeviceComm>>>,
 }
@@ -103,12 +107,12 @@ impl Communicator {
         let fabric = Fabric::new(boot.clone(), id.nonce(), &cfg.fabric_options())?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
-        let placement =
-            oxccl_algo::placement::Placement::from_keys(&boot.peers().iter().map(|p| &p.host).collect::<Vec<_>>());
-        let tuner = Tuner::new(placement, fabric.links(), filter, cfg.programs.clone(), fifo)?
-            .deterministic(cfg.deterministic)?;
         let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
         let who = format!("comm {tag} rank {rank}/{nranks}");
+        let topology = crate::topology::agree(&boot, &cfg, &who)?;
+        let placement = Placement::from_keys(&topology.host_of());
+        let tuner = Tuner::new(placement, fabric.links(), filter, cfg.programs.clone(), fifo)?
+            .deterministic(cfg.deterministic)?;
         // Ranks of this communicator in this process (threads), this one
         // included: they share the programs they build.
         let me = &boot.peers()[rank];
@@ -152,6 +156,7 @@ impl Communicator {
                 coll_seq: AtomicU64::new(0),
                 shrinks: AtomicU64::new(0),
                 kinds,
+                topology,
                 device: Mutex::new(None),
             }),
         })
@@ -195,6 +200,19 @@ impl Communicator {
     /// The id the communicator was created from.
     pub fn id(&self) -> &UniqueId {
         &self.inner.id
+    }
+
+    /// The hosts of this communicator and what is on them (NICs, RDMA
+    /// ports, GPUs, NUMA nodes; where each rank runs), as every rank
+    /// agreed at init: discovered, or read from `OXCCL_TOPO_FILE`.
+    /// Algorithms follow its grouping of ranks into hosts.
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topology
+    }
+
+    /// Which ranks share a host, as the algorithms see it.
+    pub fn placement(&self) -> &Placement {
+        self.inner.tuner.placement()
     }
 
     /// Which transport carries traffic with `peer` (`None` for this rank).

@@ -101,6 +101,16 @@ pub struct Config {
     /// then the defaults; `Some` is used as it is and no `OXCCL_IB_*`
     /// variable is read (start from `RdmaOptions::default()`).
     pub rdma: Option<RdmaOptions>,
+    /// A topology file that replaces discovery (`OXCCL_TOPO_FILE`, JSON
+    /// as `OXCCL_TOPO_DUMP_FILE` writes it, or as small as
+    /// `{"hosts":[{"id":"a","ranks":[0,2]},{"id":"b","ranks":[1,3]}]}`):
+    /// which ranks algorithms treat as sharing a host (transports still
+    /// use shared memory wherever processes really share one). Every rank
+    /// must read the same grouping: init fails naming a rank that differs.
+    pub topo_file: Option<std::path::PathBuf>,
+    /// Rank 0 writes the communicator's topology here as JSON at init
+    /// (`OXCCL_TOPO_DUMP_FILE`).
+    pub topo_dump_file: Option<std::path::PathBuf>,
 }
 
 /// When shared memory sends a message by reference
@@ -206,6 +216,10 @@ pub struct Resolved {
     pub nsocks: usize,
     /// See [`Config::spin`].
     pub spin: Duration,
+    /// See [`Config::topo_file`].
+    pub topo_file: Option<std::path::PathBuf>,
+    /// See [`Config::topo_dump_file`].
+    pub topo_dump_file: Option<std::path::PathBuf>,
     /// See [`Config::device_path`].
     pub device_path: DevicePath,
     /// See [`Config::device_window`].
@@ -526,6 +540,8 @@ impl Config {
             tcp_buffsize: tcp_buffsize.next_power_of_two(),
             nsocks,
             spin,
+            topo_file: self.topo_file.clone().or_else(|| env("OXCCL_TOPO_FILE").map(Into::into)),
+            topo_dump_file: self.topo_dump_file.clone().or_else(|| env("OXCCL_TOPO_DUMP_FILE").map(Into::into)),
         })
     }
 }

@@ -81,6 +81,7 @@ pub mod op;
 mod plan;
 pub mod programs;
 mod split;
+mod topology;
 pub mod tuner;
 
 pub use buf::{Buffer, CudaStream, DeviceBuf, Memory, Span};

@@ -65,6 +65,22 @@ const HOST_REDUCE_BW: f64 = 10e9;
 /// Bytes per second of a local copy (one-shot copies its result out).
 const HOST_COPY_BW: f64 = 10e9;
 
+/// Up to this many ranks on several hosts, the tuner prices built-in
+/// algorithms by simulating them on the placement (once per collective
+/// and size: decisions are cached); beyond, by their closed forms.
+pub const SIMULATED_RANKS: usize = 64;
+
+/// Pipeline chunks per slice in the programs the tuner simulates (the
+/// programs it runs have as many as the FIFOs ask for).
+const SIMULATED_CHUNKS: usize = 4;
+
+/// Where the tuner simulates the placement, it picks, among the algorithms
+/// predicted within this factor of the fastest, the one that moves the
+/// fewest bytes between hosts: the network is what other jobs share, and
+/// TCP's link parameters are a table, not a measurement (on one machine,
+/// namespaces joined by veth are no slower than shared memory).
+pub const CROSSING_MARGIN: f64 = 1.25;
+
 /// `t` with a host core's reduce and copy rates.
 fn on_host(t: Topology) -> Topology {
     t.with_reduce_bw(HOST_REDUCE_BW).with_copy_bw(HOST_COPY_BW)
@@ -508,11 +524,21 @@ impl Tuner {
             let reason = if restricted { Reason::Forced { setting: setting() } } else { Reason::Only };
             return Ok(Decision { choice: allowed[0], reason });
         }
-        let best = allowed
+        let priced: Vec<(f64, u64, Choice)> = allowed
             .iter()
-            .map(|c| (self.estimate(*c, coll).unwrap_or(f64::INFINITY), *c))
-            .min_by(|x, y| x.0.total_cmp(&y.0))
-            .map(|(_, c)| c)
+            .map(|&c| {
+                let (t, crossing) = self.price(c, coll);
+                (t.unwrap_or(f64::INFINITY), crossing, c)
+            })
+            .collect();
+        let fastest = priced.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+        // Among those within the margin of the fastest, the fewest bytes
+        // between hosts (0 for all on one host: then the fastest).
+        let best = priced
+            .iter()
+            .filter(|p| p.0 <= fastest * CROSSING_MARGIN)
+            .min_by(|x, y| x.1.cmp(&y.1).then(x.0.total_cmp(&y.0)))
+            .map(|p| p.2)
             .unwrap_or(allowed[0]);
         Ok(Decision { choice: best, reason: Reason::Cost { among: restricted.then(setting) } })
     }
@@ -528,14 +554,41 @@ impl Tuner {
     }
 
     /// The predicted time of `c` for `coll`, if there is a model for it.
+    /// Where ranks are on several hosts (not one per rank) and there are
+    /// at most [`SIMULATED_RANKS`], built-in algorithms are simulated on
+    /// the placement rather than priced by their closed forms, which
+    /// assume every hop takes the slowest link: which of their messages
+    /// cross hosts depends on how ranks are numbered.
     pub fn estimate(&self, c: Choice, coll: &Collective) -> Option<f64> {
+        self.price(c, coll).0
+    }
+
+    /// [`estimate`](Tuner::estimate), and the elements its program moves
+    /// between hosts where it was simulated on the placement (else 0).
+    fn price(&self, c: Choice, coll: &Collective) -> (Option<f64>, u64) {
+        let simulate = |p: &Program| {
+            let topo = self.topo(coll, p.has_one_sided());
+            let time = match self.placement.per_host() {
+                Some(_) if self.simulates(coll) => oxccl_algo::sim::simulate_on(p, &topo, &self.placement),
+                _ => oxccl_algo::sim::simulate(p, &topo),
+            };
+            let crossing = if self.simulates(coll) { self.placement.crossing_elems(p).unwrap_or(0) } else { 0 };
+            (time.ok().map(|r| r.time), crossing)
+        };
         match c {
-            Choice::Builtin(a) => oxccl_algo::algos::estimate(a, coll, &self.topo(coll, a.one_sided())),
-            Choice::Program(_) => {
-                let p = self.build(c, coll).ok()?;
-                oxccl_algo::sim::simulate(&p, &self.topo(coll, p.has_one_sided())).ok().map(|r| r.time)
+            Choice::Builtin(a) if self.simulates(coll) => {
+                let opts = BuildOptions { chunk_bytes: self.chunk_bytes(), max_chunks: SIMULATED_CHUNKS };
+                build_on(a, coll, &opts, &self.placement).map_or((None, 0), |p| simulate(&p))
             }
+            Choice::Builtin(a) => (oxccl_algo::algos::estimate(a, coll, &self.topo(coll, a.one_sided())), 0),
+            Choice::Program(_) => self.build(c, coll).map_or((None, 0), |p| simulate(&p)),
         }
+    }
+
+    /// Whether [`estimate`](Tuner::estimate) simulates built-in
+    /// algorithms for `coll`.
+    fn simulates(&self, coll: &Collective) -> bool {
+        !self.placement.is_flat() && self.placement.nranks() == coll.nranks && coll.nranks <= SIMULATED_RANKS
     }
 
     /// The program of `c` for `coll`.
@@ -649,6 +702,49 @@ mod tests {
         assert!(tuner(8, "allreduce:pairwise").is_err());
         let t = tuner(8, "allreduce:twoshot").unwrap();
         assert_eq!(t.pick(&big).unwrap(), B(Algorithm::TwoShot), "one-sided algorithms run on host transports");
+    }
+
+    #[test]
+    fn on_several_hosts_the_tuner_prices_the_placement() {
+        let tcp = LinkParams {
+            fifo: LinkCost { bw: 1e9, lat: 30e-6 },
+            one_sided: LinkCost { bw: 1e9, lat: 60e-6 },
+            native: false,
+        };
+        for (h, l) in [(2, 2), (2, 4), (4, 2)] {
+            for at in [Placement::blocked(h, l), Placement::cyclic(h, l)] {
+                let t = Tuner::new(at.clone(), (Some(shm()), Some(tcp)), AlgoFilter::default(), Vec::new(), 4 << 20)
+                    .unwrap();
+                let big = Collective::new(CollKind::AllReduce, h * l, 4 << 20);
+                // hier, or what the simulator finds as fast and crossing
+                // hosts no more (rhd on cyclic numbering with a power of
+                // two of hosts: its first exchanges are inside the hosts).
+                let Choice::Builtin(a) = t.pick(&big).unwrap() else { panic!("{at}: a program") };
+                let est = |a| t.estimate(Choice::Builtin(a), &big).unwrap();
+                assert!(est(a) <= est(Algorithm::Hier), "{at}: {a}");
+                let opts = BuildOptions::default();
+                let cross = |a| at.crossing_elems(&build_on(a, &big, &opts, &at).unwrap()).unwrap();
+                assert!(cross(a) <= cross(Algorithm::Hier), "{at}: {a} crosses more than hier");
+                assert!(matches!(a, Algorithm::Hier | Algorithm::Rhd), "{at}: {a}");
+                // The simulated ring follows the hosts: the same time
+                // whatever the numbering.
+                let ring = t.estimate(Choice::Builtin(Algorithm::Ring), &big).unwrap();
+                let blocked = Tuner::new(
+                    Placement::blocked(h, l),
+                    (Some(shm()), Some(tcp)),
+                    AlgoFilter::default(),
+                    Vec::new(),
+                    4 << 20,
+                )
+                .unwrap();
+                let same = blocked.estimate(Choice::Builtin(Algorithm::Ring), &big).unwrap();
+                assert!((ring - same).abs() <= 1e-9 * ring, "{at}: {ring} vs {same}");
+            }
+        }
+        // One host: closed forms, and hier is the ring (the ring wins the tie).
+        let t = tuner(4, "ring,hier").unwrap();
+        let big = Collective::new(CollKind::AllReduce, 4, 4 << 20);
+        assert_eq!(t.pick(&big).unwrap(), Choice::Builtin(Algorithm::Ring));
     }
 
     #[test]
