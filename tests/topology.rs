@@ -183,3 +183,52 @@ fn bad_or_different_topology_files_fail_init() {
         let _ = std::fs::remove_file(f);
     }
 }
+
+/// The shaped-link benchmark of docs/TOPOLOGY.md: 2 hosts × 2 ranks
+/// numbered cyclically, each host's interface shaped to `OXCCL_TEST_RATE`
+/// (default 1gbit) with `tc tbf`; all_reduce at 1, 4 and 16 MiB with the
+/// tuner's pick, with `hier`, with the ring along the hosts and with the
+/// rank-order ring (a topology file that puts every rank on one host).
+/// Prints each one's seconds per call and the ratios; asserts nothing on
+/// time.
+#[test]
+#[ignore = "a benchmark (a minute): cargo test --release -p oxccl-e2e --test topology -- --ignored --nocapture shaped"]
+fn shaped_link_benchmark() {
+    let Some(hosts) = Hosts::new("shaped_link_benchmark") else { return };
+    let rate = std::env::var("OXCCL_TEST_RATE").unwrap_or_else(|_| "1gbit".into());
+    assert!(hosts.shape(0, &rate) && hosts.shape(1, &rate), "tc tbf failed (is tc installed?)");
+    let flat = temp("bench-flat.json");
+    std::fs::write(&flat, r#"{"hosts":[{"id":"one","ranks":[0,1,2,3]}]}"#).unwrap();
+    let runs: [(&str, Vec<(&str, &str)>); 4] = [
+        ("tuner", vec![]),
+        ("hier", vec![("OXCCL_ALGO", "hier")]),
+        ("ring along the hosts", vec![("OXCCL_ALGO", "ring")]),
+        ("rank-order ring", vec![("OXCCL_ALGO", "ring"), ("OXCCL_TOPO_FILE", flat.to_str().unwrap())]),
+    ];
+    let mut table: Vec<(String, Vec<(u64, f64)>)> = Vec::new();
+    for (name, envs) in &runs {
+        let (outs, _) = run(&hosts, 2, true, "bench", envs);
+        let rows: Vec<(u64, f64)> = outs[0]
+            .lines()
+            .filter_map(|l| l.split("BENCH ").nth(1))
+            .map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap())
+            })
+            .collect();
+        assert_eq!(rows.len(), 3, "{name}: {}", outs[0]);
+        table.push((name.to_string(), rows));
+    }
+    println!("all_reduce, 2 hosts x 2 ranks numbered cyclically, links shaped to {rate}: seconds per call");
+    for (name, rows) in &table {
+        let cells: Vec<String> = rows.iter().map(|(b, t)| format!("{} MiB {t:.4} s", b >> 20)).collect();
+        println!("  {name:>22}: {}", cells.join(", "));
+    }
+    let base = &table[3].1;
+    for (name, rows) in &table[..3] {
+        let ratios: Vec<String> =
+            rows.iter().zip(base).map(|((b, t), (_, r))| format!("{} MiB {:.2}x", b >> 20, r / t)).collect();
+        println!("  rank-order ring / {name}: {}", ratios.join(", "));
+    }
+    let _ = std::fs::remove_file(&flat);
+}

@@ -178,7 +178,7 @@ fn bench(comm: &Communicator, rank: usize, size: usize) -> Result<(), String> {
         if y.iter().any(|&v| v != want) {
             return Err(format!("{bytes} bytes: wrong sum"));
         }
-        let calls = (64 << 20) / bytes;
+        let calls = (16 << 20) / bytes;
         let mut best = f64::INFINITY;
         for _ in 0..3 {
             comm.barrier().map_err(e)?;

@@ -270,6 +270,27 @@ impl Args {
         )
     }
 
+    /// The topology's ranks, numbered as `--numbering` says.
+    fn placement(&self, topo: &Topology) -> Placement {
+        match self.numbering.as_str() {
+            "cyclic" => Placement::cyclic(topo.nodes, topo.ranks_per_node),
+            _ => Placement::blocked(topo.nodes, topo.ranks_per_node),
+        }
+    }
+
+    /// `program` with its ranks renamed as the topology numbers them
+    /// (blocked), for the simulator: itself where `--numbering` is blocked.
+    fn placed<'p>(
+        &self,
+        topo: &Topology,
+        program: &'p oxccl_algo::Program,
+    ) -> std::borrow::Cow<'p, oxccl_algo::Program> {
+        match self.numbering.as_str() {
+            "cyclic" => std::borrow::Cow::Owned(program.relabeled(&self.placement(topo).blocked_number())),
+            _ => std::borrow::Cow::Borrowed(program),
+        }
+    }
+
     /// Whether the command line sets any of the sweep's sizes.
     fn sweeps(&self) -> bool {
         self.minbytes.is_some() || self.maxbytes.is_some() || self.stepfactor.is_some() || self.stepbytes.is_some()
@@ -313,10 +334,7 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
             c.validate().map(|()| c).map_err(|e| plain(&e))
         })
         .collect::<Result<_, _>>()?;
-    let placement = match args.numbering.as_str() {
-        "cyclic" => Placement::cyclic(topo.nodes, topo.ranks_per_node),
-        _ => Placement::blocked(topo.nodes, topo.ranks_per_node),
-    };
+    let placement = args.placement(&topo);
     if args.emit {
         let [algo] = algos[..] else {
             return Err(format!("--emit prints one program: name one algorithm with --algo, not {}", algos.len()));

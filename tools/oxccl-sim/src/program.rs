@@ -43,7 +43,8 @@ pub fn run(args: &Args, path: &Path) -> Result<(), String> {
         print_verified(path, &program)?;
     }
     let topo = topology(args, nodes, rpn)?;
-    let report = simulate(&program, &topo).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
+    let report =
+        simulate(&args.placed(&topo, &program), &topo).map_err(|e| format!("{}: {}", path.display(), plain(&e)))?;
     println!("# oxccl-sim: program {:?} ({}), {} ranks on {topo}", program.name, path.display(), n);
     let fin = &report.rank_finish;
     let first = fin.iter().copied().fold(f64::INFINITY, f64::min);
@@ -128,7 +129,9 @@ fn sweep(args: &Args, path: &Path, program: &Program, topo: &Topology) -> Result
         if !args.no_verify {
             print_verified(path, &p)?;
         }
-        let r = sim.simulate(&p, topo).map_err(|e| format!("{} at count {count}: {}", path.display(), plain(&e)))?;
+        let r = sim
+            .simulate(&args.placed(topo, &p), topo)
+            .map_err(|e| format!("{} at count {count}: {}", path.display(), plain(&e)))?;
         rows.push((target, Ok(r.time)));
     }
     println!("#");

@@ -16,14 +16,17 @@
 //! into scratch (the partial sums of the blocks of local rank `i`'s
 //! peers), then a reduce-scatter around the ring of local ranks `i`;
 //! all-gather is the reverse. Every phase is a ring of [`super::ring`],
-//! pipelined in chunks; phases run one after the other on channel 0.
+//! pipelined in chunks. The data is cut in [`CHANNELS`] parts, each on a
+//! channel of its own, so that one part's phase inside the hosts overlaps
+//! another's across them (one channel for less than two pipeline chunks
+//! per rank); within a channel the phases run one after the other.
 //!
 //! Where the placement is flat (one host, or a host per rank) or uneven
 //! (hosts of different sizes) the programs are the ring that follows the
 //! hosts, under this algorithm's name.
 
 use super::BuildOptions;
-use super::ring::{all_gather_on, all_reduce_on, reduce_scatter_on};
+use super::ring::{On, all_gather_on, all_reduce_on, reduce_scatter_on};
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice};
 use crate::placement::Placement;
@@ -43,6 +46,14 @@ fn levels(at: &Placement) -> Option<Levels> {
     Some((hosts, rails))
 }
 
+/// Channels of the hierarchical programs.
+pub const CHANNELS: usize = 2;
+
+/// How many channels `bytes` of data per rank get.
+fn channels(bytes: usize, o: &BuildOptions) -> usize {
+    if bytes >= 2 * o.chunk_bytes { CHANNELS } else { 1 }
+}
+
 /// Renames a fallback ring program.
 fn named(p: &mut Program) {
     p.name.clear();
@@ -58,23 +69,30 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions, at: &
     p.reset("hier", c);
     p.in_place = true;
     let (l, h) = (rails.len(), hosts.len());
-    let block = |i: usize| part(c.count, l, i);
-    let k = o.chunking(block(0).1, c.dtype.size());
-    for g in &hosts {
-        let (src, dst) = (|q| slice(Slice::input, block(q)), |q| slice(Slice::output, block(q)));
-        reduce_scatter_on(p, g, k, &src, &dst);
-    }
-    for (i, rail) in rails.iter().enumerate() {
-        let (boff, blen) = block(i);
-        let sub = |j: usize| {
-            let (off, len) = part(blen, h, j);
-            Slice::output(boff + off, len)
+    let nch = channels(c.size_bytes(), o);
+    for ch in 0..nch {
+        let (coff, clen) = part(c.count, nch, ch);
+        let block = |i: usize| {
+            let (off, len) = part(clen, l, i);
+            (coff + off, len)
         };
-        all_reduce_on(p, rail, o.chunking(part(blen, h, 0).1, c.dtype.size()), &sub, &sub);
-    }
-    for g in &hosts {
-        let own = |q| slice(Slice::output, block(q));
-        all_gather_on(p, g, k, &own, &own, false);
+        let k = o.chunking(block(0).1, c.dtype.size());
+        for g in &hosts {
+            let (src, dst) = (|q| slice(Slice::input, block(q)), |q| slice(Slice::output, block(q)));
+            reduce_scatter_on(p, On { ring: g, ch }, k, &src, &dst);
+        }
+        for (i, rail) in rails.iter().enumerate() {
+            let (boff, blen) = block(i);
+            let sub = |j: usize| {
+                let (off, len) = part(blen, h, j);
+                Slice::output(boff + off, len)
+            };
+            all_reduce_on(p, On { ring: rail, ch }, o.chunking(part(blen, h, 0).1, c.dtype.size()), &sub, &sub);
+        }
+        for g in &hosts {
+            let own = |q| slice(Slice::output, block(q));
+            all_gather_on(p, On { ring: g, ch }, k, &own, &own, false);
+        }
     }
 }
 
@@ -87,19 +105,27 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions, a
     p.reset("hier", c);
     p.in_place = true;
     let (cnt, h) = (c.count, hosts.len());
-    let k = o.chunking(cnt, c.dtype.size());
-    // Host index j's round: local rank i gathers the host's partial sum of
-    // rank rails[i][j]'s block into scratch block j.
     for g in &hosts {
         for &r in g {
             p.need_scratch(r, h * cnt);
         }
-        (0..h).for_each(|j| {
-            reduce_scatter_on(p, g, k, &|q| Slice::input(rails[q][j] * cnt, cnt), &|_| Slice::scratch(j * cnt, cnt));
-        });
     }
-    for rail in &rails {
-        reduce_scatter_on(p, rail, k, &|j| Slice::scratch(j * cnt, cnt), &|_| Slice::output(0, cnt));
+    let nch = channels(c.size_bytes() / c.nranks.max(1), o);
+    for ch in 0..nch {
+        let (off, len) = part(cnt, nch, ch);
+        let k = o.chunking(len, c.dtype.size());
+        // Host index j's round: local rank i gathers the host's partial sum
+        // of rank rails[i][j]'s block into scratch block j.
+        for g in &hosts {
+            (0..h).for_each(|j| {
+                let src = |q: usize| Slice::input(rails[q][j] * cnt + off, len);
+                reduce_scatter_on(p, On { ring: g, ch }, k, &src, &|_| Slice::scratch(j * cnt + off, len));
+            });
+        }
+        for rail in &rails {
+            let src = |j: usize| Slice::scratch(j * cnt + off, len);
+            reduce_scatter_on(p, On { ring: rail, ch }, k, &src, &|_| Slice::output(off, len));
+        }
     }
 }
 
@@ -112,15 +138,20 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions, at: &
     p.reset("hier", c);
     p.in_place = true;
     let (cnt, h) = (c.count, hosts.len());
-    let k = o.chunking(cnt, c.dtype.size());
-    for rail in &rails {
-        all_gather_on(p, rail, k, &|_| Slice::input(0, cnt), &|j| Slice::output(rail[j] * cnt, cnt), true);
-    }
-    for g in &hosts {
-        (0..h).for_each(|j| {
-            let own = |q: usize| Slice::output(rails[q][j] * cnt, cnt);
-            all_gather_on(p, g, k, &own, &own, false);
-        });
+    let nch = channels(c.size_bytes() / c.nranks.max(1), o);
+    for ch in 0..nch {
+        let (off, len) = part(cnt, nch, ch);
+        let k = o.chunking(len, c.dtype.size());
+        for rail in &rails {
+            let dst = |j: usize| Slice::output(rail[j] * cnt + off, len);
+            all_gather_on(p, On { ring: rail, ch }, k, &|_| Slice::input(off, len), &dst, true);
+        }
+        for g in &hosts {
+            (0..h).for_each(|j| {
+                let own = |q: usize| Slice::output(rails[q][j] * cnt + off, len);
+                all_gather_on(p, On { ring: g, ch }, k, &own, &own, false);
+            });
+        }
     }
 }
 

@@ -16,7 +16,7 @@
 //! ([`reduce_scatter_on`], [`all_gather_on`], [`all_reduce_on`]): the
 //! hierarchical algorithms run them inside hosts and across them.
 
-use super::{BuildOptions, copy_nonempty};
+use super::BuildOptions;
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
 use crate::placement::Placement;
@@ -41,11 +41,19 @@ fn chunk(s: Slice, k: usize, c: usize) -> Slice {
     s.sub(off, len)
 }
 
-/// Pushes `f(chunk c of block j mod n)` to `r`'s channel 0 unless it is empty.
-fn emit(p: &mut Program, r: usize, block: Slice, k: usize, c: usize, f: impl FnOnce(Slice) -> Step) {
+/// A ring's members (ranks in ring order) and the channel it runs on.
+pub(super) struct On<'a> {
+    /// Ranks in ring order.
+    pub ring: &'a [usize],
+    /// The channel its steps go to.
+    pub ch: usize,
+}
+
+/// Pushes `f(chunk c of block)` to `r`'s channel `ch` unless it is empty.
+fn emit(p: &mut Program, (r, ch): (usize, usize), block: Slice, k: usize, c: usize, f: impl FnOnce(Slice) -> Step) {
     let s = chunk(block, k, c);
     if s.len > 0 {
-        p.push(r, 0, f(s));
+        p.push(r, ch, f(s));
     }
 }
 
@@ -53,9 +61,10 @@ fn emit(p: &mut Program, r: usize, block: Slice, k: usize, c: usize, f: impl FnO
 /// `q` of every member's `src` ends reduced in `ring[q]`'s `dst(q)`, in
 /// `k` pipeline chunks. After step `s` of a chunk, the member at position
 /// `q` has added its part to block `q-1-s`.
-pub(super) fn reduce_scatter_on(p: &mut Program, ring: &[usize], k: usize, src: Blocks, dst: Blocks) {
-    let n = ring.len();
+pub(super) fn reduce_scatter_on(p: &mut Program, on: On, k: usize, src: Blocks, dst: Blocks) {
+    let (ring, n) = (on.ring, on.ring.len());
     for (q, &r) in ring.iter().enumerate() {
+        let r = (r, on.ch);
         if n == 1 {
             (0..k).for_each(|c| emit(p, r, src(0), k, c, |s| Step::Copy { src: s, dst: chunk(dst(0), k, c) }));
             continue;
@@ -77,9 +86,10 @@ pub(super) fn reduce_scatter_on(p: &mut Program, ring: &[usize], k: usize, src: 
 
 /// All-gather around `ring`: `ring[q]`'s `own(q)` (copied to its `dst(q)`
 /// first unless `own` is `dst`) ends in every member's `dst(q)`.
-pub(super) fn all_gather_on(p: &mut Program, ring: &[usize], k: usize, own: Blocks, dst: Blocks, copy_own: bool) {
-    let n = ring.len();
+pub(super) fn all_gather_on(p: &mut Program, on: On, k: usize, own: Blocks, dst: Blocks, copy_own: bool) {
+    let (ring, n) = (on.ring, on.ring.len());
     for (q, &r) in ring.iter().enumerate() {
+        let r = (r, on.ch);
         let (next, prev) = (ring[(q + 1) % n], ring[(q + n - 1) % n]);
         for c in 0..k {
             if copy_own {
@@ -100,11 +110,12 @@ pub(super) fn all_gather_on(p: &mut Program, ring: &[usize], k: usize, own: Bloc
 /// All-reduce around `ring`: reduce-scatter then all-gather, fused at the
 /// turn (`recv-reduce-copy-send`); member `q` completes block `q` of
 /// `dst` from every member's `src(q)`, then every `dst(j)` arrives.
-pub(super) fn all_reduce_on(p: &mut Program, ring: &[usize], k: usize, src: Blocks, dst: Blocks) {
-    let n = ring.len();
+pub(super) fn all_reduce_on(p: &mut Program, on: On, k: usize, src: Blocks, dst: Blocks) {
+    let (ring, n) = (on.ring, on.ring.len());
     for (q, &r) in ring.iter().enumerate() {
+        let r = (r, on.ch);
         if n == 1 {
-            (0..n).for_each(|j| copy_nonempty(p, r, src(j), dst(j)));
+            (0..n).for_each(|j| emit(p, r, src(j), 1, 0, |s| Step::Copy { src: s, dst: dst(j) }));
             continue;
         }
         let (next, prev) = (ring[(q + 1) % n], ring[(q + n - 1) % n]);
@@ -143,7 +154,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions, at: &
     let k = o.chunking(part(c.count, c.nranks, 0).1, c.dtype.size());
     all_reduce_on(
         p,
-        &ring,
+        On { ring: &ring, ch: 0 },
         k,
         &|q| {
             let (off, len) = block(q);
@@ -164,7 +175,9 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions, a
     p.in_place = true;
     let ring = at.ring();
     let k = o.chunking(cnt, c.dtype.size());
-    reduce_scatter_on(p, &ring, k, &|q| Slice::input(ring[q] * cnt, cnt), &|_| Slice::output(0, cnt));
+    reduce_scatter_on(p, On { ring: &ring, ch: 0 }, k, &|q| Slice::input(ring[q] * cnt, cnt), &|_| {
+        Slice::output(0, cnt)
+    });
 }
 
 /// Ring all-gather: every input travels the ring once.
@@ -174,5 +187,12 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions, at: &
     p.in_place = true;
     let ring = at.ring();
     let k = o.chunking(cnt, c.dtype.size());
-    all_gather_on(p, &ring, k, &|_| Slice::input(0, cnt), &|q| Slice::output(ring[q] * cnt, cnt), true);
+    all_gather_on(
+        p,
+        On { ring: &ring, ch: 0 },
+        k,
+        &|_| Slice::input(0, cnt),
+        &|q| Slice::output(ring[q] * cnt, cnt),
+        true,
+    );
 }
