@@ -178,3 +178,24 @@ fn rails_carry_hier_and_not_the_single_ring() {
     assert_eq!((eight.nic_of(0), eight.nic_of(7), eight.nic_of(8), eight.nic_of(15)), (0, 7, 8, 15));
     assert_eq!(one.with_nics(2).nic_of(5), 1);
 }
+
+/// The simulator says which link class bounds a result.
+#[test]
+fn the_simulator_names_the_bound() {
+    use oxccl_algo::sim::Bound;
+    let (intra, inter): (Link, Link) = ("450GB/s,0.6us".parse().unwrap(), "50GB/s,5us".parse().unwrap());
+    let opts = BuildOptions::default();
+    let big = Collective::new(CollKind::AllReduce, 16, 64 << 20);
+    let at = Placement::blocked(2, 8);
+    let topo = Topology::new(2, 8, intra, inter);
+    let ring = simulate(&build_on(Algorithm::Ring, &big, &opts, &at).unwrap(), &topo).unwrap();
+    assert!(matches!(ring.bound(), Bound::Nic(x) if x > 0.9), "{}", ring.bound());
+    let one = Topology::single_node(8, intra);
+    let c = Collective::new(CollKind::AllReduce, 8, 64 << 20);
+    let r = simulate(&build(Algorithm::Ring, &c, &opts).unwrap(), &one).unwrap();
+    assert!(matches!(r.bound(), Bound::Port(x) if x > 0.8), "{}", r.bound());
+    assert_eq!(r.nic_busy, 0.0);
+    let tiny = Collective::new(CollKind::AllReduce, 8, 2);
+    let r = simulate(&build(Algorithm::Ring, &tiny, &opts).unwrap(), &one).unwrap();
+    assert!(matches!(r.bound(), Bound::Latency(_)), "{}", r.bound());
+}

@@ -353,11 +353,17 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
     );
     println!("#");
     table.print_header();
-    let rows: Vec<Row> = colls.iter().zip(results).map(|(c, times)| Row { coll: *c, times }).collect();
+    let bounds: Vec<Vec<oxccl_algo::sim::Bound>> = results.iter().map(|r| r.iter().map(|x| x.1).collect()).collect();
+    let rows: Vec<Row> =
+        colls.iter().zip(results).map(|(c, r)| Row { coll: *c, times: r.iter().map(|x| x.0).collect() }).collect();
     for row in &rows {
         table.print_row(row);
     }
     table.print_footer();
+    if let (Some(last), Some(c)) = (bounds.last(), colls.last()) {
+        let each: Vec<String> = algos.iter().zip(last).map(|(a, b)| format!("{a}: {b}")).collect();
+        println!("# bound at {} bytes: {}", c.size_bytes(), each.join("; "));
+    }
     if let Some(out) = &args.plot {
         let names: Vec<String> = algos.iter().map(|a| a.name().to_string()).collect();
         let title = format!("{kind}, {n} ranks: predicted busbw\n{topo}");

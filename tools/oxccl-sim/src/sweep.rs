@@ -6,7 +6,7 @@ use oxccl_algo::algos::{Algorithm, BuildOptions, build_into_on};
 use oxccl_algo::cost::Topology;
 use oxccl_algo::ir::Step;
 use oxccl_algo::placement::Placement;
-use oxccl_algo::sim::Simulator;
+use oxccl_algo::sim::{Bound, Simulator};
 use oxccl_algo::{CollKind, Collective};
 use oxccl_core::ReduceOp;
 use std::sync::{Condvar, Mutex};
@@ -122,7 +122,7 @@ fn memory_budget() -> u64 {
 }
 
 /// Simulates every collective with every algorithm on `threads` threads;
-/// returns the times in seconds, `[size][algorithm]`. Programs are built
+/// returns the times in seconds and what bounds each, `[size][algorithm]`. Programs are built
 /// on `placement` (the topology's shape, numbered blocked or cyclically)
 /// and priced on the links its ranks take.
 pub fn run(
@@ -133,7 +133,7 @@ pub fn run(
     placement: &Placement,
     threads: usize,
     verbose: bool,
-) -> Result<Vec<Vec<f64>>, String> {
+) -> Result<Vec<Vec<(f64, Bound)>>, String> {
     let mut jobs: Vec<Job> = (0..colls.len())
         .flat_map(|i| (0..algos.len()).map(move |a| (i, a)))
         .map(|(i, a)| (i, a, estimate_steps(algos[a], &colls[i], opts).saturating_mul(BYTES_PER_STEP)))
@@ -148,7 +148,7 @@ pub fn run(
     // The topology numbers ranks blocked: rename the placement's ranks so.
     let new = placement.blocked_number();
     let relabel = new.iter().enumerate().any(|(r, &b)| r != b).then_some(new);
-    type Cell = Option<Result<f64, String>>;
+    type Cell = Option<Result<(f64, Bound), String>>;
     let results: Mutex<Vec<Vec<Cell>>> = Mutex::new(vec![vec![None; algos.len()]; colls.len()]);
     std::thread::scope(|s| {
         for _ in 0..workers {
@@ -179,7 +179,7 @@ pub fn run(
                         r
                     });
                     let out = out
-                        .map(|r| r.time)
+                        .map(|r| (r.time, r.bound()))
                         .map_err(|e| format!("{} of {} bytes: {e}", algos[a], colls[i].size_bytes()));
                     if bytes > 4 << 30 {
                         // Give back the buffers a huge program grew.

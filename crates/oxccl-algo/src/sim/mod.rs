@@ -101,9 +101,49 @@ pub struct SimReport {
     pub messages: u64,
     /// Steps executed.
     pub steps: u64,
+    /// Seconds the busiest rank port inside a node spent transferring.
+    pub port_busy: f64,
+    /// Seconds the busiest NIC (send or receive side) spent transferring.
+    pub nic_busy: f64,
+}
+
+/// What bounds a simulated time ([`SimReport::bound`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Bound {
+    /// A NIC was busy this fraction of the time.
+    Nic(f64),
+    /// A rank's port inside a node was busy this fraction of the time.
+    Port(f64),
+    /// No resource was busy half the time: latencies and dependencies.
+    Latency(f64),
+}
+
+impl std::fmt::Display for Bound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Bound::Nic(x) => write!(f, "NIC {:.0}% busy", x * 100.0),
+            Bound::Port(x) => write!(f, "intra-node port {:.0}% busy", x * 100.0),
+            Bound::Latency(x) => write!(f, "latency (busiest link {:.0}% busy)", x * 100.0),
+        }
+    }
 }
 
 impl SimReport {
+    /// Which link class bounds the time: the busier of the busiest NIC
+    /// and the busiest intra-node port, as a fraction of the time, or
+    /// latency where neither was busy half of it.
+    pub fn bound(&self) -> Bound {
+        if self.time <= 0.0 {
+            return Bound::Latency(0.0);
+        }
+        let (nic, port) = (self.nic_busy / self.time, self.port_busy / self.time);
+        match (nic.max(port) < 0.5, nic >= port) {
+            (true, _) => Bound::Latency(nic.max(port)),
+            (false, true) => Bound::Nic(nic),
+            (false, false) => Bound::Port(port),
+        }
+    }
+
     /// nccl-tests' algorithm bandwidth in GB/s for a collective of
     /// `size_bytes` ([`Collective::size_bytes`](crate::Collective::size_bytes)).
     pub fn algbw_gbs(&self, size_bytes: usize) -> f64 {
@@ -192,6 +232,8 @@ impl Simulator {
             inter_bytes: c.inter_bytes,
             messages: c.messages,
             steps: program.step_count() as u64,
+            port_busy: sim.busiest(0..topo.nranks()),
+            nic_busy: sim.busiest(topo.nranks()..sim.tx_busy.len()),
         })
     }
 }
@@ -294,6 +336,9 @@ struct State {
     chans: Vec<Channel>,
     tx_free: Vec<f64>,
     rx_free: Vec<f64>,
+    /// Seconds each resource's send and receive sides were held.
+    tx_busy: Vec<f64>,
+    rx_busy: Vec<f64>,
     pc: Vec<u32>,
     time: Vec<f64>,
     /// Completion of the posted one-sided transfers (and their reductions).
@@ -312,7 +357,7 @@ impl State {
             ch.waiter = NONE;
         }
         self.chans.resize_with(c.conns.len(), || Channel { queue: VecDeque::new(), waiter: NONE });
-        for v in [&mut self.tx_free, &mut self.rx_free] {
+        for v in [&mut self.tx_free, &mut self.rx_free, &mut self.tx_busy, &mut self.rx_busy] {
             v.clear();
             v.resize(nres, 0.0);
         }
@@ -325,6 +370,11 @@ impl State {
         self.half.clear();
         self.half.resize(np, false);
         self.queue.reset();
+    }
+
+    /// The most seconds any of `range`'s resources held a side.
+    fn busiest(&self, range: std::ops::Range<usize>) -> f64 {
+        range.map(|i| self.tx_busy[i].max(self.rx_busy[i])).fold(0.0, f64::max)
     }
 
     /// Reserves the resources of connection `id` for `dur` from `t` on;
@@ -340,6 +390,8 @@ impl State {
         let end = start + dur;
         self.tx_free[tx] = end;
         self.rx_free[rx] = end;
+        self.tx_busy[tx] += dur;
+        self.rx_busy[rx] += dur;
         (end, end + conn.lat)
     }
 
