@@ -92,6 +92,8 @@ matrix! {
     hier_all_reduce: Hier AllReduce;
     hier_reduce_scatter: Hier ReduceScatter;
     hier_all_gather: Hier AllGather;
+    bruck_reduce_scatter: Bruck ReduceScatter;
+    bruck_all_gather: Bruck AllGather;
     ordered_all_reduce: Ordered AllReduce;
     ordered_reduce_scatter: Ordered ReduceScatter;
     ordered_reduce: Ordered Reduce;

@@ -64,9 +64,10 @@ fn scaled_bytes(p: &Program, n: usize) -> (Vec<u64>, Vec<u64>) {
 /// time (slots reused from chunk to chunk; one slot per element would
 /// take several times the buffer), so it runs at the count it was built
 /// for, as every built-in program does.
-const ALIGNED: [Algorithm; 10] = [
+const ALIGNED: [Algorithm; 11] = [
     Algorithm::Ring,
     Algorithm::Hier,
+    Algorithm::Bruck,
     Algorithm::Tree,
     Algorithm::Rhd,
     Algorithm::Doubling,
@@ -97,6 +98,7 @@ fn count_independent(algo: Algorithm, kind: CollKind) -> bool {
         Algorithm::Tree => matches!(kind, Broadcast | Reduce),
         Algorithm::Rhd => matches!(kind, ReduceScatter | AllGather),
         Algorithm::TwoShot => false,
+        Algorithm::Bruck => true,
         Algorithm::Ordered => kind == ReduceScatter,
     }
 }

@@ -199,3 +199,26 @@ fn the_simulator_names_the_bound() {
     let r = simulate(&build(Algorithm::Ring, &tiny, &opts).unwrap(), &one).unwrap();
     assert!(matches!(r.bound(), Bound::Latency(_)), "{}", r.bound());
 }
+
+/// Bruck's all-gather and reduce-scatter: ⌈log2 n⌉ messages per rank,
+/// (n-1) blocks sent, correct in and out of place at every rank count.
+#[test]
+fn bruck_sends_log2_messages_and_verifies_in_place() {
+    let opts = BuildOptions::default();
+    for n in (1..=33).chain([64, 100]) {
+        for count in [0, 1, 7, 1000] {
+            for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+                let c = Collective::new(kind, n, count);
+                let p = build(Algorithm::Bruck, &c, &opts).unwrap();
+                check(&p, &format!("bruck {c}"));
+                let log = n.next_power_of_two().trailing_zeros() as usize;
+                for (r, rp) in p.ranks.iter().enumerate() {
+                    let sends = rp.steps().filter(|s| s.send_peer().is_some()).count();
+                    assert_eq!(sends, if count > 0 { log } else { 0 }, "bruck {c}: rank {r}");
+                }
+                let report = verify(&p).unwrap();
+                assert!(report.sent_bytes.iter().all(|&b| b == ((n - 1) * count * 4) as u64), "bruck {c}");
+            }
+        }
+    }
+}

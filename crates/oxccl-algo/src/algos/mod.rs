@@ -12,6 +12,7 @@
 //! | `pairwise` | all-to-all: n-1 rounds of pairwise exchange |
 //! | `linear`   | gather, scatter: the root talks to every rank |
 //! | `hier`     | all-reduce, reduce-scatter, all-gather: inside hosts, then between the ranks of one local index across hosts (rail-aligned), then inside hosts ([`Placement`]) |
+//! | `bruck`    | all-gather, reduce-scatter in `⌈log2 n⌉` messages per rank (Bruck's rotation; for latency-bound sizes on many ranks) |
 //! | `ordered`  | all-reduce, reduce-scatter, reduce in the canonical order ([`crate::canon`]) for any rank count: each block's owner reduces every rank's piece in the tree, then sends it on |
 //!
 //! Rings and chains follow the hosts ([`Placement::ring`]): built with
@@ -26,6 +27,7 @@
 //! collectives, builder, cost model); everything here that enumerates
 //! algorithms reads the table.
 
+mod bruck;
 mod direct;
 mod hier;
 mod ordered;
@@ -72,6 +74,8 @@ pub enum Algorithm {
     Linear,
     /// Hierarchical: inside hosts, across them rail by rail, inside again.
     Hier,
+    /// Bruck's all-gather and its dual reduce-scatter: `⌈log2 n⌉` messages.
+    Bruck,
     /// Reductions in the canonical order, over messages.
     Ordered,
 }

@@ -12,7 +12,7 @@
 //! (tests/table.rs) then build, verify and price every collective it
 //! lists; docs/EXTENDING.md has the whole checklist.
 
-use super::{Algorithm, BuildOptions, direct, hier, ordered, rhd, ring, rooted, tree};
+use super::{Algorithm, BuildOptions, bruck, direct, hier, ordered, rhd, ring, rooted, tree};
 use crate::collective::{CollKind, Collective};
 use crate::cost::{Terms, models};
 use crate::ir::Program;
@@ -145,6 +145,15 @@ pub const TABLE: &[AlgoSpec] = &[
         cost: models::hier,
     },
     AlgoSpec {
+        algorithm: Algorithm::Bruck,
+        name: "bruck",
+        aliases: &["log"],
+        collectives: &[ReduceScatter, AllGather],
+        one_sided: false,
+        build: build_bruck,
+        cost: models::bruck,
+    },
+    AlgoSpec {
         algorithm: Algorithm::Ordered,
         name: "ordered",
         aliases: &["canonical", "deterministic"],
@@ -243,6 +252,14 @@ fn build_hier(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) 
         ReduceScatter => hier::reduce_scatter(p, c, o, at),
         AllGather => hier::all_gather(p, c, o, at),
         k => unlisted("hier", k),
+    }
+}
+
+fn build_bruck(p: &mut Program, c: Collective, o: &BuildOptions, _: &Placement) {
+    match c.kind {
+        ReduceScatter => bruck::reduce_scatter(p, c, o),
+        AllGather => bruck::all_gather(p, c, o),
+        k => unlisted("bruck", k),
     }
 }
 

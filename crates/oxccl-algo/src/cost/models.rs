@@ -114,6 +114,21 @@ pub fn hier(kind: CollKind, t: &Terms) -> Option<f64> {
     })
 }
 
+/// Bruck: `⌈log2 n⌉` latencies, the ring's bandwidth term, and copying the
+/// blocks into rotated scratch and back (`S(n+1)/n` locally).
+pub fn bruck(kind: CollKind, t: &Terms) -> Option<f64> {
+    let (n, s, link, g, k) = (t.nranks, t.bytes, t.link, t.gamma, t.copy);
+    if n <= 1 {
+        return Some(nf(s) * k);
+    }
+    let bw = nf(n - 1) / nf(n) * nf(s) / link.bw + log2_ceil(n) * link.lat + nf(s) * (nf(n) + 1.0) / nf(n) * k;
+    Some(match kind {
+        AllGather => bw,
+        ReduceScatter => bw + nf(n - 1) / nf(n) * nf(s) * g,
+        _ => return None,
+    })
+}
+
 /// The canonical-order reductions: the ring's bandwidth and latency terms
 /// (two rounds of `n-1` messages, each rank's link carrying `(n-1)/n · S`
 /// per half), plus copying about half the pieces into scratch before they

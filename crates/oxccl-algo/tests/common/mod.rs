@@ -19,7 +19,7 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
             vec![2 * (nn - 1) * s / nn; n]
         }
         (
-            Algorithm::Ring | Algorithm::Direct | Algorithm::Rhd | Algorithm::Ordered,
+            Algorithm::Ring | Algorithm::Direct | Algorithm::Rhd | Algorithm::Ordered | Algorithm::Bruck,
             CollKind::ReduceScatter | CollKind::AllGather,
         ) if algo != Algorithm::Rhd || n.is_power_of_two() => {
             vec![(nn - 1) * s; n]

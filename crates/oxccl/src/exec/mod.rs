@@ -153,8 +153,13 @@ fn drain(fabric: &mut Fabric, lane: &mut Lane, es: usize) -> Result<bool> {
     let mut moved = false;
     for d in &mut lane.deferred {
         let s = fabric.sender(d.peer, lane.wire)?;
-        if d.token.is_some() {
-            // Lets out a by-reference header a full FIFO held back.
+        // Lets out a by-reference header a full FIFO held back; but a
+        // receiver that copied the message and then closed (its part of
+        // the call was done) has released it, and progress would fail on
+        // its closed connection: look first.
+        if let Some(t) = d.token
+            && !s.released(t)
+        {
             moved |= s.progress()?;
         }
         match d.token {
