@@ -92,6 +92,7 @@ matrix! {
     hier_all_reduce: Hier AllReduce;
     hier_reduce_scatter: Hier ReduceScatter;
     hier_all_gather: Hier AllGather;
+    hier_all_to_all: Hier AllToAll;
     bruck_reduce_scatter: Bruck ReduceScatter;
     bruck_all_gather: Bruck AllGather;
     ordered_all_reduce: Ordered AllReduce;

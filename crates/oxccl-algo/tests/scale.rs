@@ -93,8 +93,9 @@ fn count_independent(algo: Algorithm, kind: CollKind) -> bool {
     use CollKind::*;
     match algo {
         Algorithm::OneShot | Algorithm::Doubling | Algorithm::Direct | Algorithm::Pairwise | Algorithm::Linear => true,
-        // `hier` is the ring on one host.
-        Algorithm::Ring | Algorithm::Hier => matches!(kind, ReduceScatter | AllGather | Broadcast | Reduce),
+        // `hier` is the ring on one host (pairwise exchange for all-to-all).
+        Algorithm::Ring => matches!(kind, ReduceScatter | AllGather | Broadcast | Reduce),
+        Algorithm::Hier => matches!(kind, ReduceScatter | AllGather | AllToAll),
         Algorithm::Tree => matches!(kind, Broadcast | Reduce),
         Algorithm::Rhd => matches!(kind, ReduceScatter | AllGather),
         Algorithm::TwoShot => false,

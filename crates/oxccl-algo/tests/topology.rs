@@ -39,11 +39,12 @@ fn ring_and_hier_verify_on_every_shape_and_numbering() {
                 (Algorithm::Hier, CollKind::AllReduce),
                 (Algorithm::Hier, CollKind::ReduceScatter),
                 (Algorithm::Hier, CollKind::AllGather),
+                (Algorithm::Hier, CollKind::AllToAll),
             ] {
                 let c = Collective::new(kind, n, count);
                 let p = build_on(algo, &c, &opts, &at).unwrap();
                 assert_eq!(p.name, algo.name());
-                if algo == Algorithm::Hier && count >= 1000 {
+                if algo == Algorithm::Hier && count >= 1000 && kind != CollKind::AllToAll {
                     // Two channels: one half's phase inside the hosts
                     // overlaps the other's across them.
                     assert_eq!(p.ranks[0].channels.len(), 2, "{c} on {at}");
@@ -63,7 +64,7 @@ fn ring_and_hier_verify_on_every_shape_and_numbering() {
             }
         }
     }
-    assert_eq!(runs, 2 * SHAPES.len() * COUNTS.len() * 6);
+    assert_eq!(runs, 2 * SHAPES.len() * COUNTS.len() * 7);
 }
 
 /// Elements crossing hosts, per algorithm, for counts the blocks divide.
@@ -103,6 +104,29 @@ fn elements_crossing_hosts_match_the_formulas() {
             let (hier, _) = cross(Algorithm::Hier, kind, &at).unwrap();
             assert_eq!(hier, nn * (hh - 1) * s, "hier {kind} on {at}");
         }
+    }
+}
+
+/// All-to-all aggregated per host and rail: the same bytes cross hosts as
+/// pairwise exchange moves, in H-1 messages per rank instead of (H-1)·L.
+#[test]
+fn hier_all_to_all_sends_one_message_per_host_pair_and_rail() {
+    let opts = BuildOptions::default();
+    for at in placements() {
+        let (n, h, l) = (at.nranks(), at.nhosts(), at.per_host().unwrap());
+        let c = Collective::new(CollKind::AllToAll, n, 100);
+        let crossing = |p: &Program| {
+            let msgs: Vec<usize> = (0..n)
+                .map(|r| p.ranks[r].steps().filter(|s| s.send_peer().is_some_and(|q| at.crosses(r, q))).count())
+                .collect();
+            (at.crossing_elems(p).unwrap(), msgs)
+        };
+        let (hier_elems, hier_msgs) = crossing(&build_on(Algorithm::Hier, &c, &opts, &at).unwrap());
+        let (pair_elems, pair_msgs) = crossing(&build_on(Algorithm::Pairwise, &c, &opts, &at).unwrap());
+        assert_eq!(hier_elems, pair_elems, "{at}");
+        assert_eq!(hier_elems, (n * (h - 1) * l * 100) as u64, "{at}");
+        assert!(hier_msgs.iter().all(|&m| m == h - 1), "{at}: {hier_msgs:?}");
+        assert!(pair_msgs.iter().all(|&m| m == (h - 1) * l), "{at}: {pair_msgs:?}");
     }
 }
 

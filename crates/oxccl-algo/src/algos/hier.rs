@@ -21,6 +21,13 @@
 //! another's across them (one channel for less than two pipeline chunks
 //! per rank); within a channel the phases run one after the other.
 //!
+//! All-to-all is aggregated per host and rail: local rank `i` first hands
+//! local rank `j` of its host everything it has for the ranks of local
+//! index `j` on every host; then each rank sends each other host's rank of
+//! its own local index one message holding its host's `L` blocks for it:
+//! `H-1` messages across hosts per rank (pairwise all-to-all: `n-1`,
+//! `(H-1)·L` of them crossing), each `L` times bigger.
+//!
 //! Where the placement is flat (one host, or a host per rank) or uneven
 //! (hosts of different sizes) the programs are the ring that follows the
 //! hosts, under this algorithm's name.
@@ -28,7 +35,7 @@
 use super::BuildOptions;
 use super::ring::{On, all_gather_on, all_reduce_on, reduce_scatter_on};
 use crate::collective::{Collective, part};
-use crate::ir::{Program, Slice};
+use crate::ir::{Program, Slice, Step};
 use crate::placement::Placement;
 
 /// Ranks by host (`hosts[h][i]`) and by local index (`rails[i][h]`).
@@ -151,6 +158,52 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions, at: &
                 let own = |q: usize| Slice::output(rails[q][j] * cnt + off, len);
                 all_gather_on(p, On { ring: g, ch }, k, &own, &own, false);
             });
+        }
+    }
+}
+
+/// Hierarchical all-to-all (see the module docs). Scratch: `2n` blocks;
+/// the first `n` hold, at `[h'·L + i]`, local rank `i`'s block for the
+/// rank of this local index on host `h'`; the second `n` land, at
+/// `[h·L + i]`, host `h`'s blocks for this rank.
+pub(crate) fn all_to_all(p: &mut Program, c: Collective, at: &Placement) {
+    let Some((hosts, rails)) = levels(at) else {
+        super::rooted::pairwise_all_to_all(p, c);
+        return named(p);
+    };
+    p.reset("hier", c);
+    p.in_place = true;
+    let (cnt, n, h, l) = (c.count, c.nranks, hosts.len(), rails.len());
+    if cnt == 0 {
+        return;
+    }
+    let gathered = |hh: usize, i: usize| Slice::scratch((hh * l + i) * cnt, cnt);
+    let landed = |hh: usize, i: usize| Slice::scratch((n + hh * l + i) * cnt, cnt);
+    for (hh, g) in hosts.iter().enumerate() {
+        for (i, &r) in g.iter().enumerate() {
+            p.need_scratch(r, 2 * n * cnt);
+            let input = |d: usize| Slice::input(d * cnt, cnt);
+            for (x, rail) in rails[i].iter().enumerate() {
+                p.push(r, 0, Step::Copy { src: input(*rail), dst: gathered(x, i) });
+            }
+            for t in 1..l {
+                let (j, from) = ((i + t) % l, (i + l - t) % l);
+                for (x, &d) in rails[j].iter().enumerate() {
+                    p.push(r, 0, Step::Send { peer: g[j], src: input(d) });
+                    p.push(r, 0, Step::Recv { peer: g[from], dst: gathered(x, from) });
+                }
+            }
+            for (k, &src) in g.iter().enumerate() {
+                p.push(r, 0, Step::Copy { src: gathered(hh, k), dst: Slice::output(src * cnt, cnt) });
+            }
+            for t in 1..h {
+                let (to, from) = ((hh + t) % h, (hh + h - t) % h);
+                p.push(r, 0, Step::Send { peer: rails[i][to], src: Slice::scratch(to * l * cnt, l * cnt) });
+                p.push(r, 0, Step::Recv { peer: rails[i][from], dst: Slice::scratch((n + from * l) * cnt, l * cnt) });
+                for (k, &src) in hosts[from].iter().enumerate() {
+                    p.push(r, 0, Step::Copy { src: landed(from, k), dst: Slice::output(src * cnt, cnt) });
+                }
+            }
         }
     }
 }

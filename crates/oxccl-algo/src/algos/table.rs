@@ -139,7 +139,7 @@ pub const TABLE: &[AlgoSpec] = &[
         algorithm: Algorithm::Hier,
         name: "hier",
         aliases: &["hierarchical", "2d"],
-        collectives: &[AllReduce, ReduceScatter, AllGather],
+        collectives: &[AllReduce, ReduceScatter, AllGather, AllToAll],
         one_sided: false,
         build: build_hier,
         cost: models::hier,
@@ -251,6 +251,7 @@ fn build_hier(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) 
         AllReduce => hier::all_reduce(p, c, o, at),
         ReduceScatter => hier::reduce_scatter(p, c, o, at),
         AllGather => hier::all_gather(p, c, o, at),
+        AllToAll => hier::all_to_all(p, c, at),
         k => unlisted("hier", k),
     }
 }

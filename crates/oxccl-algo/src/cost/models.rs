@@ -96,11 +96,12 @@ pub fn linear(kind: CollKind, t: &Terms) -> Option<f64> {
 /// rings across hosts (one per local index) sharing each host's NICs, so
 /// each at `min(nics, L)/L` of one NIC's bandwidth; reduce-scatter and all-gather run the
 /// host's ring once per host (`(H-1)(L-1)` more intra-host latencies).
-/// Where the topology has one host or one rank per host, the ring's.
+/// Where the topology has one host or one rank per host, the ring's
+/// (pairwise exchange's for all-to-all).
 pub fn hier(kind: CollKind, t: &Terms) -> Option<f64> {
     let (h, l, s, g) = (t.hosts, t.per_host, t.bytes, t.gamma);
     if h <= 1 || l <= 1 || h * l != t.nranks {
-        return ring(kind, t);
+        return if kind == AllToAll { pairwise(kind, t) } else { ring(kind, t) };
     }
     let rail = super::Link::new(t.inter.bw * nf(t.nics.clamp(1, l)) / nf(l), t.inter.lat);
     let rounds = nf(h - 1) * nf(l - 1) * t.intra.lat;
@@ -110,6 +111,14 @@ pub fn hier(kind: CollKind, t: &Terms) -> Option<f64> {
         }
         ReduceScatter => ring_reduce_scatter(l, s, t.intra, g) + rounds + ring_reduce_scatter(h, s / l, rail, g),
         AllGather => ring_all_gather(h, s / l, rail) + ring_all_gather(l, s, t.intra) + rounds,
+        // Pairwise inside the host (H blocks of S/n per peer), then H-1
+        // messages of L blocks across hosts, the host's L ranks sharing
+        // its NICs, plus copying every block twice.
+        AllToAll => {
+            let intra = nf(l - 1) * (nf(h) * t.intra.lat + nf(h) * nf(s) / nf(t.nranks) / t.intra.bw);
+            let inter = nf(h - 1) * (rail.lat + nf(s) / nf(h) / rail.bw);
+            intra + inter + 2.0 * nf(s) * t.copy
+        }
         _ => return None,
     })
 }

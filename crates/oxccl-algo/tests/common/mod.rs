@@ -6,7 +6,7 @@ use oxccl_algo::{CollKind, Collective};
 
 /// The bytes each rank must send, where the algorithm fixes them exactly.
 pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
-    let algo = flat(algo);
+    let algo = flat(algo, c.kind);
     let (n, e) = (c.nranks, c.dtype.size() as u64);
     let s = c.count as u64 * e; // bytes of a rank's buffer (block for RS/AG/A2A)
     let nn = n as u64;
@@ -66,7 +66,7 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
 
 /// Bytes all ranks send together (holds for every count).
 pub fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
-    let algo = flat(algo);
+    let algo = flat(algo, c.kind);
     let (n, e) = (c.nranks as u64, c.dtype.size() as u64);
     let s = c.count as u64 * e;
     match (algo, c.kind) {
@@ -108,7 +108,11 @@ pub fn expected_total(algo: Algorithm, c: &Collective) -> u64 {
 }
 
 /// The algorithm a build without a placement (every rank on one host)
-/// runs: `hier` is the ring there.
-fn flat(algo: Algorithm) -> Algorithm {
-    if algo == Algorithm::Hier { Algorithm::Ring } else { algo }
+/// runs: `hier` is the ring there (pairwise exchange for all-to-all).
+fn flat(algo: Algorithm, kind: CollKind) -> Algorithm {
+    match (algo, kind) {
+        (Algorithm::Hier, CollKind::AllToAll) => Algorithm::Pairwise,
+        (Algorithm::Hier, _) => Algorithm::Ring,
+        _ => algo,
+    }
 }
