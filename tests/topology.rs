@@ -47,16 +47,31 @@ fn run(hosts: &Hosts, l: usize, cyclic: bool, mode: &str, envs: &[(&str, &str)])
 
 /// Every collective × type, checked, on 2 and 3 hosts of 2 or 3 ranks,
 /// numbered both ways, with the hierarchical algorithms, the rings that
-/// follow the hosts and the tuner's picks.
+/// follow the hosts and the tuner's picks; shared memory inside hosts and
+/// TCP across, or the software RDMA HCA between every pair.
 #[test]
 fn every_collective_across_hosts() {
-    for (h, l, cyclic, algo) in [(2, 2, true, "hier"), (3, 2, false, "hier"), (2, 3, true, ""), (3, 2, true, "ring")] {
+    for (h, l, cyclic, algo, rdma) in [
+        (2, 2, true, "hier", false),
+        (3, 2, false, "hier", false),
+        (2, 3, true, "", false),
+        (3, 2, true, "ring", false),
+        (2, 2, true, "hier", true),
+    ] {
         let Some(hosts) = Hosts::many("every_collective_across_hosts", h) else { return };
-        let (outs, _) = run(&hosts, l, cyclic, "matrix", &[("OXCCL_ALGO", algo)]);
+        let mut envs = vec![("OXCCL_ALGO", algo)];
+        if rdma {
+            envs.extend([("OXCCL_TRANSPORT", "rdma"), ("OXCCL_IB_PROVIDER", "soft")]);
+        }
+        let (outs, _) = run(&hosts, l, cyclic, "matrix", &envs);
         for (r, out) in outs.iter().enumerate() {
             let h_r = host(cyclic, h, l, r);
             for p in (0..h * l).filter(|&p| p != r) {
-                let kind = if host(cyclic, h, l, p) == h_r { "shm" } else { "tcp" };
+                let kind = match (rdma, host(cyclic, h, l, p) == h_r) {
+                    (true, _) => "rdma",
+                    (false, true) => "shm",
+                    (false, false) => "tcp",
+                };
                 assert!(out.contains(&format!(" {p}:{kind}")), "rank {r}: not {p}:{kind}:\n{out}");
             }
         }
