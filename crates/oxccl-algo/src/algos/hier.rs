@@ -117,7 +117,7 @@ pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions, a
             p.need_scratch(r, h * cnt);
         }
     }
-    let nch = channels(c.size_bytes() / c.nranks.max(1), o);
+    let nch = channels(c.size_bytes(), o);
     for ch in 0..nch {
         let (off, len) = part(cnt, nch, ch);
         let k = o.chunking(len, c.dtype.size());
@@ -145,7 +145,7 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions, at: &
     p.reset("hier", c);
     p.in_place = true;
     let (cnt, h) = (c.count, hosts.len());
-    let nch = channels(c.size_bytes() / c.nranks.max(1), o);
+    let nch = channels(c.size_bytes(), o);
     for ch in 0..nch {
         let (off, len) = part(cnt, nch, ch);
         let k = o.chunking(len, c.dtype.size());
