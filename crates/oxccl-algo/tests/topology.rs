@@ -40,6 +40,7 @@ fn ring_and_hier_verify_on_every_shape_and_numbering() {
                 (Algorithm::Hier, CollKind::ReduceScatter),
                 (Algorithm::Hier, CollKind::AllGather),
                 (Algorithm::Hier, CollKind::AllToAll),
+                (Algorithm::Tree, CollKind::AllReduce),
             ] {
                 let c = Collective::new(kind, n, count);
                 let p = build_on(algo, &c, &opts, &at).unwrap();
@@ -64,7 +65,7 @@ fn ring_and_hier_verify_on_every_shape_and_numbering() {
             }
         }
     }
-    assert_eq!(runs, 2 * SHAPES.len() * COUNTS.len() * 7);
+    assert_eq!(runs, 2 * SHAPES.len() * COUNTS.len() * 8);
 }
 
 /// Elements crossing hosts, per algorithm, for counts the blocks divide.
@@ -86,6 +87,10 @@ fn elements_crossing_hosts_match_the_formulas() {
         assert_eq!(ring, hh * 2 * (nn - 1) * s / nn, "ring on {at}");
         let (hier, _) = cross(Algorithm::Hier, CollKind::AllReduce, &at).unwrap();
         assert_eq!(hier, 2 * (hh - 1) * s, "hier on {at}");
+        // The trees over hosts: H-1 crossing edges each, half the data up
+        // and down each: the same lower bound.
+        let (tree, _) = cross(Algorithm::Tree, CollKind::AllReduce, &at).unwrap();
+        assert_eq!(tree, 2 * (hh - 1) * s, "tree on {at}");
         // The rank-order ring built without a placement: every hop of it
         // crosses when the numbering is cyclic.
         let flat = build(Algorithm::Ring, &Collective::new(CollKind::AllReduce, n, count), &opts).unwrap();

@@ -3,7 +3,7 @@
 //! | algorithm  | collectives |
 //! |------------|-------------|
 //! | `ring`     | all-reduce, reduce-scatter, all-gather; broadcast and reduce as a pipelined chain |
-//! | `tree`     | all-reduce (NCCL's double binary tree); broadcast and reduce (binary tree) |
+//! | `tree`     | all-reduce (NCCL's double binary tree; over hosts, a chain through each host joined by the trees); broadcast and reduce (binary tree) |
 //! | `rhd`      | all-reduce (Rabenseifner), reduce-scatter (recursive halving), all-gather (recursive doubling) |
 //! | `doubling` | all-reduce: recursive doubling of the whole buffer (fewest messages, for small ones) |
 //! | `oneshot`  | all-reduce: every rank reads every peer's whole input |
@@ -39,7 +39,7 @@ mod tree;
 
 pub use ordered::weighted as ordered_block;
 pub use table::{AlgoSpec, Builder, CostModel, NCCL_ONLY, TABLE};
-pub use tree::{TreeLinks, btree, dtree};
+pub use tree::{TreeLinks, btree, dtree, host_tree};
 
 use crate::collective::{CollKind, Collective};
 use crate::ir::Program;

@@ -206,9 +206,9 @@ fn build_ring(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) 
     }
 }
 
-fn build_tree(p: &mut Program, c: Collective, o: &BuildOptions, _: &Placement) {
+fn build_tree(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
     match c.kind {
-        AllReduce => tree::all_reduce(p, c, o),
+        AllReduce => tree::all_reduce(p, c, o, at),
         Broadcast => rooted::tree_broadcast(p, c, o),
         Reduce => rooted::tree_reduce(p, c, o),
         k => unlisted("tree", k),

@@ -17,11 +17,17 @@
 //! ranks a tree moves `2(n-1)·S_t`, so the double tree moves `2(n-1)·S`
 //! in total, like the ring, but a rank with two children in one tree and a
 //! parent in both sends up to `1.5·S`.
+//!
+//! On ranks spread over hosts ([`host_tree`]), the trees take NCCL's shape:
+//! a chain through each host's ranks, and a double binary tree over the
+//! hosts joining the chains' heads; each tree crosses between hosts
+//! `H-1` times, in `⌈log2 H⌉ + L - 1` hops from the deepest rank.
 
 use super::ring::chunks;
 use super::{BuildOptions, copy_nonempty};
 use crate::collective::{Collective, part};
 use crate::ir::{Program, Slice, Step};
+use crate::placement::Placement;
 
 /// A rank's neighbours in one tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,8 +76,34 @@ pub fn dtree(n: usize, r: usize, t: usize) -> TreeLinks {
     TreeLinks { parent: l.parent.map(&from), children: l.children.into_iter().map(&from).collect() }
 }
 
-/// Double binary tree all-reduce.
-pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
+/// Rank `r`'s links in tree `t` (0 or 1) over hosts: a chain through each
+/// host's ranks (ascending in tree 0, descending in tree 1, so the chains'
+/// heads differ), the heads joined by [`dtree`] over the hosts.
+pub fn host_tree(at: &Placement, r: usize, t: usize) -> TreeLinks {
+    let (h, nh) = (at.host_of(r), at.nhosts());
+    let chain = |x: usize| {
+        let mut g = at.ranks_of(x);
+        if t == 1 {
+            g.reverse();
+        }
+        g
+    };
+    let mine = chain(h);
+    let q = mine.iter().position(|&x| x == r).expect("r is on its host");
+    let mut children: Vec<usize> = mine.get(q + 1).copied().into_iter().collect();
+    let parent = if q > 0 {
+        Some(mine[q - 1])
+    } else {
+        let up = dtree(nh, h, t);
+        children.extend(up.children.iter().map(|&x| chain(x)[0]));
+        up.parent.map(|x| chain(x)[0])
+    };
+    TreeLinks { parent, children }
+}
+
+/// Double binary tree all-reduce: over the ranks, or where they are on
+/// several hosts, over the hosts with a chain through each ([`host_tree`]).
+pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions, at: &Placement) {
     let n = c.nranks;
     p.reset("tree", c);
     p.in_place = true;
@@ -82,7 +114,7 @@ pub(crate) fn all_reduce(p: &mut Program, c: Collective, o: &BuildOptions) {
         }
         for t in 0..2 {
             let (hoff, hlen) = part(c.count, 2, t);
-            let links = dtree(n, r, t);
+            let links = if at.is_flat() { dtree(n, r, t) } else { host_tree(at, r, t) };
             let k = o.chunking(hlen, c.dtype.size());
             let pieces: Vec<(usize, usize)> = chunks(hlen, k).map(|(off, len)| (hoff + off, len)).collect();
             for &(off, len) in &pieces {
@@ -167,6 +199,33 @@ mod tests {
         }
         assert_eq!(btree(6, 4), TreeLinks { parent: Some(0), children: vec![2, 5] });
         assert_eq!(btree(8, 0).children, vec![4]);
+    }
+
+    #[test]
+    fn host_trees_chain_hosts_and_join_their_heads() {
+        for at in [Placement::blocked(4, 3), Placement::cyclic(5, 2), Placement::from_keys(&[0, 1, 1, 0, 2, 2, 2])] {
+            let n = at.nranks();
+            for t in 0..2 {
+                let (mut roots, mut crossings) = (0, 0);
+                for r in 0..n {
+                    let l = host_tree(&at, r, t);
+                    for &c in &l.children {
+                        assert_eq!(host_tree(&at, c, t).parent, Some(r), "{at} t={t}: {c}'s parent should be {r}");
+                        crossings += usize::from(at.crosses(r, c));
+                    }
+                    roots += usize::from(l.parent.is_none());
+                    // At most one child on the host, at most two elsewhere.
+                    assert!(l.children.iter().filter(|&&c| !at.crosses(r, c)).count() <= 1);
+                    let (mut x, mut depth) = (r, 0);
+                    while let Some(up) = host_tree(&at, x, t).parent {
+                        x = up;
+                        depth += 1;
+                        assert!(depth <= n, "{at} t={t}: a cycle");
+                    }
+                }
+                assert_eq!((roots, crossings), (1, at.nhosts() - 1), "{at} t={t}");
+            }
+        }
     }
 
     #[test]
