@@ -47,7 +47,7 @@ fn run(hosts: &Hosts, l: usize, cyclic: bool, mode: &str, envs: &[(&str, &str)])
 
 /// Every collective × type, checked, on 2 and 3 hosts of 2 or 3 ranks,
 /// numbered both ways, with the hierarchical algorithms, the rings that
-/// follow the hosts and the tuner's picks; shared memory inside hosts and
+/// follow the hosts, the trees over hosts and the tuner's picks; shared memory inside hosts and
 /// TCP across, or the software RDMA HCA between every pair.
 #[test]
 fn every_collective_across_hosts() {
@@ -57,6 +57,7 @@ fn every_collective_across_hosts() {
         (2, 3, true, "", false),
         (3, 2, true, "ring", false),
         (2, 2, true, "hier", true),
+        (3, 2, true, "tree", false),
     ] {
         let Some(hosts) = Hosts::many("every_collective_across_hosts", h) else { return };
         let mut envs = vec![("OXCCL_ALGO", algo)];
