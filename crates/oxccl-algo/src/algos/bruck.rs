@@ -47,20 +47,27 @@ fn unrotate(p: &mut Program, r: usize, n: usize, cnt: usize, rotated: Slice, pla
     }
 }
 
-/// Bruck all-gather.
-pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions) {
+/// Resets `p` for `c` with every rank's scratch; true when that is all
+/// (one rank: a copy).
+fn begin(p: &mut Program, c: Collective) -> bool {
     let (n, cnt) = (c.nranks, c.count);
     p.reset("bruck", c);
     p.in_place = true;
+    if n == 1 && cnt > 0 {
+        p.push(0, 0, Step::Copy { src: Slice::input(0, cnt), dst: Slice::output(0, cnt) });
+    }
+    (0..n).for_each(|r| p.need_scratch(r, if n > 1 { n * cnt } else { 0 }));
+    n == 1
+}
+
+/// Bruck all-gather.
+pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions) {
+    let (n, cnt) = (c.nranks, c.count);
+    if begin(p, c) {
+        return;
+    }
     let blocks = |from: usize, len: usize| Slice::scratch(from * cnt, len * cnt);
     for r in 0..n {
-        if n == 1 {
-            if cnt > 0 {
-                p.push(r, 0, Step::Copy { src: Slice::input(0, cnt), dst: Slice::output(0, cnt) });
-            }
-            continue;
-        }
-        p.need_scratch(r, n * cnt);
         if cnt > 0 {
             p.push(r, 0, Step::Copy { src: Slice::input(0, cnt), dst: blocks(0, 1) });
         }
@@ -79,17 +86,11 @@ pub(crate) fn all_gather(p: &mut Program, c: Collective, o: &BuildOptions) {
 /// Bruck reduce-scatter: the all-gather's rounds backwards, reducing.
 pub(crate) fn reduce_scatter(p: &mut Program, c: Collective, o: &BuildOptions) {
     let (n, cnt) = (c.nranks, c.count);
-    p.reset("bruck", c);
-    p.in_place = true;
+    if begin(p, c) {
+        return;
+    }
     let blocks = |from: usize, len: usize| Slice::scratch(from * cnt, len * cnt);
     for r in 0..n {
-        if n == 1 {
-            if cnt > 0 {
-                p.push(r, 0, Step::Copy { src: Slice::input(0, cnt), dst: Slice::output(0, cnt) });
-            }
-            continue;
-        }
-        p.need_scratch(r, n * cnt);
         unrotate(p, r, n, cnt, blocks(0, n), Slice::input(0, n * cnt), false);
         let all = rounds(n);
         for (i, &(h, s)) in all.iter().enumerate().rev() {
