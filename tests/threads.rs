@@ -39,6 +39,52 @@ fn every_collective_over_every_transport() {
     }
 }
 
+/// Several channels (`OXCCL_NCHANNELS`): every collective over memory,
+/// shared memory and TCP, with the tuner's picks and with algorithms that
+/// split (ring, tree, hier, bruck) or do not (rhd's reduce-scatter runs on
+/// one channel); the channels' connections carry the data.
+#[test]
+fn several_channels() {
+    for kind in [None, Some(Kind::Shm), Some(Kind::Tcp)] {
+        for algo in ["", "ring", "tree", "bruck", "rhd"] {
+            let cfg = Config {
+                nchannels: Some(3),
+                algo: (!algo.is_empty()).then(|| algo.to_string()),
+                ..oxccl_e2e::config(kind)
+            };
+            oxccl_e2e::on_threads(3, cfg, |c| {
+                matrix(c, &[0, 1, 1000], &[DataType::Float32, DataType::Bfloat16])?;
+                for k in oxccl_e2e::kinds() {
+                    for in_place in [false, true] {
+                        run_case(c, k, DataType::Float32, 300_007, ReduceOp::Sum, 1, in_place)?;
+                    }
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+/// Ranks that ask for different channel counts fail init, naming one.
+#[test]
+fn channel_counts_must_agree() {
+    let id = config().unique_id().unwrap();
+    let errs: Vec<String> = (0..3)
+        .map(|r| {
+            let cfg = Config { nchannels: Some(if r == 2 { 4 } else { 2 }), ..config() };
+            std::thread::spawn(move || Communicator::init(&id, 3, r, cfg).err().map(|e| e.to_string()))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap().expect("init fails"))
+        .collect();
+    for (r, e) in errs.iter().enumerate() {
+        assert!(e.contains("channels") && e.contains("OXCCL_NCHANNELS"), "rank {r}: {e}");
+    }
+    let e = Communicator::init_threads_with(2, Config { nchannels: Some(17), ..config() }).err().map(|e| e.to_string());
+    assert!(e.is_some_and(|e| e.contains("17 channels; use 1 to 16")));
+}
+
 /// Shared memory with every message of 4 KiB and more sent by reference
 /// (read once by the receiver straight from the sender's buffer), and TCP,
 /// which sends large messages straight from the caller's buffer and lands

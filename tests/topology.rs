@@ -12,6 +12,7 @@ use oxccl_e2e::netns::Hosts;
 use oxccl_e2e::{DTYPES, config, matrix, on_threads, run_case};
 use std::path::PathBuf;
 use std::process::Child;
+use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "a rank's body, started by the other tests of this file"]
@@ -247,4 +248,87 @@ fn shaped_link_benchmark() {
         println!("  rank-order ring / {name}: {}", ratios.join(", "));
     }
     let _ = std::fs::remove_file(&flat);
+}
+
+/// Two hosts joined by two rails (veth pairs on 10.211/24 and 10.212/24),
+/// two ranks each, `OXCCL_SOCKET_IFNAME` naming both and two channels:
+/// every collective right, and an all_reduce's bytes split evenly, each
+/// rail within 10% of half.
+#[test]
+fn two_rails_carry_half_each() {
+    let Some(hosts) = Hosts::railed("two_rails_carry_half_each", 2) else { return };
+    let envs = [("OXCCL_SOCKET_IFNAME", "v,w"), ("OXCCL_NCHANNELS", "2"), ("OXCCL_ALGO", "ring")];
+    run(&hosts, 2, true, "matrix", &envs);
+    let sent =
+        || -> Vec<u64> { (0..2).map(|h| hosts.rail_bytes(h)).fold(vec![0, 0], |a, b| vec![a[0] + b[0], a[1] + b[1]]) };
+    let before = sent();
+    let count = (4usize << 20).to_string();
+    let mut envs = envs.to_vec();
+    envs.push(("OXCCL_TEST_COUNT", &count));
+    run(&hosts, 2, true, "volume", &envs);
+    let after = sent();
+    let rail: Vec<u64> = (0..2).map(|i| after[i] - before[i]).collect();
+    let total = rail[0] + rail[1];
+    println!(
+        "two rails: {} and {} bytes ({:.3} / {:.3} of {total})",
+        rail[0],
+        rail[1],
+        rail[0] as f64 / total as f64,
+        rail[1] as f64 / total as f64
+    );
+    for (i, &b) in rail.iter().enumerate() {
+        assert!(b.abs_diff(total / 2) <= total / 20, "rail {i}: {b} of {total} bytes");
+    }
+    assert!(total >= 3 * (16 << 20), "{total} bytes: the ring along the hosts moves 3S");
+}
+
+/// The two-rail benchmark of docs/TOPOLOGY.md: both rails shaped to
+/// `OXCCL_TEST_RATE` (default 1gbit) on both hosts; all_reduce with two
+/// channels over two rails against the same over one. Prints seconds per
+/// call and the ratio; asserts nothing on time.
+#[test]
+#[ignore = "a benchmark (a minute): cargo test --release -p oxccl-e2e --test topology -- --ignored --nocapture rails_benchmark"]
+fn two_rails_benchmark() {
+    let Some(hosts) = Hosts::railed("two_rails_benchmark", 2) else { return };
+    let rate = std::env::var("OXCCL_TEST_RATE").unwrap_or_else(|_| "1gbit".into());
+    assert!(hosts.shape_rails(0, &rate) && hosts.shape_rails(1, &rate), "tc tbf failed");
+    let mut rows = Vec::new();
+    for ifname in ["v,w", "v"] {
+        let envs = [("OXCCL_SOCKET_IFNAME", ifname), ("OXCCL_NCHANNELS", "2"), ("OXCCL_ALGO", "ring")];
+        let (outs, _) = run(&hosts, 2, true, "bench", &envs);
+        let times: Vec<(u64, f64)> = outs[0]
+            .lines()
+            .filter_map(|l| l.split("BENCH ").nth(1))
+            .map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap())
+            })
+            .collect();
+        println!("  OXCCL_SOCKET_IFNAME={ifname:>4}: {times:?}");
+        rows.push(times);
+    }
+    for ((b, two), (_, one)) in rows[0].iter().zip(&rows[1]) {
+        println!("  {} MiB: one rail / two rails = {:.2}x", b >> 20, one / two);
+    }
+}
+
+/// A rail set down mid-collective (no reset, no FIN: the interface just
+/// stops): every rank fails within seconds of `OXCCL_TIMEOUT`, and the
+/// message names the rail's interface; traffic does not move to the other.
+#[test]
+fn a_rail_set_down_is_an_error_naming_it() {
+    let Some(hosts) = Hosts::railed("a_rail_set_down_is_an_error_naming_it", 2) else { return };
+    let envs =
+        [("OXCCL_SOCKET_IFNAME", "v,w"), ("OXCCL_NCHANNELS", "2"), ("OXCCL_ALGO", "ring"), ("OXCCL_TIMEOUT", "5")];
+    let id = hosts.id();
+    let mut kids: Vec<Child> = (0..2).map(|r| spawn(&hosts.prefix(r), &id, 2, r, "loop", &envs)).collect();
+    let mut readers = child::wait_ready(&mut kids);
+    hosts.rail_down(1);
+    let said = child::failures(&mut kids, &mut readers, &[0, 1], Instant::now(), Duration::from_secs(20));
+    assert!(
+        said.iter().any(|s| s.contains("rail 2 of 2") && s.contains("w1")),
+        "a rank should name rail 2 (w1…):\n{}\n{}",
+        said[0],
+        said[1]
+    );
 }

@@ -14,6 +14,8 @@ pub struct Hosts {
     ns: Vec<String>,
     /// The switch namespace, for three or more hosts.
     switch: Option<String>,
+    /// Links between each pair (two hosts only).
+    rails: usize,
     tag: u32,
 }
 
@@ -23,6 +25,28 @@ impl Hosts {
     /// `OXCCL_REQUIRE_NETNS` is set.
     pub fn new(test: &str) -> Option<Hosts> {
         Hosts::many(test, 2)
+    }
+
+    /// Two hosts joined by `rails` veth pairs, rail `i` on 10.21(1+i).0.0/24
+    /// (interfaces `v…` for rail 0, `w…` for the others), or `None` as for
+    /// [`Hosts::new`].
+    pub fn railed(test: &str, rails: usize) -> Option<Hosts> {
+        let mut hosts = Hosts::many(test, 2)?;
+        hosts.rails = rails;
+        let [a, b] = &hosts.ns[..] else { unreachable!() };
+        let tag = hosts.tag;
+        for i in 1..rails {
+            sh(&format!("ip link add w{i}a{tag} netns {a} type veth peer name w{i}b{tag} netns {b}"));
+            for h in 0..2 {
+                let (n, dev) = (&hosts.ns[h], hosts.rail_dev(h, i));
+                sh(&format!(
+                    "ip -n {n} addr add 10.{}.0.{}/24 dev {dev} && ip -n {n} link set {dev} up",
+                    211 + i,
+                    h + 1
+                ));
+            }
+        }
+        Some(hosts)
     }
 
     /// `k` hosts (at least 2, at most 26), or `None` as for [`Hosts::new`].
@@ -46,7 +70,7 @@ impl Hosts {
         let letter = |h: usize| (b'a' + h as u8) as char;
         let ns: Vec<String> = (0..k).map(|h| format!("ox{}{tag}", letter(h))).collect();
         let switch = (k > 2).then(|| format!("oxs{tag}"));
-        let hosts = Hosts { ns, switch, tag };
+        let hosts = Hosts { ns, switch, rails: 1, tag };
         for n in hosts.ns.iter().chain(&hosts.switch) {
             sh(&format!("ip netns add {n} && ip -n {n} link set lo up"));
         }
@@ -86,6 +110,19 @@ impl Hosts {
         format!("v{}{}", (b'a' + h as u8) as char, self.tag)
     }
 
+    /// Host `h`'s interface on rail `i`.
+    fn rail_dev(&self, h: usize, i: usize) -> String {
+        match i {
+            0 => self.dev(h),
+            _ => format!("w{i}{}{}", (b'a' + h as u8) as char, self.tag),
+        }
+    }
+
+    /// Bytes host `h` sent on each rail.
+    pub fn rail_bytes(&self, h: usize) -> Vec<u64> {
+        (0..self.rails).map(|i| self.counter(h, &self.rail_dev(h, i), "tx")).collect()
+    }
+
     /// The command prefix that runs a program on host `h`.
     pub fn prefix(&self, h: usize) -> Vec<String> {
         ["ip", "netns", "exec", &self.ns[h]].iter().map(|s| s.to_string()).collect()
@@ -101,29 +138,39 @@ impl Hosts {
     /// Bytes host `h`'s interface has sent and received (its counters,
     /// frames with their headers).
     pub fn bytes(&self, h: usize) -> (u64, u64) {
-        let read = |what: &str| {
-            let out = Command::new("ip")
-                .args(["netns", "exec", &self.ns[h], "cat"])
-                .arg(format!("/sys/class/net/{}/statistics/{what}_bytes", self.dev(h)))
-                .output()
-                .expect("ip netns exec cat");
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse::<u64>()
-                .unwrap_or_else(|_| panic!("{what}_bytes: {out:?}"))
-        };
-        (read("tx"), read("rx"))
+        let dev = self.dev(h);
+        (self.counter(h, &dev, "tx"), self.counter(h, &dev, "rx"))
+    }
+
+    fn counter(&self, h: usize, dev: &str, what: &str) -> u64 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns[h], "cat"])
+            .arg(format!("/sys/class/net/{dev}/statistics/{what}_bytes"))
+            .output()
+            .expect("ip netns exec cat");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim().parse::<u64>().unwrap_or_else(|_| panic!("{dev} {what}_bytes: {out:?}"))
+    }
+
+    /// Shapes what host `h` sends on every rail (see [`Hosts::shape`]).
+    pub fn shape_rails(&self, h: usize, rate: &str) -> bool {
+        (0..self.rails).all(|i| self.shape_dev(h, &self.rail_dev(h, i), rate))
     }
 
     /// Shapes what host `h` sends to `rate` (`tc tbf`, e.g. "200mbit"), or
     /// says why it cannot (no `tc`) and returns false.
     pub fn shape(&self, h: usize, rate: &str) -> bool {
-        let cmd = format!(
-            "tc -n {} qdisc replace dev {} root tbf rate {rate} burst 256kb latency 50ms",
-            self.ns[h],
-            self.dev(h)
-        );
+        self.shape_dev(h, &self.dev(h), rate)
+    }
+
+    fn shape_dev(&self, h: usize, dev: &str, rate: &str) -> bool {
+        let cmd = format!("tc -n {} qdisc replace dev {dev} root tbf rate {rate} burst 256kb latency 50ms", self.ns[h]);
         Command::new("sh").arg("-c").arg(&cmd).status().is_ok_and(|s| s.success())
+    }
+
+    /// Takes rail `i` down at host 0's end (see [`Hosts::link_down`]).
+    pub fn rail_down(&self, i: usize) {
+        sh(&format!("ip -n {} link set {} down", self.ns[0], self.rail_dev(0, i)));
     }
 
     /// Takes the link down at host 0's end: nothing crosses any more, and

@@ -11,6 +11,8 @@
 //!   direct one-sided access (one-shot/two-shot all-reduce and every other
 //!   collective), pipelined chain and binary tree for rooted collectives,
 //!   pairwise all-to-all, linear gather/scatter, send/recv.
+//! - [`channels`]: a program cut by data into parts on channels of their
+//!   own, which run concurrently.
 //! - [`placement`]: which ranks share a host; rings that follow the
 //!   hosts and the hierarchical algorithms are built on one.
 //! - [`verify`]: executes a program symbolically for all ranks, over
@@ -42,6 +44,7 @@
 
 pub mod algos;
 pub mod canon;
+pub mod channels;
 pub mod collective;
 pub mod cost;
 pub mod exact;

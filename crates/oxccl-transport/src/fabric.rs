@@ -333,6 +333,19 @@ impl Fabric {
         (peer != self.rank).then(|| self.carrier.get(peer).map(|&c| self.providers[c].kind())).flatten()
     }
 
+    /// How traffic with `peer` on channel `ch` travels: the provider's
+    /// kind, and its rail where it has several (`tcp over eth1, rail 2 of
+    /// 2`), for messages.
+    pub fn route(&self, peer: usize, ch: Channel) -> String {
+        match self.carrier.get(peer).filter(|_| peer != self.rank) {
+            None => "this rank".into(),
+            Some(&c) => {
+                let p = &self.providers[c];
+                p.route(peer, ch).unwrap_or_else(|| p.kind().to_string())
+            }
+        }
+    }
+
     /// The link parameters to peers on this rank's host and on other
     /// hosts (the worst of the providers carrying them), for the tuner.
     pub fn links(&self) -> (Option<LinkParams>, Option<LinkParams>) {

@@ -361,6 +361,55 @@ pub fn interface_ip(ifname: Option<&str>) -> Result<IpAddr> {
     }
 }
 
+/// Every interface `spec` selects (one address each, IPv4 preferred), in
+/// the system's order: the rails of a rank. `None` (or a blank spec) is the
+/// one interface [`interface_ip`] picks. The same errors as
+/// [`interface_ip`].
+pub fn interface_ips(ifname: Option<&str>) -> Result<Vec<(String, IpAddr)>> {
+    let addrs = interfaces()?;
+    let Some(spec) = ifname.map(str::trim).filter(|s| !s.is_empty()) else {
+        let ip = pick_default(&addrs);
+        let name = addrs.iter().find(|a| a.ip == ip).map_or_else(|| "lo".to_string(), |a| a.name.clone());
+        return Ok(vec![(name, ip)]);
+    };
+    rails_by_spec(&addrs, spec)
+}
+
+/// Every interface of `addrs` that `spec` selects, with the address
+/// [`pick_by_spec`] would take of it, in order; an error as
+/// [`pick_by_spec`]'s when there is none.
+fn rails_by_spec(addrs: &[IfAddr], spec: &str) -> Result<Vec<(String, IpAddr)>> {
+    pick_by_spec(addrs, spec)?;
+    let mut out: Vec<(String, IpAddr)> = Vec::new();
+    for a in addrs {
+        if !out.iter().any(|(n, _)| *n == a.name)
+            && selects(spec, &a.name)
+            && let Ok(ip) = pick_by_spec(addrs, &format!("={}", a.name))
+        {
+            out.push((a.name.clone(), ip));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `spec` (`OXCCL_SOCKET_IFNAME` syntax) selects interface `name`.
+fn selects(spec: &str, name: &str) -> bool {
+    let (exclude, rest) = match spec.strip_prefix('^') {
+        Some(r) => (true, r),
+        None => (false, spec),
+    };
+    let (exact, rest) = match rest.strip_prefix('=') {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let hit = rest
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .any(|p| if exact { name == p } else { name.starts_with(p) });
+    hit != exclude
+}
+
 fn usable(ip: &IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => !v4.is_link_local() && !v4.is_unspecified(),
@@ -377,20 +426,7 @@ fn pick_default(addrs: &[IfAddr]) -> IpAddr {
 }
 
 fn pick_by_spec(addrs: &[IfAddr], spec: &str) -> Result<IpAddr> {
-    let (exclude, rest) = match spec.strip_prefix('^') {
-        Some(r) => (true, r),
-        None => (false, spec),
-    };
-    let (exact, rest) = match rest.strip_prefix('=') {
-        Some(r) => (true, r),
-        None => (false, rest),
-    };
-    let names: Vec<&str> = rest.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
-    let selected = |name: &str| {
-        let hit = names.iter().any(|p| if exact { name == *p } else { name.starts_with(p) });
-        hit != exclude
-    };
-    let candidates: Vec<&IfAddr> = addrs.iter().filter(|a| a.up && usable(&a.ip) && selected(&a.name)).collect();
+    let candidates: Vec<&IfAddr> = addrs.iter().filter(|a| a.up && usable(&a.ip) && selects(spec, &a.name)).collect();
     candidates.iter().find(|a| a.ip.is_ipv4()).or_else(|| candidates.first()).map(|a| a.ip).ok_or_else(|| {
         let list: Vec<String> =
             addrs.iter().map(|a| format!("{} ({}{})", a.name, a.ip, if a.up { "" } else { ", down" })).collect();
@@ -557,6 +593,19 @@ mod tests {
         assert!(e.contains("\"=ib\"") && e.contains("ib0 (10.9.0.1, down)"), "{e}");
         let only_lo = vec![ifa("lo", "127.0.0.1", true)];
         assert_eq!(pick_default(&only_lo), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        // Rails: every interface selected, once, with its preferred address.
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let two = [ifa("eth1", "10.1.0.1", true)];
+        let all: Vec<IfAddr> = addrs.iter().cloned().chain(two).collect();
+        assert_eq!(
+            rails_by_spec(&all, "eth").unwrap(),
+            vec![("eth0".into(), ip("192.0.2.2")), ("eth1".into(), ip("10.1.0.1"))]
+        );
+        assert_eq!(
+            rails_by_spec(&all, "ib,eth1").unwrap(),
+            vec![("ib1".into(), ip("10.9.0.2")), ("eth1".into(), ip("10.1.0.1"))]
+        );
+        assert!(rails_by_spec(&all, "=ib").is_err());
     }
 
     #[test]

@@ -132,6 +132,12 @@ pub trait Provider: Send {
     fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>>;
     /// The receiving end from `peer` on `ch` (each once).
     fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>>;
+    /// How traffic with `peer` on channel `ch` travels, for messages (the
+    /// interface or port of its rail), where there is more to say than the
+    /// provider's kind.
+    fn route(&self, _peer: usize, _ch: Channel) -> Option<String> {
+        None
+    }
     /// Whether this provider's connections move bytes only in `progress`
     /// (sockets), so the fabric must call it on every poll.
     fn needs_progress(&self) -> bool {

@@ -63,16 +63,24 @@ struct Inner {
 }
 
 /// Fails on every rank, naming one that differs, unless all ranks run the
-/// deterministic mode or none does (they would pick different algorithms).
-fn agree_on_mode(boot: &Bootstrap, rank: usize, on: bool) -> Result<()> {
-    let all = boot.all_gather(&[u8::from(on)])?;
-    match all.iter().position(|v| v.as_slice() != [u8::from(on)]) {
-        None => Ok(()),
-        Some(q) => Err(Error::InvalidUsage(format!(
+/// deterministic mode or none does, and all use as many channels (they
+/// would build different programs).
+fn agree_on_mode(boot: &Bootstrap, rank: usize, on: bool, channels: usize) -> Result<()> {
+    let mine = [u8::from(on), channels as u8];
+    let all = boot.all_gather(&mine)?;
+    if let Some(q) = all.iter().position(|v| v.first() != Some(&mine[0])) {
+        return Err(Error::InvalidUsage(format!(
             "rank {rank} {} the deterministic mode ({}) but rank {q} {}: set OXCCL_DETERMINISTIC (or Config::deterministic) the same on every rank",
             if on { "runs" } else { "does not run" },
             crate::tuner::DETERMINISTIC,
             if on { "does not" } else { "does" },
+        )));
+    }
+    match all.iter().position(|v| v.get(1) != Some(&mine[1])) {
+        None => Ok(()),
+        Some(q) => Err(Error::InvalidUsage(format!(
+            "rank {rank} runs {channels} channels but rank {q} runs {}: set OXCCL_NCHANNELS (or Config::nchannels) the same on every rank",
+            all[q].get(1).copied().unwrap_or(0)
         ))),
     }
 }
@@ -103,7 +111,7 @@ impl Communicator {
             rank,
             &BootOptions { timeout: cfg.timeout, host_id: None, encrypt: cfg.encrypt },
         )?);
-        agree_on_mode(&boot, rank, cfg.deterministic)?;
+        agree_on_mode(&boot, rank, cfg.deterministic, cfg.nchannels)?;
         let fabric = Fabric::new(boot.clone(), id.nonce(), &cfg.fabric_options())?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
@@ -112,7 +120,8 @@ impl Communicator {
         let topology = crate::topology::agree(&boot, &cfg, &who)?;
         let placement = Placement::from_keys(&topology.host_of());
         let tuner = Tuner::new(placement, fabric.links(), filter, cfg.programs.clone(), fifo)?
-            .deterministic(cfg.deterministic)?;
+            .deterministic(cfg.deterministic)?
+            .channels(cfg.nchannels);
         // Ranks of this communicator in this process (threads), this one
         // included: they share the programs they build.
         let me = &boot.peers()[rank];

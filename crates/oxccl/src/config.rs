@@ -111,6 +111,12 @@ pub struct Config {
     /// Rank 0 writes the communicator's topology here as JSON at init
     /// (`OXCCL_TOPO_DUMP_FILE`).
     pub topo_dump_file: Option<std::path::PathBuf>,
+    /// Channels a host collective runs on (`OXCCL_NCHANNELS`, 1 to 16;
+    /// default 1): the data is cut into that many parts, each the
+    /// algorithm's program on connections of its own, run concurrently
+    /// ([`oxccl_algo::channels`]). `OXCCL_MIN_NCHANNELS` and
+    /// `OXCCL_MAX_NCHANNELS` bound it. Every rank must agree.
+    pub nchannels: Option<usize>,
 }
 
 /// When shared memory sends a message by reference
@@ -220,6 +226,8 @@ pub struct Resolved {
     pub topo_file: Option<std::path::PathBuf>,
     /// See [`Config::topo_dump_file`].
     pub topo_dump_file: Option<std::path::PathBuf>,
+    /// See [`Config::nchannels`]: within the bounds.
+    pub nchannels: usize,
     /// See [`Config::device_path`].
     pub device_path: DevicePath,
     /// See [`Config::device_window`].
@@ -540,9 +548,35 @@ impl Config {
             tcp_buffsize: tcp_buffsize.next_power_of_two(),
             nsocks,
             spin,
+            nchannels: self.channels()?,
             topo_file: self.topo_file.clone().or_else(|| env("OXCCL_TOPO_FILE").map(Into::into)),
             topo_dump_file: self.topo_dump_file.clone().or_else(|| env("OXCCL_TOPO_DUMP_FILE").map(Into::into)),
         })
+    }
+}
+
+impl Config {
+    /// [`Config::nchannels`] within `OXCCL_MIN_NCHANNELS` and
+    /// `OXCCL_MAX_NCHANNELS`; an error names a setting out of 1 to 16.
+    fn channels(&self) -> Result<usize> {
+        let max = oxccl_algo::channels::MAX;
+        let check = |what: &str, v: usize| {
+            if (1..=max).contains(&v) {
+                Ok(v)
+            } else {
+                Err(Error::invalid(format!("{what}: {v} channels; use 1 to {max}")))
+            }
+        };
+        let want = match self.nchannels {
+            Some(n) => check("Config::nchannels", n)?,
+            None => parse_num("OXCCL_NCHANNELS")?.map_or(Ok(1), |n| check("OXCCL_NCHANNELS", n))?,
+        };
+        let lo = parse_num("OXCCL_MIN_NCHANNELS")?.map_or(Ok(1), |n| check("OXCCL_MIN_NCHANNELS", n))?;
+        let hi = parse_num("OXCCL_MAX_NCHANNELS")?.map_or(Ok(max), |n| check("OXCCL_MAX_NCHANNELS", n))?;
+        if lo > hi {
+            return Err(Error::invalid(format!("OXCCL_MIN_NCHANNELS={lo} is above OXCCL_MAX_NCHANNELS={hi}")));
+        }
+        Ok(want.clamp(lo, hi))
     }
 }
 

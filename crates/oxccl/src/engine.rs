@@ -273,7 +273,7 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
                 shared.who,
                 label.seq,
                 shared.timeout,
-                exec::waiting_for(batch)
+                exec::waiting_for(fabric, batch)
             )));
         }
         if idle < shared.spin {

@@ -270,6 +270,8 @@ pub struct Tuner {
     deterministic: bool,
     /// Which ranks share a host.
     placement: Placement,
+    /// Channels host programs of built-in algorithms are cut into.
+    channels: usize,
 }
 
 /// The variable (and value) that turns the deterministic mode on, as
@@ -394,6 +396,7 @@ impl Tuner {
             fifo,
             deterministic: false,
             placement,
+            channels: 1,
         };
         t.filter.check(|k| t.candidates(k))?;
         Ok(t)
@@ -418,6 +421,14 @@ impl Tuner {
             }
         }
         Ok(self)
+    }
+
+    /// The same tuner building host programs of built-in algorithms on
+    /// `n` channels ([`oxccl_algo::channels`]; a program whose messages
+    /// cannot be split runs on one).
+    pub fn channels(mut self, n: usize) -> Tuner {
+        self.channels = n.max(1);
+        self
     }
 
     /// Whether `coll` must run in the canonical order: the deterministic
@@ -591,8 +602,19 @@ impl Tuner {
         !self.placement.is_flat() && self.placement.nranks() == coll.nranks && coll.nranks <= SIMULATED_RANKS
     }
 
-    /// The program of `c` for `coll`.
+    /// The program of `c` for `coll` on the host: built-in algorithms on
+    /// the tuner's channels.
     pub fn build(&self, c: Choice, coll: &Collective) -> Result<Program> {
+        if let Choice::Builtin(a) = c
+            && self.channels > 1
+            && self.placement.nranks() == coll.nranks
+        {
+            let opts = BuildOptions { chunk_bytes: self.chunk_bytes(), max_chunks: usize::MAX };
+            match oxccl_algo::channels::build(a, coll, &opts, &self.placement, self.channels) {
+                Ok(p) => return Ok(p),
+                Err(e) => tracing::debug!("{a} for {coll} on one channel: {e}"),
+            }
+        }
         self.build_chunked(c, coll, self.chunk_bytes())
     }
 
@@ -745,6 +767,22 @@ mod tests {
         let t = tuner(4, "ring,hier").unwrap();
         let big = Collective::new(CollKind::AllReduce, 4, 4 << 20);
         assert_eq!(t.pick(&big).unwrap(), Choice::Builtin(Algorithm::Ring));
+    }
+
+    #[test]
+    fn host_programs_run_on_the_tuners_channels() {
+        let t = tuner(4, "").unwrap().channels(3);
+        let big = Collective::new(CollKind::AllReduce, 4, 1 << 20);
+        let p = t.build(Choice::Builtin(Algorithm::Ring), &big).unwrap();
+        assert!(p.ranks.iter().all(|r| r.channels.len() == 3));
+        // rhd's reduce-scatter sends halves of the blocks: one channel.
+        let rs = Collective::new(CollKind::ReduceScatter, 4, 1 << 18);
+        assert_eq!(t.build(Choice::Builtin(Algorithm::Rhd), &rs).unwrap().ranks[0].channels.len(), 1);
+        // The device path's programs stay on one.
+        assert_eq!(
+            t.build_chunked(Choice::Builtin(Algorithm::Ring), &big, 1 << 16).unwrap().ranks[0].channels.len(),
+            1
+        );
     }
 
     #[test]

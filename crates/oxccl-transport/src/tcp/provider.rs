@@ -1,7 +1,15 @@
-//! The TCP provider as the fabric sees it: a [`Tcp`] listener per rank whose
-//! address travels through the bootstrap. One-sided access is emulated by
-//! the fabric's control plane (requests and answers on a connection of
-//! their own), so TCP offers no [`Direct`](crate::provider::Direct).
+//! The TCP provider as the fabric sees it: a [`Tcp`] listener per rank and
+//! rail whose addresses travel through the bootstrap. One-sided access is
+//! emulated by the fabric's control plane (requests and answers on a
+//! connection of their own), so TCP offers no [`Direct`](crate::provider::Direct).
+//!
+//! **Rails.** Every interface `OXCCL_SOCKET_IFNAME` selects (`eth0,eth1`,
+//! a prefix such as `eth`, NCCL's `^`/`=` syntax) is a rail with a
+//! listener of its own; without the variable, one interface. Channel `c`
+//! of a connection goes over rail `c mod R`, `R` the fewest rails any rank
+//! has (each rank publishes its rails' addresses; a rank with more uses
+//! its first `R` and says so at INFO). Traffic never moves to another
+//! rail: a rail that fails is the error of the channels on it.
 
 use super::{Tcp, TcpOptions};
 use crate::bootstrap::PeerInfo;
@@ -25,28 +33,50 @@ impl Factory for TcpFactory {
     }
     fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>> {
         if !setup.serves_any() {
-            return Ok(Box::new(TcpProvider { tcp: None }));
+            return Ok(Box::new(TcpProvider { tcp: None, names: Vec::new(), rank: setup.rank }));
         }
-        let ip = match &self.opts.ifname {
-            Some(name) => crate::id::interface_ip(Some(name))?,
-            None => setup.boot.local_ip(),
+        let rails = match &self.opts.ifname {
+            Some(name) => crate::id::interface_ips(Some(name))?,
+            None => vec![("default".to_string(), setup.boot.local_ip())],
         };
         let topts = TcpOptions { connect_timeout: self.opts.connect_timeout.min(setup.timeout), ..self.opts.clone() };
+        let tcps = rails
+            .iter()
+            .map(|(_, ip)| Tcp::new(setup.rank, setup.nranks(), setup.nonce, setup.boot.secret(), *ip, topts.clone()))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Box::new(TcpProvider {
-            tcp: Some(Tcp::new(setup.rank, setup.nranks(), setup.nonce, setup.boot.secret(), ip, topts)?),
+            tcp: Some(tcps),
+            names: rails.into_iter().map(|(n, _)| n).collect(),
+            rank: setup.rank,
         }))
     }
 }
 
-/// One rank's side of the TCP provider (`None` inside when it serves no
-/// peer).
+/// One rank's side of the TCP provider: a [`Tcp`] per rail (`None` when it
+/// serves no peer).
 pub struct TcpProvider {
-    tcp: Option<Tcp>,
+    tcp: Option<Vec<Tcp>>,
+    /// The rails' interface names.
+    names: Vec<String>,
+    rank: usize,
 }
 
 impl TcpProvider {
-    fn tcp(&self) -> Result<&Tcp> {
-        self.tcp.as_ref().ok_or_else(|| Error::Internal("TCP traffic with a peer TCP does not serve".into()))
+    /// The rail of channel `ch`.
+    fn tcp(&self, ch: Channel) -> Result<&Tcp> {
+        let tcps =
+            self.tcp.as_ref().ok_or_else(|| Error::Internal("TCP traffic with a peer TCP does not serve".into()))?;
+        Ok(&tcps[ch as usize % tcps.len()])
+    }
+
+    /// How many rails this rank uses (after [`Provider::connect`]: as many
+    /// as the rank with the fewest).
+    pub fn rails(&self) -> usize {
+        self.tcp.as_ref().map_or(0, Vec::len)
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Tcp> {
+        self.tcp.iter().flatten()
     }
 }
 
@@ -64,45 +94,74 @@ impl Provider for TcpProvider {
         }
     }
     fn publish(&self) -> Vec<u8> {
-        self.tcp.as_ref().map(|t| t.addr().to_string().into_bytes()).unwrap_or_default()
+        let addrs: Vec<String> = self.all().map(|t| t.addr().to_string()).collect();
+        addrs.join(",").into_bytes()
     }
     fn connect(&mut self, _setup: &Setup<'_>, published: &[Vec<u8>], _bell: &Doorbell) -> Result<()> {
-        let Some(t) = &self.tcp else { return Ok(()) };
-        let mut list = Vec::with_capacity(published.len());
+        let Some(tcps) = &mut self.tcp else { return Ok(()) };
+        // Ranks without TCP peers publish nothing; nobody connects to them
+        // over TCP, so any placeholder does.
+        let mut lists = Vec::with_capacity(published.len());
         for (p, a) in published.iter().enumerate() {
             let text = String::from_utf8_lossy(a).to_string();
-            // Ranks without TCP peers publish nothing; nobody connects to
-            // them over TCP, so any placeholder does.
-            let sa = if text.is_empty() {
-                t.addr()
-            } else {
-                text.parse().map_err(|_| Error::Remote(format!("rank {p} published a bad address {text:?}")))?
-            };
-            list.push(sa);
+            let list = text
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(|t| t.parse().map_err(|_| Error::Remote(format!("rank {p} published a bad address {t:?}"))))
+                .collect::<Result<Vec<std::net::SocketAddr>>>()?;
+            lists.push(list);
         }
-        t.set_peer_addrs(list)
+        let rails = lists.iter().map(Vec::len).filter(|&l| l > 0).min().unwrap_or(1).min(tcps.len()).max(1);
+        if rails < tcps.len() {
+            tracing::info!(
+                "rank {}: TCP over {rails} of its {} rails ({}): a peer has {rails}",
+                self.rank,
+                tcps.len(),
+                self.names.join(", ")
+            );
+            for t in tcps.drain(rails..) {
+                t.close();
+            }
+        } else if rails > 1 {
+            tracing::info!(
+                "rank {}: TCP over {rails} rails ({}); channel c on rail c mod {rails}",
+                self.rank,
+                self.names[..rails].join(", ")
+            );
+        }
+        for (i, t) in tcps.iter().enumerate() {
+            let addrs = lists.iter().map(|l| l.get(i).copied().unwrap_or_else(|| t.addr())).collect();
+            t.set_peer_addrs(addrs)?;
+        }
+        Ok(())
     }
     fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>> {
-        self.tcp()?.sender(peer, ch)
+        self.tcp(ch)?.sender(peer, ch)
     }
     fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>> {
-        self.tcp()?.receiver(peer, ch)
+        self.tcp(ch)?.receiver(peer, ch)
+    }
+    fn route(&self, _peer: usize, ch: Channel) -> Option<String> {
+        let rails = self.rails();
+        (rails > 1).then(|| {
+            let i = ch as usize % rails;
+            format!("tcp over {}, rail {} of {rails}", self.names[i], i + 1)
+        })
     }
     fn needs_progress(&self) -> bool {
         self.tcp.is_some()
     }
     fn progress(&mut self) -> Result<bool> {
-        match &self.tcp {
-            Some(t) => t.progress(),
-            None => Ok(false),
+        let mut moved = false;
+        for t in self.all() {
+            moved |= t.progress()?;
         }
+        Ok(moved)
     }
     fn wake(&self) -> Wake {
-        Wake { rings_bell: false, fds: self.tcp.as_ref().map(Tcp::poll_fds).unwrap_or_default() }
+        Wake { rings_bell: false, fds: self.all().flat_map(Tcp::poll_fds).collect() }
     }
     fn close(&mut self) {
-        if let Some(t) = &self.tcp {
-            t.close();
-        }
+        self.all().for_each(Tcp::close);
     }
 }

@@ -449,8 +449,9 @@ pub(crate) fn finished(tasks: &[Task]) -> bool {
     tasks.iter().all(|t| t.lanes.iter().all(Lane::done))
 }
 
-/// What the lanes of `tasks` are waiting for, for timeout messages.
-pub(crate) fn waiting_for(tasks: &[Task]) -> String {
+/// What the lanes of `tasks` are waiting for, and over what, for timeout
+/// messages.
+pub(crate) fn waiting_for(fabric: &Fabric, tasks: &[Task]) -> String {
     let mut out = Vec::new();
     for t in tasks {
         for (li, lane) in t.lanes.iter().enumerate() {
@@ -464,9 +465,9 @@ pub(crate) fn waiting_for(tasks: &[Task]) -> String {
                         }
                     }
                     (Some(p), _, _) if lane.got < step.wire_elems() || step.wire_elems() == 0 => {
-                        format!("data from rank {p}")
+                        format!("data from rank {p} ({})", fabric.route(p, lane.wire))
                     }
-                    (_, Some(p), _) => format!("room to send to rank {p}"),
+                    (_, Some(p), _) => format!("room to send to rank {p} ({})", fabric.route(p, lane.wire)),
                     _ => "a local step".to_string(),
                 };
                 out.push(format!("{} channel {li} step {} ({step}) waits for {what}", t.label, lane.pc));
