@@ -68,16 +68,7 @@ fn several_channels() {
 /// Ranks that ask for different channel counts fail init, naming one.
 #[test]
 fn channel_counts_must_agree() {
-    let id = config().unique_id().unwrap();
-    let errs: Vec<String> = (0..3)
-        .map(|r| {
-            let cfg = Config { nchannels: Some(if r == 2 { 4 } else { 2 }), ..config() };
-            std::thread::spawn(move || Communicator::init(&id, 3, r, cfg).err().map(|e| e.to_string()))
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|h| h.join().unwrap().expect("init fails"))
-        .collect();
+    let errs = oxccl_e2e::init_failures(3, |r| Config { nchannels: Some(if r == 2 { 4 } else { 2 }), ..config() });
     for (r, e) in errs.iter().enumerate() {
         assert!(e.contains("channels") && e.contains("OXCCL_NCHANNELS"), "rank {r}: {e}");
     }

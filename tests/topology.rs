@@ -48,7 +48,7 @@ fn run(hosts: &Hosts, l: usize, cyclic: bool, mode: &str, envs: &[(&str, &str)])
 
 /// Every collective × type, checked, on 2 and 3 hosts of 2 or 3 ranks,
 /// numbered both ways, with the hierarchical algorithms, the rings that
-/// follow the hosts, the trees over hosts and the tuner's picks; shared memory inside hosts and
+/// follow the hosts, the trees over hosts, Bruck's and the tuner's picks; shared memory inside hosts and
 /// TCP across, or the software RDMA HCA between every pair.
 #[test]
 fn every_collective_across_hosts() {
@@ -59,6 +59,7 @@ fn every_collective_across_hosts() {
         (3, 2, true, "ring", false),
         (2, 2, true, "hier", true),
         (3, 2, true, "tree", false),
+        (2, 3, false, "bruck", false),
     ] {
         let Some(hosts) = Hosts::many("every_collective_across_hosts", h) else { return };
         let mut envs = vec![("OXCCL_ALGO", algo)];
@@ -116,6 +117,17 @@ fn bytes_crossing_hosts_follow_the_topology() {
     println!("rank-order ring, cyclic true: {crossed} bytes crossed, {} S", crossed as f64 / s as f64);
     assert!(crossed >= 6 * s && crossed <= 6 * s + 6 * s / 10 + (1 << 20), "{crossed}");
     let _ = std::fs::remove_file(&flat);
+}
+
+/// The `BENCH bytes seconds` lines of a rank's output.
+fn bench_rows(out: &str) -> Vec<(u64, f64)> {
+    out.lines()
+        .filter_map(|l| l.split("BENCH ").nth(1))
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap())
+        })
+        .collect()
 }
 
 fn temp(name: &str) -> PathBuf {
@@ -182,17 +194,10 @@ fn bad_or_different_topology_files_fail_init() {
     let (a, b) = (temp("a.json"), temp("b.json"));
     std::fs::write(&a, r#"{"hosts":[{"id":"a","ranks":[0,1]},{"id":"b","ranks":[2,3]}]}"#).unwrap();
     std::fs::write(&b, r#"{"hosts":[{"id":"a","ranks":[0,2]},{"id":"b","ranks":[1,3]}]}"#).unwrap();
-    let id = config(None).unique_id().unwrap();
-    let errs: Vec<String> = (0..4)
-        .map(|r| {
-            let f = if r == 3 { b.clone() } else { a.clone() };
-            let cfg = Config { topo_file: Some(f), ..config(None) };
-            std::thread::spawn(move || Communicator::init(&id, 4, r, cfg).err().map(|e| e.to_string()))
-        })
-        .collect::<Vec<_>>()
-        .into_iter()
-        .map(|h| h.join().unwrap().expect("init fails"))
-        .collect();
+    let errs = oxccl_e2e::init_failures(4, |r| Config {
+        topo_file: Some(if r == 3 { b.clone() } else { a.clone() }),
+        ..config(None)
+    });
     for (r, e) in errs.iter().enumerate() {
         assert!(e.contains("OXCCL_TOPO_FILE") && e.contains("every rank must read the same"), "rank {r}: {e}");
     }
@@ -225,14 +230,7 @@ fn shaped_link_benchmark() {
     let mut table: Vec<(String, Vec<(u64, f64)>)> = Vec::new();
     for (name, envs) in &runs {
         let (outs, _) = run(&hosts, 2, true, "bench", envs);
-        let rows: Vec<(u64, f64)> = outs[0]
-            .lines()
-            .filter_map(|l| l.split("BENCH ").nth(1))
-            .map(|l| {
-                let mut w = l.split_whitespace();
-                (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap())
-            })
-            .collect();
+        let rows = bench_rows(&outs[0]);
         assert_eq!(rows.len(), 3, "{name}: {}", outs[0]);
         table.push((name.to_string(), rows));
     }
@@ -296,14 +294,7 @@ fn two_rails_benchmark() {
     for ifname in ["v,w", "v"] {
         let envs = [("OXCCL_SOCKET_IFNAME", ifname), ("OXCCL_NCHANNELS", "2"), ("OXCCL_ALGO", "ring")];
         let (outs, _) = run(&hosts, 2, true, "bench", &envs);
-        let times: Vec<(u64, f64)> = outs[0]
-            .lines()
-            .filter_map(|l| l.split("BENCH ").nth(1))
-            .map(|l| {
-                let mut w = l.split_whitespace();
-                (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap())
-            })
-            .collect();
+        let times = bench_rows(&outs[0]);
         println!("  OXCCL_SOCKET_IFNAME={ifname:>4}: {times:?}");
         rows.push(times);
     }

@@ -39,6 +39,24 @@ pub fn config(transport: Option<Kind>) -> Config {
     Config { timeout: Some(Duration::from_secs(60)), transport, ..Config::default() }
 }
 
+/// Every rank of `n` joins one communicator on a thread of its own with
+/// the configuration `cfg(rank)`, each expected to fail: the errors, by
+/// rank (panics where a rank's init succeeds).
+pub fn init_failures(n: usize, cfg: impl Fn(usize) -> Config) -> Vec<String> {
+    let id = config(None).unique_id().unwrap();
+    let handles: Vec<_> = (0..n)
+        .map(|r| {
+            let cfg = cfg(r);
+            std::thread::spawn(move || Communicator::init(&id, n, r, cfg).err().map(|e| e.to_string()))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .enumerate()
+        .map(|(r, h)| h.join().unwrap().unwrap_or_else(|| panic!("rank {r}'s init succeeded")))
+        .collect()
+}
+
 /// Runs `f` on every rank of an `n`-thread communicator made with `cfg`;
 /// panics with the first failure.
 pub fn on_threads(n: usize, cfg: Config, f: impl Fn(&Communicator) -> Result<(), String> + Sync) {
