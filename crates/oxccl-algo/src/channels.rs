@@ -98,12 +98,14 @@ impl Place {
 
     /// `step` of `rank` moved, cut where a local copy or reduction spans
     /// blocks.
-    fn step(&self, rank: usize, peer_owned: impl Fn(&Slice) -> usize, step: &Step) -> Result<Vec<Step>> {
+    fn step(&self, rank: usize, step: &Step) -> Result<Vec<Step>> {
         if self.spans(step) {
             return Ok(self.cut(rank, step));
         }
         let one = |s: &Slice| self.slice(rank, s);
-        let remote = |s: &Slice| self.slice(peer_owned(s), s);
+        // A peer's slice is placed with the peer's scratch base.
+        let peer = step.one_sided_peer().unwrap_or(rank);
+        let remote = |s: &Slice| self.slice(peer, s);
         Ok(vec![match step {
             Step::Send { peer, src } => Step::Send { peer: *peer, src: one(src)? },
             Step::Recv { peer, dst } => Step::Recv { peer: *peer, dst: one(dst)? },
@@ -203,8 +205,7 @@ pub fn build(
         for (r, rp) in p.ranks.iter().enumerate() {
             for (k, steps) in rp.channels.iter().enumerate() {
                 for s in steps {
-                    let owner = |_: &Slice| s.one_sided_peer().unwrap_or(r);
-                    for moved in place.step(r, owner, s)? {
+                    for moved in place.step(r, s)? {
                         out.push(r, base + k, moved);
                     }
                 }
