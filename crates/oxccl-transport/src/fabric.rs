@@ -82,7 +82,7 @@ pub fn registry(opts: &FabricOptions) -> Vec<Box<dyn Factory>> {
     vec![
         Box::new(crate::mem::MemFactory),
         Box::new(crate::shm::ShmFactory { opts: opts.shm }),
-        Box::new(crate::rdma::RdmaFactory { opts: opts.rdma.clone() }),
+        Box::new(crate::rdma::RdmaFactory { opts: opts.rdma.clone(), ifname: opts.tcp.ifname.clone() }),
         Box::new(crate::tcp::TcpFactory { opts: opts.tcp.clone() }),
     ]
 }
@@ -361,6 +361,16 @@ impl Fabric {
             *slot = Some(slot.map_or(l, |s| worst(s, l)));
         }
         (intra, inter)
+    }
+
+    /// How many rails traffic to other hosts spreads over: the fewest of
+    /// the providers carrying it (every rank counts the same: a provider
+    /// uses as many rails as the rank with the fewest); 1 on one host.
+    pub fn rails(&self) -> usize {
+        let peers = self.boot.peers();
+        let me = &peers[self.rank].host;
+        let across = self.carrier.iter().enumerate().filter(|&(p, _)| p != self.rank && &peers[p].host != me);
+        across.map(|(_, &c)| self.providers[c].rails()).min().unwrap_or(1).max(1)
     }
 
     /// The doorbell this rank's progress thread sleeps on; ring it to wake

@@ -57,6 +57,7 @@ pub mod futex;
 pub mod id;
 pub mod mem;
 pub mod provider;
+mod rail;
 pub mod rdma;
 pub mod region;
 pub mod ring;

@@ -138,6 +138,12 @@ pub trait Provider: Send {
     fn route(&self, _peer: usize, _ch: Channel) -> Option<String> {
         None
     }
+    /// How many rails (interfaces, HCA ports) this provider's channels
+    /// spread over, after [`connect`](Provider::connect): channel `c` on
+    /// rail `c mod rails`.
+    fn rails(&self) -> usize {
+        1
+    }
     /// Whether this provider's connections move bytes only in `progress`
     /// (sockets), so the fabric must call it on every poll.
     fn needs_progress(&self) -> bool {

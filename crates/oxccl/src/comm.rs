@@ -8,7 +8,7 @@ use crate::engine::{self, Shared};
 use crate::exec::{Label, Task};
 use crate::job::{Completion, Extras, Job};
 use crate::plan::{self, Cache};
-use crate::tuner::{AlgoFilter, Tuner};
+use crate::tuner::{AlgoFilter, ChannelChoice, Tuner};
 use oxccl_algo::collective::CollKind;
 use oxccl_algo::placement::Placement;
 use oxccl_core::{DataType, Error, ReduceOp, Result};
@@ -65,8 +65,9 @@ struct Inner {
 /// Fails on every rank, naming one that differs, unless all ranks run the
 /// deterministic mode or none does, and all use as many channels (they
 /// would build different programs).
-fn agree_on_mode(boot: &Bootstrap, rank: usize, on: bool, channels: usize) -> Result<()> {
-    let mine = [u8::from(on), channels as u8];
+fn agree_on_mode(boot: &Bootstrap, rank: usize, on: bool, choice: ChannelChoice) -> Result<()> {
+    let channels = choice.most;
+    let mine = [u8::from(on), channels as u8, choice.lo as u8, u8::from(choice.fixed)];
     let all = boot.all_gather(&mine)?;
     if let Some(q) = all.iter().position(|v| v.first() != Some(&mine[0])) {
         return Err(Error::InvalidUsage(format!(
@@ -76,12 +77,21 @@ fn agree_on_mode(boot: &Bootstrap, rank: usize, on: bool, channels: usize) -> Re
             if on { "does not" } else { "does" },
         )));
     }
-    match all.iter().position(|v| v.get(1) != Some(&mine[1])) {
+    match all.iter().position(|v| v.get(1..4) != Some(&mine[1..4])) {
         None => Ok(()),
-        Some(q) => Err(Error::InvalidUsage(format!(
-            "rank {rank} runs {channels} channels but rank {q} runs {}: set OXCCL_NCHANNELS (or Config::nchannels) the same on every rank",
-            all[q].get(1).copied().unwrap_or(0)
-        ))),
+        Some(q) => {
+            let say = |v: &[u8]| match v {
+                [_, most, _, 1] => format!("{most}"),
+                [_, most, lo, _] => format!("{lo} to {most} (the tuner's choice)"),
+                _ => "?".into(),
+            };
+            Err(Error::InvalidUsage(format!(
+                "rank {rank} runs {} channels but rank {q} runs {}: set OXCCL_NCHANNELS (or Config::nchannels), \
+                 OXCCL_MIN_NCHANNELS and OXCCL_MAX_NCHANNELS the same on every rank",
+                say(&mine),
+                say(&all[q])
+            )))
+        }
     }
 }
 
@@ -111,8 +121,9 @@ impl Communicator {
             rank,
             &BootOptions { timeout: cfg.timeout, host_id: None, encrypt: cfg.encrypt },
         )?);
-        agree_on_mode(&boot, rank, cfg.deterministic, cfg.nchannels)?;
         let fabric = Fabric::new(boot.clone(), id.nonce(), &cfg.fabric_options())?;
+        let channels = cfg.nchannels.choice(fabric.rails());
+        agree_on_mode(&boot, rank, cfg.deterministic, channels)?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };
         let tag: String = id.nonce()[..4].iter().map(|b| format!("{b:02x}")).collect();
@@ -121,7 +132,7 @@ impl Communicator {
         let placement = Placement::from_keys(&topology.host_of());
         let tuner = Tuner::new(placement, fabric.links(), filter, cfg.programs.clone(), fifo)?
             .deterministic(cfg.deterministic)?
-            .channels(cfg.nchannels);
+            .channel_choice(channels);
         // Ranks of this communicator in this process (threads), this one
         // included: they share the programs they build.
         let me = &boot.peers()[rank];

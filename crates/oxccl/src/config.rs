@@ -111,11 +111,15 @@ pub struct Config {
     /// Rank 0 writes the communicator's topology here as JSON at init
     /// (`OXCCL_TOPO_DUMP_FILE`).
     pub topo_dump_file: Option<std::path::PathBuf>,
-    /// Channels a host collective runs on (`OXCCL_NCHANNELS`, 1 to 16;
-    /// default 1): the data is cut into that many parts, each the
-    /// algorithm's program on connections of its own, run concurrently
-    /// ([`oxccl_algo::channels`]). `OXCCL_MIN_NCHANNELS` and
-    /// `OXCCL_MAX_NCHANNELS` bound it. Every rank must agree.
+    /// Channels a host collective runs on (`OXCCL_NCHANNELS`, 1 to 16):
+    /// the data is cut into that many parts, each the algorithm's program
+    /// on connections of its own, run concurrently
+    /// ([`oxccl_algo::channels`]). By default the tuner chooses per
+    /// collective: one channel per rail between hosts (interfaces, HCA
+    /// ports) where the collective is large enough to give each a share
+    /// worth its latency ([`crate::tuner::min_channel_bytes`]), else one.
+    /// `OXCCL_MIN_NCHANNELS` and `OXCCL_MAX_NCHANNELS` bound it. Every
+    /// rank must agree.
     pub nchannels: Option<usize>,
 }
 
@@ -226,8 +230,8 @@ pub struct Resolved {
     pub topo_file: Option<std::path::PathBuf>,
     /// See [`Config::topo_dump_file`].
     pub topo_dump_file: Option<std::path::PathBuf>,
-    /// See [`Config::nchannels`]: within the bounds.
-    pub nchannels: usize,
+    /// See [`Config::nchannels`]: the count asked for and the bounds.
+    pub nchannels: ChannelSettings,
     /// See [`Config::device_path`].
     pub device_path: DevicePath,
     /// See [`Config::device_window`].
@@ -558,7 +562,7 @@ impl Config {
 impl Config {
     /// [`Config::nchannels`] within `OXCCL_MIN_NCHANNELS` and
     /// `OXCCL_MAX_NCHANNELS`; an error names a setting out of 1 to 16.
-    fn channels(&self) -> Result<usize> {
+    fn channels(&self) -> Result<ChannelSettings> {
         let max = oxccl_algo::channels::MAX;
         let check = |what: &str, v: usize| {
             if (1..=max).contains(&v) {
@@ -568,15 +572,38 @@ impl Config {
             }
         };
         let want = match self.nchannels {
-            Some(n) => check("Config::nchannels", n)?,
-            None => parse_num("OXCCL_NCHANNELS")?.map_or(Ok(1), |n| check("OXCCL_NCHANNELS", n))?,
+            Some(n) => Some(check("Config::nchannels", n)?),
+            None => parse_num("OXCCL_NCHANNELS")?.map(|n| check("OXCCL_NCHANNELS", n)).transpose()?,
         };
         let lo = parse_num("OXCCL_MIN_NCHANNELS")?.map_or(Ok(1), |n| check("OXCCL_MIN_NCHANNELS", n))?;
         let hi = parse_num("OXCCL_MAX_NCHANNELS")?.map_or(Ok(max), |n| check("OXCCL_MAX_NCHANNELS", n))?;
         if lo > hi {
             return Err(Error::invalid(format!("OXCCL_MIN_NCHANNELS={lo} is above OXCCL_MAX_NCHANNELS={hi}")));
         }
-        Ok(want.clamp(lo, hi))
+        Ok(ChannelSettings { want: want.map(|w| w.clamp(lo, hi)), lo, hi })
+    }
+}
+
+/// `OXCCL_NCHANNELS` (or [`Config::nchannels`]) and its bounds, resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelSettings {
+    /// The count asked for, within the bounds; `None`: the tuner's.
+    pub want: Option<usize>,
+    /// `OXCCL_MIN_NCHANNELS` (default 1).
+    pub lo: usize,
+    /// `OXCCL_MAX_NCHANNELS` (default 16).
+    pub hi: usize,
+}
+
+impl ChannelSettings {
+    /// What the tuner may choose among where traffic between hosts
+    /// spreads over `rails`: the count asked for, or up to one channel
+    /// per rail (within the bounds).
+    pub fn choice(&self, rails: usize) -> crate::tuner::ChannelChoice {
+        match self.want {
+            Some(n) => crate::tuner::ChannelChoice::fixed(n),
+            None => crate::tuner::ChannelChoice { fixed: false, lo: self.lo, most: rails.clamp(self.lo, self.hi) },
+        }
     }
 }
 

@@ -271,7 +271,34 @@ pub struct Tuner {
     /// Which ranks share a host.
     placement: Placement,
     /// Channels host programs of built-in algorithms are cut into.
-    channels: usize,
+    channels: ChannelChoice,
+}
+
+/// How many channels host programs run on: a count every collective
+/// takes (`OXCCL_NCHANNELS`), or the tuner's per collective, from `lo`
+/// up to `most` (the rails), as its size allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelChoice {
+    /// Set by the user: every collective runs on `most`.
+    pub fixed: bool,
+    /// The fewest channels (`OXCCL_MIN_NCHANNELS`).
+    pub lo: usize,
+    /// The most (the rails between hosts, within the bounds).
+    pub most: usize,
+}
+
+impl ChannelChoice {
+    /// Every collective on `n` channels.
+    pub fn fixed(n: usize) -> ChannelChoice {
+        ChannelChoice { fixed: true, lo: n.max(1), most: n.max(1) }
+    }
+}
+
+/// The smallest share of a collective's bytes worth a channel of its own:
+/// four bandwidth-delay products of the link between hosts (so that its
+/// latency is at most a fifth of the share's time), and at least 64 KiB.
+pub fn min_channel_bytes(inter: oxccl_algo::cost::Link) -> usize {
+    ((4.0 * inter.bw * inter.lat) as usize).max(64 << 10)
 }
 
 /// The variable (and value) that turns the deterministic mode on, as
@@ -396,7 +423,7 @@ impl Tuner {
             fifo,
             deterministic: false,
             placement,
-            channels: 1,
+            channels: ChannelChoice::fixed(1),
         };
         t.filter.check(|k| t.candidates(k))?;
         Ok(t)
@@ -426,9 +453,26 @@ impl Tuner {
     /// The same tuner building host programs of built-in algorithms on
     /// `n` channels ([`oxccl_algo::channels`]; a program whose messages
     /// cannot be split runs on one).
-    pub fn channels(mut self, n: usize) -> Tuner {
-        self.channels = n.max(1);
+    pub fn channels(self, n: usize) -> Tuner {
+        self.channel_choice(ChannelChoice::fixed(n))
+    }
+
+    /// The same tuner choosing channels as `choice` says.
+    pub fn channel_choice(mut self, choice: ChannelChoice) -> Tuner {
+        self.channels =
+            ChannelChoice { lo: choice.lo.clamp(1, choice.most.max(1)), most: choice.most.max(1), ..choice };
         self
+    }
+
+    /// The channels `coll`'s host program runs on: the fixed count, or as
+    /// many of the rails as give each a share of at least
+    /// [`min_channel_bytes`] (never fewer than the lower bound).
+    pub fn channels_for(&self, coll: &Collective) -> usize {
+        let c = self.channels;
+        if c.fixed {
+            return c.most;
+        }
+        (coll.size_bytes() / min_channel_bytes(self.two.inter)).clamp(c.lo, c.most)
     }
 
     /// Whether `coll` must run in the canonical order: the deterministic
@@ -605,12 +649,13 @@ impl Tuner {
     /// The program of `c` for `coll` on the host: built-in algorithms on
     /// the tuner's channels.
     pub fn build(&self, c: Choice, coll: &Collective) -> Result<Program> {
+        let channels = self.channels_for(coll);
         if let Choice::Builtin(a) = c
-            && self.channels > 1
+            && channels > 1
             && self.placement.nranks() == coll.nranks
         {
             let opts = BuildOptions { chunk_bytes: self.chunk_bytes(), max_chunks: usize::MAX };
-            match oxccl_algo::channels::build(a, coll, &opts, &self.placement, self.channels) {
+            match oxccl_algo::channels::build(a, coll, &opts, &self.placement, channels) {
                 Ok(p) => return Ok(p),
                 Err(e) => tracing::debug!("{a} for {coll} on one channel: {e}"),
             }
@@ -783,6 +828,27 @@ mod tests {
             t.build_chunked(Choice::Builtin(Algorithm::Ring), &big, 1 << 16).unwrap().ranks[0].channels.len(),
             1
         );
+    }
+
+    #[test]
+    fn without_a_count_the_tuner_gives_each_rail_a_channel_where_the_size_is_worth_it() {
+        let t = tuner(4, "").unwrap().channel_choice(ChannelChoice { fixed: false, lo: 1, most: 2 });
+        let min = min_channel_bytes(t.two.inter);
+        assert!(min >= 64 << 10);
+        let f32s = |bytes: usize| Collective::new(CollKind::AllReduce, 4, bytes / 4);
+        assert_eq!(t.channels_for(&f32s(8)), 1);
+        assert_eq!(t.channels_for(&f32s(2 * min - 4)), 1, "a share below the minimum");
+        assert_eq!(t.channels_for(&f32s(2 * min)), 2);
+        assert_eq!(t.channels_for(&f32s(64 << 20)), 2, "never more than the rails");
+        let p = t.build(Choice::Builtin(Algorithm::Ring), &f32s(64 << 20)).unwrap();
+        assert!(p.ranks.iter().all(|r| r.channels.len() == 2));
+        assert_eq!(t.build(Choice::Builtin(Algorithm::Ring), &f32s(4096)).unwrap().ranks[0].channels.len(), 1);
+        // A lower bound holds for small collectives too; a fixed count
+        // for every size.
+        let t = t.channel_choice(ChannelChoice { fixed: false, lo: 2, most: 3 });
+        assert_eq!(t.channels_for(&f32s(8)), 2);
+        let t = t.channels(3);
+        assert_eq!(t.channels_for(&f32s(8)), 3);
     }
 
     #[test]

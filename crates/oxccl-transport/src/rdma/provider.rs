@@ -13,6 +13,7 @@ use super::verbs::{AsyncEvent, Device, GidEntry, LinkLayer, PortInfo, PortState}
 use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
 use crate::provider::{Direct, Factory, LinkCost, LinkParams, Provider, Setup, Wake};
+use crate::rail::RailWatch;
 use crate::{Channel, Error, Kind, Piece, Receiver, Result, Sender};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -86,6 +87,94 @@ impl RdmaOptions {
 pub struct RdmaFactory {
     /// The provider's settings.
     pub opts: RdmaOptions,
+    /// `OXCCL_SOCKET_IFNAME`: the software HCA opens a device over every
+    /// interface it selects (a rail each); without it, one over the
+    /// bootstrap's address.
+    pub ifname: Option<String>,
+}
+
+/// One rail before its side channel: an HCA port (or a software HCA over
+/// an interface) and a name for messages.
+struct RailPort {
+    dev: Arc<dyn Device>,
+    port: PortInfo,
+    gid: GidEntry,
+    /// Where its side channel listens.
+    side_ip: Ipv4Addr,
+    /// The interface it runs over (the software HCA), to watch.
+    ifname: Option<String>,
+    /// How messages name it.
+    label: String,
+}
+
+impl RdmaFactory {
+    /// Every rail of this rank: each interface `ifname` selects with a
+    /// software HCA over it, or every active port `OXCCL_IB_HCA` admits of
+    /// every device libibverbs lists (of the first one's link layer).
+    fn rail_ports(&self, rank: usize, boot: Ipv4Addr) -> Result<Vec<RailPort>> {
+        let opts = &self.opts.ib;
+        let mut out = Vec::new();
+        match opts.provider {
+            IbProvider::Soft => {
+                let ifs = match &self.ifname {
+                    Some(spec) => crate::id::interface_ips(Some(spec))?
+                        .into_iter()
+                        .filter_map(|(n, ip)| match ip {
+                            IpAddr::V4(v) => Some((Some(n), v)),
+                            IpAddr::V6(_) => None,
+                        })
+                        .collect(),
+                    None => vec![(None, boot)],
+                };
+                for (ifname, ip) in ifs {
+                    let dev: Arc<dyn Device> = SoftDevice::open(ip, self.opts.soft)?;
+                    let (port, gid) = pick_port(&dev, opts)?;
+                    let label = match &ifname {
+                        Some(n) => format!("soft HCA over {n}"),
+                        None => format!("soft HCA on {ip}"),
+                    };
+                    out.push(RailPort { dev, port, gid, side_ip: ip, ifname, label });
+                }
+            }
+            IbProvider::Ibv => {
+                let devs = ibv_devices(opts).map_err(|u| Error::Unavailable(format!("rank {rank}: RDMA: {u}")))?;
+                let mut why = Vec::new();
+                for dev in devs {
+                    for port in dev.ports()? {
+                        if port.state != PortState::Active || !opts.hca.matches(dev.name(), port.num) {
+                            continue;
+                        }
+                        match choose_gid(dev.name(), &port, opts.gid_index) {
+                            Ok(gid) => {
+                                let label = format!("{} port {}", dev.name(), port.num);
+                                out.push(RailPort { dev: dev.clone(), port, gid, side_ip: boot, ifname: None, label });
+                            }
+                            Err(e) => why.push(e.to_string()),
+                        }
+                    }
+                }
+                if out.is_empty() {
+                    return Err(Error::Unavailable(format!(
+                        "rank {rank}: no active RDMA port OXCCL_IB_HCA admits{}",
+                        if why.is_empty() { String::new() } else { format!(" ({})", why.join("; ")) }
+                    )));
+                }
+                let ll = out[0].port.link_layer;
+                let skipped: Vec<String> =
+                    out.iter().filter(|r| r.port.link_layer != ll).map(|r| r.label.clone()).collect();
+                if !skipped.is_empty() {
+                    tracing::info!(
+                        rank,
+                        "RDMA: {} left out: not {ll} like {} (choose ports with OXCCL_IB_HCA)",
+                        skipped.join(", "),
+                        out[0].label
+                    );
+                    out.retain(|r| r.port.link_layer == ll);
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Factory for RdmaFactory {
@@ -102,73 +191,82 @@ impl Factory for RdmaFactory {
     }
     fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>> {
         if !setup.serves_any() {
-            return Ok(Box::new(RdmaProvider { rank: setup.rank, inner: None, direct: None, sticky: None }));
+            return Ok(Box::new(RdmaProvider {
+                rank: setup.rank,
+                rails: Vec::new(),
+                watch: None,
+                direct: None,
+                sticky: None,
+            }));
         }
         let opts = self.opts.ib.clone();
-        let ip = match setup.boot.local_ip() {
+        let boot = match setup.boot.local_ip() {
             IpAddr::V4(v) => v,
             IpAddr::V6(_) => Ipv4Addr::LOCALHOST,
         };
-        let dev: Arc<dyn Device> = match opts.provider {
-            IbProvider::Soft => SoftDevice::open(ip, self.opts.soft)?,
-            IbProvider::Ibv => ibv_devices(&opts)
-                .map_err(|u| Error::Unavailable(format!("rank {}: RDMA: {u}", setup.rank)))?
-                .into_iter()
-                .next()
-                .ok_or_else(|| Error::Unavailable(format!("rank {}: no RDMA device", setup.rank)))?,
-        };
-        let (port, gid) = pick_port(&dev, &opts)?;
         let faults = self.opts.faults;
         let cap = setup.buffsize.next_power_of_two().max(64 << 10);
         let chunk = opts.chunk.next_power_of_two().min(cap / 2);
-        let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), 0)).map_err(|e| {
-            Error::System(format!("rank {}: RDMA side channel: cannot listen on {ip}: {e}", setup.rank))
-        })?;
-        listener.set_nonblocking(true).map_err(|e| Error::System(format!("RDMA side channel: {e}")))?;
-        tracing::info!(
-            rank = setup.rank,
-            "RDMA on {} port {} ({}), GID index {}",
-            dev.name(),
-            port.num,
-            port.link_layer,
-            gid.index
-        );
-        let local = Local {
-            rank: setup.rank,
-            dev,
-            port,
-            gid,
-            opts,
-            secret: setup.boot.secret(),
-            cap,
-            chunk,
-            timeout: setup.timeout,
-            faults,
-        };
-        let ep = Arc::new(Endpoint { local, cards: OnceLock::new() });
-        let inner = Arc::new(Inner {
-            ep: ep.clone(),
-            side: listener.local_addr().map_err(|e| Error::System(e.to_string()))?,
-            listener: Mutex::new(Some(listener)),
-            accepted: Mutex::new(HashMap::new()),
-            one_sided_in: Mutex::new(Vec::new()),
-            wake: Arc::new(WakeSet::default()),
-            closed: AtomicBool::new(false),
-            unproven: Mutex::new(std::collections::VecDeque::new()),
-            next_unproven: AtomicU64::new(0),
-        });
+        let mut rails = Vec::new();
+        let mut ifnames = Vec::new();
+        for r in self.rail_ports(setup.rank, boot)? {
+            let ip = r.side_ip;
+            let listener = TcpListener::bind(SocketAddr::new(IpAddr::V4(ip), 0)).map_err(|e| {
+                Error::System(format!("rank {}: RDMA side channel: cannot listen on {ip}: {e}", setup.rank))
+            })?;
+            listener.set_nonblocking(true).map_err(|e| Error::System(format!("RDMA side channel: {e}")))?;
+            tracing::info!(
+                rank = setup.rank,
+                "RDMA rail {}: {} ({}), GID index {}",
+                rails.len() + 1,
+                r.label,
+                r.port.link_layer,
+                r.gid.index
+            );
+            let local = Local {
+                rank: setup.rank,
+                dev: r.dev,
+                port: r.port,
+                gid: r.gid,
+                opts: opts.clone(),
+                secret: setup.boot.secret(),
+                cap,
+                chunk,
+                timeout: setup.timeout,
+                faults,
+            };
+            let ep = Arc::new(Endpoint { local, cards: OnceLock::new() });
+            ifnames.push(r.ifname.unwrap_or_default());
+            rails.push(Arc::new(Inner {
+                ep,
+                label: r.label,
+                side: listener.local_addr().map_err(|e| Error::System(e.to_string()))?,
+                listener: Mutex::new(Some(listener)),
+                accepted: Mutex::new(HashMap::new()),
+                one_sided_in: Mutex::new(Vec::new()),
+                wake: Arc::new(WakeSet::default()),
+                closed: AtomicBool::new(false),
+                unproven: Mutex::new(std::collections::VecDeque::new()),
+                next_unproven: AtomicU64::new(0),
+            }));
+        }
+        let watch = RailWatch::new(setup.rank, "RDMA", &ifnames);
         Ok(Box::new(RdmaProvider {
             rank: setup.rank,
-            direct: Some(DirectState::new(ep)),
-            inner: Some(inner),
+            direct: Some(DirectState::new(rails[0].ep.clone())),
+            rails,
+            watch: Some(watch),
             sticky: None,
         }))
     }
 }
 
-/// What the provider shares with its accept thread and receiving ends.
+/// One rail of the provider: what it shares with its accept thread and
+/// receiving ends.
 struct Inner {
     ep: Arc<Endpoint>,
+    /// The rail's name in messages (`mlx5_1 port 1`, `soft HCA over eth1`).
+    label: String,
     side: SocketAddr,
     listener: Mutex<Option<TcpListener>>,
     accepted: Mutex<HashMap<(usize, Channel), Box<RdmaReceiver>>>,
@@ -227,19 +325,57 @@ fn accept_loop(inner: Weak<Inner>, l: TcpListener) {
     });
 }
 
-/// One rank's side of the RDMA provider (`None` inside when it serves no
-/// peer).
+/// One rank's side of the RDMA provider: a rail per HCA port (no rail
+/// when it serves no peer). Channel `c` goes over rail `c mod R`, `R` the
+/// fewest rails any rank has; one-sided access over the first.
 pub struct RdmaProvider {
     rank: usize,
-    inner: Option<Arc<Inner>>,
+    rails: Vec<Arc<Inner>>,
+    /// The interfaces the software HCA's rails run over, watched while
+    /// channels use them.
+    watch: Option<RailWatch>,
     direct: Option<DirectState>,
     sticky: Option<Error>,
 }
 
 impl RdmaProvider {
-    fn inner(&self) -> Result<&Arc<Inner>> {
-        self.inner.as_ref().ok_or_else(|| Error::Internal("RDMA traffic with a peer RDMA does not serve".into()))
+    /// The rail of channel `ch`, from now on watched.
+    fn rail(&mut self, ch: Channel) -> Result<Arc<Inner>> {
+        if self.rails.is_empty() {
+            return Err(Error::Internal("RDMA traffic with a peer RDMA does not serve".into()));
+        }
+        let i = ch as usize % self.rails.len();
+        if let Some(w) = &mut self.watch {
+            w.used(i);
+        }
+        Ok(self.rails[i].clone())
     }
+}
+
+/// What a rank publishes: each rail's card, length-prefixed.
+fn encode_cards(cards: &[Vec<u8>]) -> Vec<u8> {
+    let mut b = Vec::new();
+    for c in cards {
+        b.extend_from_slice(&(c.len() as u16).to_le_bytes());
+        b.extend_from_slice(c);
+    }
+    b
+}
+
+/// Rank `from`'s rails' cards from what it published.
+fn decode_cards(mut b: &[u8], from: usize) -> Result<Vec<Card>> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let bad = || Error::Remote(format!("rank {from} published a malformed list of RDMA addresses"));
+        let len = usize::from(u16::from_le_bytes([b[0], *b.get(1).ok_or_else(bad)?]));
+        let card = b.get(2..2 + len).ok_or_else(bad)?;
+        out.push(Card::decode(card, from)?);
+        b = &b[2 + len..];
+    }
+    if out.is_empty() {
+        return Err(Error::Remote(format!("rank {from} published no RDMA address")));
+    }
+    Ok(out)
 }
 
 impl Provider for RdmaProvider {
@@ -248,52 +384,90 @@ impl Provider for RdmaProvider {
     }
 
     fn link(&self) -> LinkParams {
-        let bw = self.inner.as_ref().map_or(12.5e9, |i| i.ep.local.port.bw);
+        let bw = self.rails.first().map_or(12.5e9, |i| i.ep.local.port.bw);
         LinkParams { fifo: LinkCost { bw, lat: 5e-6 }, one_sided: LinkCost { bw, lat: 4e-6 }, native: true }
     }
 
     fn publish(&self) -> Vec<u8> {
-        self.inner.as_ref().map_or_else(Vec::new, |i| i.ep.local.card(i.side).encode())
+        if self.rails.is_empty() {
+            return Vec::new();
+        }
+        encode_cards(&self.rails.iter().map(|i| i.ep.local.card(i.side).encode()).collect::<Vec<_>>())
     }
 
     fn connect(&mut self, setup: &Setup<'_>, published: &[Vec<u8>], _bell: &Doorbell) -> Result<()> {
-        let Some(i) = &self.inner else { return Ok(()) };
-        let mine = i.ep.local.port.link_layer == LinkLayer::Ethernet;
-        let mut cards = Vec::with_capacity(published.len());
-        for (p, b) in published.iter().enumerate() {
-            if !setup.serves[p] || p == self.rank {
-                cards.push(None);
-                continue;
-            }
-            let c = Card::decode(b, p)?;
-            if c.ethernet != mine {
-                let ll = |e: bool| if e { LinkLayer::Ethernet } else { LinkLayer::InfiniBand };
-                return Err(Error::InvalidUsage(format!(
-                    "rank {}'s RDMA port ({} port {}, {}) and rank {p}'s ({} port {}, {}) have different link layers: \
-                     they cannot connect (choose matching ports with OXCCL_IB_HCA, or OXCCL_IB_DISABLE=1 for TCP)",
-                    self.rank,
-                    i.ep.local.dev.name(),
-                    i.ep.local.port.num,
-                    ll(mine),
-                    c.dev,
-                    c.port,
-                    ll(c.ethernet)
-                )));
-            }
-            cards.push(Some(c));
+        if self.rails.is_empty() {
+            return Ok(());
         }
-        let _ = i.ep.cards.set(cards);
-        let l = i.listener.lock().take().expect("connect runs once");
-        let weak = Arc::downgrade(i);
-        std::thread::Builder::new()
-            .name(format!("oxccl-rdma-accept-{}", self.rank))
-            .spawn(move || accept_loop(weak, l))
-            .map_err(|e| Error::System(format!("RDMA: thread: {e}")))?;
+        let mut lists: Vec<Option<Vec<Card>>> = Vec::with_capacity(published.len());
+        for (p, b) in published.iter().enumerate() {
+            let served = setup.serves[p] && p != self.rank;
+            lists.push(if served { Some(decode_cards(b, p)?) } else { None });
+        }
+        let r = lists.iter().flatten().map(Vec::len).min().unwrap_or(1).min(self.rails.len()).max(1);
+        if r < self.rails.len() {
+            let gone: Vec<String> = self.rails[r..].iter().map(|i| i.label.clone()).collect();
+            tracing::info!(
+                "rank {}: RDMA over {r} of its {} rails: a peer has {r} ({} unused)",
+                self.rank,
+                self.rails.len(),
+                gone.join(", ")
+            );
+            for i in self.rails.drain(r..) {
+                i.closed.store(true, Ordering::Release);
+            }
+            if let Some(w) = &mut self.watch {
+                w.truncate(r);
+            }
+        } else if r > 1 {
+            let names: Vec<&str> = self.rails.iter().map(|i| i.label.as_str()).collect();
+            tracing::info!(
+                "rank {}: RDMA over {r} rails ({}); channel c on rail c mod {r}",
+                self.rank,
+                names.join(", ")
+            );
+        }
+        for (k, i) in self.rails.iter().enumerate() {
+            let mine = i.ep.local.port.link_layer == LinkLayer::Ethernet;
+            let mut cards = Vec::with_capacity(lists.len());
+            for (p, list) in lists.iter().enumerate() {
+                let Some(c) = list.as_ref().map(|l| l[k].clone()) else {
+                    cards.push(None);
+                    continue;
+                };
+                if c.ethernet != mine {
+                    let ll = |e: bool| if e { LinkLayer::Ethernet } else { LinkLayer::InfiniBand };
+                    return Err(Error::InvalidUsage(format!(
+                        "rank {}'s RDMA port ({} port {}, {}) and rank {p}'s ({} port {}, {}) on rail {} have \
+                         different link layers: they cannot connect (choose matching ports with OXCCL_IB_HCA, or \
+                         OXCCL_IB_DISABLE=1 for TCP)",
+                        self.rank,
+                        i.ep.local.dev.name(),
+                        i.ep.local.port.num,
+                        ll(mine),
+                        c.dev,
+                        c.port,
+                        ll(c.ethernet),
+                        k + 1
+                    )));
+                }
+                cards.push(Some(c));
+            }
+            let _ = i.ep.cards.set(cards);
+        }
+        for i in &self.rails {
+            let l = i.listener.lock().take().expect("connect runs once");
+            let weak = Arc::downgrade(i);
+            std::thread::Builder::new()
+                .name(format!("oxccl-rdma-accept-{}", self.rank))
+                .spawn(move || accept_loop(weak, l))
+                .map_err(|e| Error::System(format!("RDMA: thread: {e}")))?;
+        }
         Ok(())
     }
 
     fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>> {
-        let i = self.inner()?;
+        let i = self.rail(ch)?;
         match setup::connect(&i.ep, peer, Some(ch))? {
             Conn::Data(mut s) => {
                 s.watch(&i.wake);
@@ -304,9 +478,21 @@ impl Provider for RdmaProvider {
     }
 
     fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>> {
-        let i = self.inner()?.clone();
+        let i = self.rail(ch)?;
         i.ep.card(peer)?;
         Ok(Box::new(Pending { inner: i, key: (peer, ch), end: None }))
+    }
+
+    fn route(&self, _peer: usize, ch: Channel) -> Option<String> {
+        let r = self.rails.len();
+        (r > 1).then(|| {
+            let k = ch as usize % r;
+            format!("rdma over {}, rail {} of {r}", self.rails[k].label, k + 1)
+        })
+    }
+
+    fn rails(&self) -> usize {
+        self.rails.len().max(1)
     }
 
     fn needs_progress(&self) -> bool {
@@ -314,7 +500,7 @@ impl Provider for RdmaProvider {
     }
 
     fn wake(&self) -> Wake {
-        let fds = self.inner.as_ref().map_or_else(Vec::new, |i| i.wake.all());
+        let fds = self.rails.iter().flat_map(|i| i.wake.all()).collect();
         Wake { rings_bell: false, fds }
     }
 
@@ -322,38 +508,11 @@ impl Provider for RdmaProvider {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
         }
-        let Some(i) = &self.inner else { return Ok(()) };
-        let (dev, port) = (i.ep.local.dev.name().to_string(), i.ep.local.port.num);
-        while let Some(ev) = i.ep.local.dev.async_event() {
-            let rank = self.rank;
-            let e = match ev {
-                AsyncEvent::PortErr(p) => format!(
-                    "rank {rank}: RDMA port {p} of {dev} went down (PORT_ERR): its connections fail (link down, \
-                     cable, switch)"
-                ),
-                AsyncEvent::DeviceFatal => format!("rank {rank}: RDMA device {dev} failed (DEVICE_FATAL)"),
-                AsyncEvent::CqErr => format!(
-                    "rank {rank}: a completion queue on {dev} port {port} overflowed (CQ_ERR): its connections failed"
-                ),
-                AsyncEvent::QpFatal(q) => format!("rank {rank}: queue pair {q} on {dev} port {port} failed (QP_FATAL)"),
-                AsyncEvent::QpError(q) => {
-                    // The peer that sent the request sees REM_ACCESS and
-                    // says so; a data connection on this QP fails with its
-                    // flushed receives.
-                    tracing::warn!(
-                        rank,
-                        "a peer's request broke an RDMA rule on queue pair {q} on {dev} port {port} (a bad rkey or \
-                         bounds), which failed"
-                    );
-                    continue;
-                }
-                other => {
-                    tracing::info!(rank, "RDMA event on {dev}: {other}");
-                    continue;
-                }
-            };
-            tracing::warn!("{e}");
-            self.sticky = Some(Error::Remote(e));
+        if let Some(w) = &mut self.watch {
+            w.check()?;
+        }
+        for i in &self.rails {
+            self.sticky = self.sticky.take().or_else(|| device_events(self.rank, i));
         }
         self.sticky.clone().map_or(Ok(()), Err)
     }
@@ -364,12 +523,50 @@ impl Provider for RdmaProvider {
 
     fn close(&mut self) {
         self.direct = None;
-        if let Some(i) = &self.inner {
+        for i in &self.rails {
             i.closed.store(true, Ordering::Release);
             i.accepted.lock().clear();
             i.one_sided_in.lock().clear();
         }
     }
+}
+
+/// The failure among rail `i`'s device's asynchronous events, if any
+/// (the others are logged).
+fn device_events(rank: usize, i: &Inner) -> Option<Error> {
+    let mut failed = None;
+    let (dev, port) = (i.ep.local.dev.name().to_string(), i.ep.local.port.num);
+    while let Some(ev) = i.ep.local.dev.async_event() {
+        let e = match ev {
+            AsyncEvent::PortErr(p) => format!(
+                "rank {rank}: RDMA port {p} of {dev} went down (PORT_ERR): its connections fail (link down, \
+                 cable, switch)"
+            ),
+            AsyncEvent::DeviceFatal => format!("rank {rank}: RDMA device {dev} failed (DEVICE_FATAL)"),
+            AsyncEvent::CqErr => format!(
+                "rank {rank}: a completion queue on {dev} port {port} overflowed (CQ_ERR): its connections failed"
+            ),
+            AsyncEvent::QpFatal(q) => format!("rank {rank}: queue pair {q} on {dev} port {port} failed (QP_FATAL)"),
+            AsyncEvent::QpError(q) => {
+                // The peer that sent the request sees REM_ACCESS and
+                // says so; a data connection on this QP fails with its
+                // flushed receives.
+                tracing::warn!(
+                    rank,
+                    "a peer's request broke an RDMA rule on queue pair {q} on {dev} port {port} (a bad rkey or \
+                     bounds), which failed"
+                );
+                continue;
+            }
+            other => {
+                tracing::info!(rank, "RDMA event on {dev}: {other}");
+                continue;
+            }
+        };
+        tracing::warn!("{e}");
+        failed = Some(Error::Remote(e));
+    }
+    failed
 }
 
 impl Drop for RdmaProvider {

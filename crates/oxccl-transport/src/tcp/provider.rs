@@ -9,12 +9,15 @@
 //! of a connection goes over rail `c mod R`, `R` the fewest rails any rank
 //! has (each rank publishes its rails' addresses; a rank with more uses
 //! its first `R` and says so at INFO). Traffic never moves to another
-//! rail: a rail that fails is the error of the channels on it.
+//! rail: a rail that fails is the error of the channels on it, and a rail
+//! whose interface is set down, loses its carrier or vanishes fails the
+//! rank at its next check (a fifth of a second), naming the interface.
 
 use super::{Tcp, TcpOptions};
 use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
 use crate::provider::{Factory, LinkCost, LinkParams, Provider, Setup, Wake};
+use crate::rail::RailWatch;
 use crate::{Channel, Error, Kind, Receiver, Result, Sender};
 
 /// Makes [`TcpProvider`]s: anything reachable.
@@ -33,23 +36,33 @@ impl Factory for TcpFactory {
     }
     fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>> {
         if !setup.serves_any() {
-            return Ok(Box::new(TcpProvider { tcp: None, names: Vec::new(), rank: setup.rank }));
+            return Ok(Box::new(TcpProvider { tcp: None, names: Vec::new(), watch: None, rank: setup.rank }));
         }
         let rails = match &self.opts.ifname {
             Some(name) => crate::id::interface_ips(Some(name))?,
-            None => vec![("default".to_string(), setup.boot.local_ip())],
+            None => default_rails(setup.boot.local_ip()),
         };
         let topts = TcpOptions { connect_timeout: self.opts.connect_timeout.min(setup.timeout), ..self.opts.clone() };
         let tcps = rails
             .iter()
             .map(|(_, ip)| Tcp::new(setup.rank, setup.nranks(), setup.nonce, setup.boot.secret(), *ip, topts.clone()))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Box::new(TcpProvider {
-            tcp: Some(tcps),
-            names: rails.into_iter().map(|(n, _)| n).collect(),
-            rank: setup.rank,
-        }))
+        let names: Vec<String> = rails.into_iter().map(|(n, _)| n).collect();
+        let watch = RailWatch::new(setup.rank, "tcp", &names);
+        Ok(Box::new(TcpProvider { tcp: Some(tcps), names, watch: Some(watch), rank: setup.rank }))
     }
+}
+
+/// The rails without `OXCCL_SOCKET_IFNAME`: every interface of one speed
+/// where [`crate::id::interface_ips`] finds several beside the bootstrap's
+/// (its rules), else the bootstrap's interface alone.
+fn default_rails(boot: std::net::IpAddr) -> Vec<(String, std::net::IpAddr)> {
+    let found = crate::id::interface_ips(None).unwrap_or_default();
+    if found.len() > 1 && found.first().is_some_and(|(_, ip)| *ip == boot) {
+        return found;
+    }
+    let name = found.iter().find(|(_, ip)| *ip == boot).map_or_else(|| "default".to_string(), |(n, _)| n.clone());
+    vec![(name, boot)]
 }
 
 /// One rank's side of the TCP provider: a [`Tcp`] per rail (`None` when it
@@ -58,15 +71,21 @@ pub struct TcpProvider {
     tcp: Option<Vec<Tcp>>,
     /// The rails' interface names.
     names: Vec<String>,
+    /// Their interfaces, watched while channels use them.
+    watch: Option<RailWatch>,
     rank: usize,
 }
 
 impl TcpProvider {
-    /// The rail of channel `ch`.
-    fn tcp(&self, ch: Channel) -> Result<&Tcp> {
+    /// The rail of channel `ch`, from now on watched.
+    fn tcp(&mut self, ch: Channel) -> Result<&Tcp> {
         let tcps =
             self.tcp.as_ref().ok_or_else(|| Error::Internal("TCP traffic with a peer TCP does not serve".into()))?;
-        Ok(&tcps[ch as usize % tcps.len()])
+        let i = ch as usize % tcps.len();
+        if let Some(w) = &mut self.watch {
+            w.used(i);
+        }
+        Ok(&tcps[i])
     }
 
     /// How many rails this rank uses (after [`Provider::connect`]: as many
@@ -122,6 +141,9 @@ impl Provider for TcpProvider {
             for t in tcps.drain(rails..) {
                 t.close();
             }
+            if let Some(w) = &mut self.watch {
+                w.truncate(rails);
+            }
         } else if rails > 1 {
             tracing::info!(
                 "rank {}: TCP over {rails} rails ({}); channel c on rail c mod {rails}",
@@ -160,6 +182,12 @@ impl Provider for TcpProvider {
     }
     fn wake(&self) -> Wake {
         Wake { rings_bell: false, fds: self.all().flat_map(Tcp::poll_fds).collect() }
+    }
+    fn rails(&self) -> usize {
+        TcpProvider::rails(self).max(1)
+    }
+    fn check(&mut self) -> Result<()> {
+        self.watch.as_mut().map_or(Ok(()), RailWatch::check)
     }
     fn close(&mut self) {
         self.all().for_each(Tcp::close);
