@@ -21,6 +21,20 @@
 //! oxccl-sim --program hand.json -b 8 -e 64M -f 4
 //! ```
 //!
+//! `--channels C` cuts each algorithm's program by data into `C` parts on
+//! channels of their own (`oxccl_algo::channels`, what `OXCCL_NCHANNELS`
+//! does in the library); an algorithm whose program cannot be split runs
+//! on one channel, and a `#` line says so. `--rails channel` puts channel
+//! `c` of every connection between nodes on NIC `c mod N` of both nodes
+//! (oxccl's TCP rails, `OXCCL_SOCKET_IFNAME=eth0,eth1`); the default,
+//! `--rails rank`, puts local rank `i` on NIC `i mod N` (NCCL's
+//! rail-optimized layout):
+//!
+//! ```text
+//! oxccl-sim all_reduce --nodes 2 --ranks-per-node 2 --numbering cyclic --algo ring \
+//!     --inter 125MB/s,60us --intra 2GB/s,5us --nics-per-node 2 --rails channel --channels 2 -b 1M -e 16M -f 4
+//! ```
+//!
 //! `--plot FILE.png` also draws the sweep's predicted busbw against size,
 //! one curve per algorithm (matplotlib, through the same script as
 //! `tools/compare-peers --plot`).
@@ -46,7 +60,7 @@ mod sweep;
 
 use clap::Parser;
 use oxccl_algo::algos::{Algorithm, BuildOptions};
-use oxccl_algo::cost::{Link, Topology, parse_bandwidth};
+use oxccl_algo::cost::{Link, Rails, Topology, parse_bandwidth};
 use oxccl_algo::placement::Placement;
 use oxccl_algo::{CollKind, Collective};
 use oxccl_core::{DataType, ReduceOp};
@@ -59,7 +73,7 @@ use sweep::{Row, Table};
     name = "oxccl-sim",
     version,
     about = "Predict collective algorithms' time, algbw and busbw on a modelled cluster (nccl-tests columns)",
-    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n\nSizes: 8GB = 8·10^9 bytes, 8GiB = 8·2^30, and a bare 8G = 8·2^30 as in nccl-tests; bandwidths 450GB/s = 450·10^9 bytes/s, 50GiB/s, 100Gb/s (bits).\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\nModel: per-rank intra-node ports, --nics-per-node NICs per node (rail-optimized) shared by the ranks that use them, first-come first-served; see oxccl_algo::sim."
+    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n  oxccl-sim all_reduce --nodes 2 --ranks-per-node 2 --numbering cyclic --algo ring --inter 125MB/s,60us --intra 2GB/s,5us --nics-per-node 2 --rails channel --channels 2 -b 1M -e 16M -f 4\n\nSizes: 8GB = 8·10^9 bytes, 8GiB = 8·2^30, and a bare 8G = 8·2^30 as in nccl-tests; bandwidths 450GB/s = 450·10^9 bytes/s, 50GiB/s, 100Gb/s (bits).\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\n--channels C cuts each algorithm's program by data into C parts, each on channels and connections of its own (oxccl_algo::channels, as OXCCL_NCHANNELS does); an algorithm that cannot be split runs on one channel and a '#' line says so.\n\nModel: per-rank intra-node ports, --nics-per-node NICs per node shared by the connections that use them, first-come first-served; every channel has connections of its own. --rails rank: local rank i uses NIC i mod N (rail-optimized, as on DGX nodes); --rails channel: channel c uses NIC c mod N of both nodes (oxccl's TCP rails). See oxccl_algo::sim."
 )]
 struct Args {
     /// Collective, as nccl-tests names it: all_reduce, all_gather,
@@ -85,10 +99,23 @@ struct Args {
     /// Link between nodes: one NIC, shared by the ranks that use it.
     #[arg(long, default_value = "50GB/s,5us", value_parser = parse_link)]
     inter: Link,
-    /// NICs per node, rail-optimized: local rank i uses NIC i mod N, NIC j
-    /// of every node is on rail j (8 on DGX H100 nodes).
+    /// NICs per node (8 on DGX H100 nodes): NIC j of every node is on
+    /// rail j; --rails says which one a connection takes.
     #[arg(long = "nics-per-node", default_value_t = 1)]
     nics_per_node: usize,
+    /// Which NIC a connection between nodes takes: rank (local rank i
+    /// uses NIC i mod N on every channel: NCCL's rail-optimized layout) or
+    /// channel (channel c uses NIC c mod N of both nodes, whatever the
+    /// ranks: oxccl's TCP rails, OXCCL_SOCKET_IFNAME with several
+    /// interfaces).
+    #[arg(long, default_value = "rank", value_parser = ["rank", "channel"])]
+    rails: String,
+    /// Cut each algorithm's program by data into C parts, each on channels
+    /// of its own (oxccl_algo::channels, as OXCCL_NCHANNELS does; 1 to
+    /// 16). Where a program cannot be split it runs on one channel and a
+    /// '#' line says so.
+    #[arg(long, default_value_t = 1)]
+    channels: usize,
     /// Smallest size in bytes (8K = 8KiB = 8192, 8KB = 8000) [default: 32M].
     #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
     minbytes: Option<u64>,
@@ -238,6 +265,12 @@ fn run(args: &Args) -> Result<(), String> {
         }
         opts.max_chunks = m;
     }
+    if args.channels == 0 || args.channels > oxccl_algo::channels::MAX {
+        return Err(format!("--channels must be 1 to {}, got {}", oxccl_algo::channels::MAX, args.channels));
+    }
+    if args.program.is_some() && args.channels > 1 {
+        return Err("--channels splits the built-in algorithms; a --program file keeps its own channels".into());
+    }
     if args.plot.is_some() && (args.emit || (args.program.is_some() && !args.sweeps())) {
         return Err("--plot draws a sweep: give -b/-e/-f (with --program), and not --emit".into());
     }
@@ -248,7 +281,8 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn topology(args: &Args, nodes: usize, rpn: usize) -> Result<Topology, String> {
-    let mut topo = Topology::new(nodes, rpn, args.intra, args.inter).with_nics(args.nics_per_node);
+    let rails = if args.rails == "channel" { Rails::ByChannel } else { Rails::ByRank };
+    let mut topo = Topology::new(nodes, rpn, args.intra, args.inter).with_nics(args.nics_per_node).with_rails(rails);
     if let Some(bw) = args.reduce_bw {
         topo = topo.with_reduce_bw(bw);
     }
@@ -339,23 +373,36 @@ fn run_sweep(args: &Args, opts: &BuildOptions) -> Result<(), String> {
         let [algo] = algos[..] else {
             return Err(format!("--emit prints one program: name one algorithm with --algo, not {}", algos.len()));
         };
-        let p = oxccl_algo::algos::build_on(algo, &colls[0], opts, &placement).map_err(|e| plain(&e))?;
+        let (p, _) = sweep::build(algo, &colls[0], opts, &placement, args.channels).map_err(|e| plain(&e))?;
         println!("{}", p.to_json());
         return Ok(());
     }
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |t| t.get())).max(1);
-    let results = sweep::run(&colls, &algos, opts, &topo, &placement, threads, args.verbose)?;
+    let results = sweep::run(&colls, &algos, opts, &topo, &placement, args.channels, threads, args.verbose)?;
     let mut table = Table::new(kind, args.op, algos.iter().map(|a| a.name().to_string()).collect());
     println!("# oxccl-sim: {kind}, {n} ranks on {topo}, numbered {}", args.numbering);
     println!(
         "# pipeline chunk {} bytes, at most {} chunks; times are predicted by oxccl_algo::sim",
         opts.chunk_bytes, opts.max_chunks
     );
+    if args.channels > 1 {
+        println!("# each program cut into {} channels (oxccl_algo::channels)", args.channels);
+        for (a, algo) in algos.iter().enumerate() {
+            let single: Vec<&String> = results.iter().filter_map(|r| r[a].2.as_ref()).collect();
+            if let Some(why) = single.first() {
+                let at = match single.len() == colls.len() {
+                    true => "every size".to_string(),
+                    false => format!("{} of {} sizes", single.len(), colls.len()),
+                };
+                println!("# {algo}: one channel at {at}, it cannot be split: {why}");
+            }
+        }
+    }
     println!("#");
     table.print_header();
     let bounds: Vec<Vec<oxccl_algo::sim::Bound>> = results.iter().map(|r| r.iter().map(|x| x.1).collect()).collect();
     let rows: Vec<Row> =
-        colls.iter().zip(results).map(|(c, r)| Row { coll: *c, times: r.iter().map(|x| x.0).collect() }).collect();
+        colls.iter().zip(&results).map(|(c, r)| Row { coll: *c, times: r.iter().map(|x| x.0).collect() }).collect();
     for row in &rows {
         table.print_row(row);
     }

@@ -2,7 +2,7 @@
 //! printing the results in nccl-tests' columns.
 
 use oxccl_algo::Program;
-use oxccl_algo::algos::{Algorithm, BuildOptions, build_into_on};
+use oxccl_algo::algos::{Algorithm, BuildOptions, build_into_on, build_on};
 use oxccl_algo::cost::Topology;
 use oxccl_algo::ir::Step;
 use oxccl_algo::placement::Placement;
@@ -55,6 +55,25 @@ fn estimate_steps(algo: Algorithm, coll: &Collective, opts: &BuildOptions) -> u6
         (Algorithm::Rhd, _) => 4 * n * log,
         (Algorithm::Doubling, _) => 2 * n * log + 4 * n,
         _ => 4 * n * n,
+    }
+}
+
+/// `algo`'s program for `coll` on `placement` cut into `channels` parts
+/// (`oxccl_algo::channels::build`), or on one channel where it cannot be
+/// cut, with the reason (as the library does under `OXCCL_NCHANNELS`).
+pub fn build(
+    algo: Algorithm,
+    coll: &Collective,
+    opts: &BuildOptions,
+    placement: &Placement,
+    channels: usize,
+) -> oxccl_core::Result<(Program, Option<String>)> {
+    if channels <= 1 {
+        return build_on(algo, coll, opts, placement).map(|p| (p, None));
+    }
+    match oxccl_algo::channels::build(algo, coll, opts, placement, channels) {
+        Ok(p) => Ok((p, None)),
+        Err(e) => build_on(algo, coll, opts, placement).map(|p| (p, Some(crate::plain(&e)))),
     }
 }
 
@@ -121,22 +140,32 @@ fn memory_budget() -> u64 {
     avail.map_or(8 << 30, |b| b / 5 * 4)
 }
 
+/// What one simulation found: seconds, what bounds them, and why the
+/// program runs on one channel where more were asked for and it could
+/// not be split.
+pub type Priced = (f64, Bound, Option<String>);
+
 /// Simulates every collective with every algorithm on `threads` threads;
 /// returns the times in seconds and what bounds each, `[size][algorithm]`. Programs are built
-/// on `placement` (the topology's shape, numbered blocked or cyclically)
-/// and priced on the links its ranks take.
+/// on `placement` (the topology's shape, numbered blocked or cyclically),
+/// cut into `channels` parts where they can be ([`build`]), and priced on
+/// the links its ranks take.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     colls: &[Collective],
     algos: &[Algorithm],
     opts: &BuildOptions,
     topo: &Topology,
     placement: &Placement,
+    channels: usize,
     threads: usize,
     verbose: bool,
-) -> Result<Vec<Vec<(f64, Bound)>>, String> {
+) -> Result<Vec<Vec<Priced>>, String> {
+    // A part's chunks are smaller, but there are `channels` of them.
+    let steps = |a: usize, i: usize| estimate_steps(algos[a], &colls[i], opts).saturating_mul(channels.max(1) as u64);
     let mut jobs: Vec<Job> = (0..colls.len())
         .flat_map(|i| (0..algos.len()).map(move |a| (i, a)))
-        .map(|(i, a)| (i, a, estimate_steps(algos[a], &colls[i], opts).saturating_mul(BYTES_PER_STEP)))
+        .map(|(i, a)| (i, a, steps(a, i).saturating_mul(BYTES_PER_STEP)))
         .collect();
     jobs.sort_by_key(|&(i, a, bytes)| (std::cmp::Reverse(bytes), i, a));
     let workers = threads.min(jobs.len());
@@ -148,7 +177,7 @@ pub fn run(
     // The topology numbers ranks blocked: rename the placement's ranks so.
     let new = placement.blocked_number();
     let relabel = new.iter().enumerate().any(|(r, &b)| r != b).then_some(new);
-    type Cell = Option<Result<(f64, Bound), String>>;
+    type Cell = Option<Result<Priced, String>>;
     let results: Mutex<Vec<Vec<Cell>>> = Mutex::new(vec![vec![None; algos.len()]; colls.len()]);
     std::thread::scope(|s| {
         for _ in 0..workers {
@@ -160,7 +189,14 @@ pub fn run(
                 let mut prog = Program::new("", colls[0]);
                 while let Some((i, a, bytes)) = pool.take() {
                     let t0 = Instant::now();
-                    let out = build_into_on(algos[a], &colls[i], opts, placement, &mut prog).and_then(|()| {
+                    let mut single = None;
+                    let built = match channels {
+                        0 | 1 => build_into_on(algos[a], &colls[i], opts, placement, &mut prog),
+                        _ => build(algos[a], &colls[i], opts, placement, channels).map(|(p, why)| {
+                            (prog, single) = (p, why);
+                        }),
+                    };
+                    let out = built.and_then(|()| {
                         let t1 = Instant::now();
                         let r = match relabel.as_deref() {
                             None => sim.simulate(&prog, topo),
@@ -179,7 +215,7 @@ pub fn run(
                         r
                     });
                     let out = out
-                        .map(|r| (r.time, r.bound()))
+                        .map(|r| (r.time, r.bound(), single))
                         .map_err(|e| format!("{} of {} bytes: {e}", algos[a], colls[i].size_bytes()));
                     if bytes > 4 << 30 {
                         // Give back the buffers a huge program grew.

@@ -367,3 +367,55 @@ fn plot_needs_a_sweep() {
     let err = stderr_of_failure(&["all_reduce", "--algo", "ring", "--emit", "--plot", "x.png"]);
     assert!(err.contains("--plot draws a sweep"), "{err}");
 }
+
+#[test]
+fn channels_on_rails_by_channel_share_the_nics() {
+    // The shaped two-rail run of docs/TOPOLOGY.md: a ring in two
+    // channels over two rails takes about half the time of one rail.
+    let run = |nics: &str, extra: &[&str]| {
+        let mut args = vec![
+            "all_reduce",
+            "--nodes",
+            "2",
+            "--ranks-per-node",
+            "2",
+            "--numbering",
+            "cyclic",
+            "--algo",
+            "ring",
+            "--inter",
+            "125MB/s,60us",
+            "--intra",
+            "2GB/s,5us",
+            "-b",
+            "16M",
+            "-e",
+            "16M",
+            "--nics-per-node",
+            nics,
+        ];
+        args.extend_from_slice(extra);
+        let text = stdout(&args);
+        (num(&data_rows(&text)[0][5]), text)
+    };
+    let (one_rail, text) = run("1", &["--rails", "channel", "--channels", "2"]);
+    assert!(text.contains("cut into 2 channels"), "{text}");
+    let (two_rails, text) = run("2", &["--rails", "channel", "--channels", "2"]);
+    assert!(text.contains("× 2 NICs (rails by channel)"), "{text}");
+    let ratio = one_rail / two_rails;
+    assert!((1.9..=2.05).contains(&ratio), "{one_rail} / {two_rails} = {ratio}");
+    // By rank, the ring's crossings keep one NIC each way.
+    let (by_rank, _) = run("2", &["--channels", "2"]);
+    assert!(by_rank > 0.95 * one_rail, "{by_rank} vs {one_rail}");
+    // An algorithm that cannot be split runs on one channel, and says so.
+    let text = stdout(&["all_gather", "--ranks-per-node", "4", "--algo", "rhd,ring", "--channels", "2", "-b", "1M"]);
+    let said = text.lines().find(|l| l.starts_with("# rhd: one channel")).unwrap_or_else(|| panic!("{text}"));
+    assert!(said.contains("every size") && said.contains("cannot be split"), "{said}");
+    assert!(!text.contains("# ring: one channel"), "{text}");
+    let e = stderr_of_failure(&["all_reduce", "--channels", "0"]);
+    assert!(e.contains("--channels must be 1 to 16"), "{e}");
+    let e = stderr_of_failure(&["all_reduce", "--rails", "socket"]);
+    assert!(e.contains("rank") && e.contains("channel"), "{e}");
+    let help = stdout(&["--help"]);
+    assert!(help.contains("--channels") && help.contains("--rails"), "{help}");
+}

@@ -214,6 +214,21 @@ fn round_sig(v: f64) -> f64 {
     (v * 1e6).round() / 1e6
 }
 
+/// Which NIC of its node a connection between two nodes goes through
+/// ([`Topology::rails`]); NIC `j` of every node is on rail `j` either way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Rails {
+    /// Local rank `i` uses NIC `i mod nics` for all its channels: NCCL's
+    /// rail-optimized layout on DGX nodes (one NIC next to each GPU).
+    #[default]
+    ByRank,
+    /// Channel `c` of every connection uses NIC `c mod nics` of both
+    /// nodes, whatever the local ranks: oxccl's TCP rails
+    /// (`OXCCL_SOCKET_IFNAME` with several interfaces). The channels on
+    /// one rail share its NICs.
+    ByChannel,
+}
+
 /// Where the ranks live and how they are connected.
 ///
 /// Rank `r` lives on node `r / ranks_per_node`. Ranks of one node talk over
@@ -223,7 +238,9 @@ fn round_sig(v: f64) -> f64 {
 /// [`Topology::nics`] per node (one by default), rail-optimized as on
 /// DGX nodes: local rank `i` uses NIC `i mod nics` of its node, NIC `j` of
 /// every node is on rail `j`, and each NIC is *shared* by the ranks that
-/// use it.
+/// use it. [`Topology::rails`] says which NIC a connection between
+/// nodes takes: the local rank's (that default) or its channel's
+/// ([`Rails::ByChannel`], oxccl's TCP rails).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Topology {
     /// Number of nodes.
@@ -236,6 +253,8 @@ pub struct Topology {
     pub inter: Link,
     /// NICs per node (rails); at least 1.
     pub nics: usize,
+    /// Which NIC of its node a connection between nodes takes.
+    pub rails: Rails,
     /// Reduction throughput in bytes of incoming data per second
     /// (`γ = 1/reduce_bw`); infinite by default: reductions are free.
     pub reduce_bw: f64,
@@ -247,7 +266,16 @@ pub struct Topology {
 impl Topology {
     /// `nodes` nodes of `ranks_per_node` ranks; reductions and copies free.
     pub fn new(nodes: usize, ranks_per_node: usize, intra: Link, inter: Link) -> Topology {
-        Topology { nodes, ranks_per_node, intra, inter, nics: 1, reduce_bw: f64::INFINITY, copy_bw: f64::INFINITY }
+        Topology {
+            nodes,
+            ranks_per_node,
+            intra,
+            inter,
+            nics: 1,
+            rails: Rails::ByRank,
+            reduce_bw: f64::INFINITY,
+            copy_bw: f64::INFINITY,
+        }
     }
 
     /// `nranks` ranks on one node, every pair connected by `link`.
@@ -266,11 +294,35 @@ impl Topology {
         self
     }
 
-    /// The NIC `rank` sends and receives through, numbered over all nodes
-    /// (node `h`'s are `h·nics ..`).
+    /// The same with connections between nodes on rails as `rails` says.
+    pub fn with_rails(mut self, rails: Rails) -> Topology {
+        self.rails = rails;
+        self
+    }
+
+    /// The same with channel `c` of every connection between nodes on
+    /// NIC `c mod nics` of both nodes, whatever the local ranks: how
+    /// oxccl's TCP rails go ([`Rails::ByChannel`]).
+    pub fn rails_by_channel(self) -> Topology {
+        self.with_rails(Rails::ByChannel)
+    }
+
+    /// The NIC `rank` sends and receives through by its local rank
+    /// ([`Rails::ByRank`]), numbered over all nodes (node `h`'s are
+    /// `h·nics ..`).
     pub fn nic_of(&self, rank: usize) -> usize {
         let local = rank % self.ranks_per_node.max(1);
         self.node_of(rank) * self.nics.max(1) + local % self.nics.max(1)
+    }
+
+    /// The NIC channel `channel` of `rank` sends and receives through
+    /// between nodes, as [`Topology::rails`] says, numbered as
+    /// [`nic_of`](Topology::nic_of) numbers them.
+    pub fn nic_for(&self, rank: usize, channel: usize) -> usize {
+        match self.rails {
+            Rails::ByRank => self.nic_of(rank),
+            Rails::ByChannel => self.node_of(rank) * self.nics.max(1) + channel % self.nics.max(1),
+        }
     }
 
     /// The same with reductions at `bw` bytes per second.
@@ -360,7 +412,11 @@ impl fmt::Display for Topology {
             self.ranks_per_node,
             self.intra,
             self.inter,
-            if self.nics > 1 { format!(" × {} NICs", self.nics) } else { String::new() },
+            match (self.nics, self.rails) {
+                (k, _) if k <= 1 => String::new(),
+                (k, Rails::ByRank) => format!(" × {k} NICs"),
+                (k, Rails::ByChannel) => format!(" × {k} NICs (rails by channel)"),
+            },
             format_bandwidth(self.reduce_bw)
         )?;
         if self.copy_bw.is_finite() {

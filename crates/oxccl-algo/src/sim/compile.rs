@@ -263,7 +263,7 @@ impl Compiled {
                         if peer >= n {
                             return Err(bad(peer));
                         }
-                        send = self.connection(topo, k, r, peer, kind);
+                        send = self.connection(topo, k, (r, ch), peer, kind);
                         let conn = self.conns[send as usize];
                         let bytes = elems as u64 * elem;
                         if conn.inter {
@@ -301,9 +301,12 @@ impl Compiled {
         self.resolve(program)
     }
 
-    /// The id of the connection of kind `kind` between `r` and `peer`,
-    /// created on first use by the tile's process `k`.
-    fn connection(&mut self, topo: &Topology, k: usize, r: usize, peer: usize, kind: usize) -> u32 {
+    /// The id of the connection of kind `kind` between `r` and `peer` on
+    /// channel `ch`, created on first use by the tile's process `k` (a
+    /// process is one rank's channel, so every channel has connections of
+    /// its own). Between nodes it holds the NICs [`Topology::nic_for`]
+    /// names for each end on that channel.
+    fn connection(&mut self, topo: &Topology, k: usize, (r, ch): (usize, usize), peer: usize, kind: usize) -> u32 {
         let n = topo.nranks();
         let key = peer * KINDS + kind;
         let at = k * n * KINDS + key;
@@ -312,7 +315,7 @@ impl Compiled {
             self.touched[k].push(key);
             let (from, to) = if kind == GET { (peer, r) } else { (r, peer) };
             let (f, t) = (topo.node_of(from), topo.node_of(to));
-            let (tx, rx) = if f != t { (n + topo.nic_of(from), n + topo.nic_of(to)) } else { (from, to) };
+            let (tx, rx) = if f != t { (n + topo.nic_for(from, ch), n + topo.nic_for(to, ch)) } else { (from, to) };
             let link = topo.link(from, to);
             let info = ConnInfo { lat: link.lat, bw: link.bw, tx: tx as u32, rx: rx as u32, inter: f != t };
             self.conns.push(info);

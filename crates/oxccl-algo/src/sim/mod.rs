@@ -21,11 +21,20 @@
 //! come, first served (all processes start at 0 in rank order), so results
 //! are deterministic.
 //!
+//! **Connections.** Every (sender, receiver, channel, kind) is a
+//! connection of its own: two channels between the same pair of ranks are
+//! two connections, which proceed concurrently and meet only on the ports
+//! and NICs they share (NCCL's channels; oxccl's one socket per channel).
+//!
 //! **Resources.** Every rank has an intra-node send port and receive port;
 //! every node has [`Topology::nics`] NICs (one by default) with a send side
-//! and a receive side, local rank `i` using NIC `i mod nics`, each shared
-//! by the ranks that use it (NIC sharing; rail-optimized: NIC `j` of every
-//! node is on rail `j`). A transfer of `m` bytes between two ranks of one
+//! and a receive side, each shared by the connections that use it (NIC
+//! `j` of every node is on rail `j`). Which NIC a connection between nodes
+//! takes is [`Topology::rails`]: by local rank (the default, rail-optimized
+//! as on DGX nodes: local rank `i` uses NIC `i mod nics` on every channel)
+//! or by channel ([`Rails::ByChannel`](crate::cost::Rails): channel `c`
+//! uses NIC `c mod nics` of both nodes, whatever the ranks: oxccl's TCP
+//! rails). A transfer of `m` bytes between two ranks of one
 //! node holds the sender's send port and the receiver's receive port;
 //! between nodes it holds the sender's NIC send side and the receiver's
 //! NIC receive side. A transfer requested at time `t`
@@ -105,6 +114,10 @@ pub struct SimReport {
     pub port_busy: f64,
     /// Seconds the busiest NIC (send or receive side) spent transferring.
     pub nic_busy: f64,
+    /// Seconds each NIC's send and receive sides spent transferring,
+    /// numbered as [`Topology::nic_for`] numbers them (node `h`'s NICs at
+    /// `h·nics ..`): how the rails share the traffic.
+    pub nics: Vec<(f64, f64)>,
 }
 
 /// What bounds a simulated time ([`SimReport::bound`]).
@@ -234,6 +247,7 @@ impl Simulator {
             steps: program.step_count() as u64,
             port_busy: sim.busiest(0..topo.nranks()),
             nic_busy: sim.busiest(topo.nranks()..sim.tx_busy.len()),
+            nics: (topo.nranks()..sim.tx_busy.len()).map(|i| (sim.tx_busy[i], sim.rx_busy[i])).collect(),
         })
     }
 }

@@ -239,3 +239,94 @@ fn a_reused_simulator_gives_the_same_reports() {
     send(&mut p, 0, 11, 0, 1000);
     assert!(close(sim.simulate(&p, &topo).unwrap().time, 5e-6 + 4000.0 / 2e8));
 }
+
+/// A ring all-reduce of `bytes` on `topo`'s ranks (numbered blocked), cut
+/// into `c` channels.
+fn ring_on(topo: &Topology, bytes: usize, c: usize) -> Program {
+    use crate::algos::{Algorithm, BuildOptions};
+    let coll = Collective::new(CollKind::AllReduce, topo.nranks(), bytes / 4);
+    let at = crate::placement::Placement::blocked(topo.nodes, topo.ranks_per_node);
+    crate::channels::build(Algorithm::Ring, &coll, &BuildOptions::default(), &at, c).unwrap()
+}
+
+/// A fast node and a slow network: NIC-bound.
+const NIC: Link = Link::new(1e9, 10e-6);
+const NVL: Link = Link::new(100e9, 1e-6);
+
+#[test]
+fn channels_between_one_pair_are_connections_of_their_own() {
+    // Two channels from rank 0 to rank 1 across nodes with two NICs:
+    // by channel they take a NIC each and both arrive after one transfer;
+    // by rank they queue on local rank 0's NIC.
+    let mut p = prog(2);
+    send(&mut p, 0, 1, 0, 1000);
+    send(&mut p, 0, 1, 1, 1000);
+    let topo = Topology::one_rank_per_node(2, L).with_nics(2);
+    let by_rank = simulate(&p, &topo).unwrap();
+    let by_channel = simulate(&p, &topo.rails_by_channel()).unwrap();
+    assert!(close(by_channel.time, 1e-6 + 4000e-9), "{}", by_channel.time);
+    assert!(close(by_rank.time, 1e-6 + 8000e-9), "{}", by_rank.time);
+    assert!(close(by_channel.nic_busy, 4000e-9) && close(by_rank.nic_busy, 8000e-9));
+    // Node 0's NICs send, node 1's receive; by rank NIC 1 stays idle.
+    assert_eq!(by_channel.nics.len(), 4);
+    assert!(close(by_channel.nics[0].0, 4000e-9) && close(by_channel.nics[1].0, 4000e-9), "{:?}", by_channel.nics);
+    assert!(close(by_channel.nics[2].1, 4000e-9) && close(by_channel.nics[3].1, 4000e-9), "{:?}", by_channel.nics);
+    assert_eq!((by_rank.nics[1], by_rank.nics[3]), ((0.0, 0.0), (0.0, 0.0)));
+}
+
+#[test]
+fn rails_by_channel_halve_a_nic_bound_ring() {
+    // 2 nodes × 2 ranks, 2 NICs each, 16 MiB: the ring crosses from
+    // local rank 1 to local rank 0 both ways.
+    let topo = Topology::new(2, 2, NVL, NIC).with_nics(2);
+    let (one, two) = (ring_on(&topo, 16 << 20, 1), ring_on(&topo, 16 << 20, 2));
+    let base = simulate(&one, &topo).unwrap();
+    assert!(matches!(base.bound(), Bound::Nic(x) if x > 0.95), "{:?}", base.bound());
+    // One channel takes rail 0 by channel and NICs 1 → 0 by rank: one
+    // NIC side each way either way, the same time.
+    let one_by_channel = simulate(&one, &topo.rails_by_channel()).unwrap();
+    assert!(close(one_by_channel.time, base.time), "{} vs {}", one_by_channel.time, base.time);
+    // By rank both channels still share those NICs: no faster.
+    let by_rank = simulate(&two, &topo).unwrap();
+    assert!(by_rank.time > 0.95 * base.time, "{} vs {}", by_rank.time, base.time);
+    // By channel each takes a rail: about half the time.
+    let by_channel = simulate(&two, &topo.rails_by_channel()).unwrap();
+    let speedup = base.time / by_channel.time;
+    assert!((1.9..=2.05).contains(&speedup), "{speedup}: {} vs {}", base.time, by_channel.time);
+    assert!(close(by_channel.nic_busy, base.nic_busy / 2.0), "{} vs {}", by_channel.nic_busy, base.nic_busy);
+    assert_eq!(by_channel.inter_bytes, base.inter_bytes);
+    // The bytes split evenly over every NIC's both sides.
+    let each = by_channel.inter_bytes as f64 / NIC.bw / 4.0;
+    assert!(by_channel.nics.iter().all(|&(tx, rx)| close(tx, each) && close(rx, each)), "{:?}", by_channel.nics);
+    // By rank one local rank's NIC sends and the other's receives: every
+    // NIC carries one direction, whatever the channel.
+    assert!(by_rank.nics.iter().all(|&(tx, rx)| (tx == 0.0) != (rx == 0.0)), "{:?}", by_rank.nics);
+}
+
+#[test]
+fn rails_by_rank_leave_the_second_nic_idle_with_one_rank_per_node() {
+    let topo = Topology::new(2, 1, NVL, NIC).with_nics(2);
+    let p = ring_on(&topo, 8 << 20, 2);
+    let by_rank = simulate(&p, &topo).unwrap();
+    assert_eq!((by_rank.nics[1], by_rank.nics[3]), ((0.0, 0.0), (0.0, 0.0)), "{:?}", by_rank.nics);
+    let half = by_rank.inter_bytes as f64 / NIC.bw / 2.0;
+    assert!(close(by_rank.nics[0].0, half) && close(by_rank.nics[2].1, half), "{:?}", by_rank.nics);
+    let by_channel = simulate(&p, &topo.rails_by_channel()).unwrap();
+    assert!(by_channel.nics.iter().all(|&(tx, rx)| close(tx, half / 2.0) && close(rx, half / 2.0)));
+    assert!(by_channel.time < 0.55 * by_rank.time, "{} vs {}", by_channel.time, by_rank.time);
+}
+
+#[test]
+fn rails_matter_only_with_several_nics() {
+    // With one NIC a node, or one node, the choice changes nothing, bit
+    // for bit.
+    for topo in [Topology::new(2, 2, NVL, NIC), Topology::single_node(4, NVL).with_nics(2)] {
+        let p = ring_on(&topo, 1 << 20, 2);
+        assert_eq!(simulate(&p, &topo).unwrap(), simulate(&p, &topo.rails_by_channel()).unwrap(), "{topo}");
+    }
+    let t = Topology::new(2, 4, NVL, NIC).with_nics(2);
+    assert_eq!((t.nic_for(5, 0), t.nic_for(5, 7), t.nic_of(5)), (3, 3, 3));
+    let t = t.rails_by_channel();
+    assert_eq!((t.nic_for(5, 0), t.nic_for(5, 7), t.nic_for(0, 3)), (2, 3, 1));
+    assert!(t.to_string().contains("× 2 NICs (rails by channel)"), "{t}");
+}
