@@ -7,43 +7,15 @@
 
 use oxccl::{CollKind, Communicator, Config, DataType, ReduceOp};
 use oxccl_algo::placement::Placement;
-use oxccl_e2e::child::{self, output, spawn};
-use oxccl_e2e::netns::Hosts;
+use oxccl_e2e::child;
+use oxccl_e2e::netns::{Hosts, host};
 use oxccl_e2e::{DTYPES, config, matrix, on_threads, run_case};
 use std::path::PathBuf;
-use std::process::Child;
-use std::time::{Duration, Instant};
 
 #[test]
 #[ignore = "a rank's body, started by the other tests of this file"]
 fn child() {
     child::body();
-}
-
-/// Host of rank `r` among `h` hosts of `l` ranks.
-fn host(cyclic: bool, h: usize, l: usize, r: usize) -> usize {
-    if cyclic { r % h } else { r / l }
-}
-
-/// Runs `mode` on `h` hosts of `l` ranks; every rank's output (each must
-/// succeed) and the bytes that left the hosts' interfaces meanwhile.
-fn run(hosts: &Hosts, l: usize, cyclic: bool, mode: &str, envs: &[(&str, &str)]) -> (Vec<String>, u64) {
-    let h = hosts.len();
-    let n = h * l;
-    let sent = || (0..h).map(|x| hosts.bytes(x).0).sum::<u64>();
-    let before = sent();
-    let id = hosts.id();
-    let kids: Vec<Child> = (0..n).map(|r| spawn(&hosts.prefix(host(cyclic, h, l, r)), &id, n, r, mode, envs)).collect();
-    let outs: Vec<String> = kids
-        .into_iter()
-        .enumerate()
-        .map(|(r, k)| {
-            let (ok, out) = output(k);
-            assert!(ok, "rank {r} of {h}x{l} (cyclic: {cyclic}), {mode} {envs:?}:\n{out}");
-            out
-        })
-        .collect();
-    (outs, sent() - before)
 }
 
 /// Every collective × type, checked, on 2 and 3 hosts of 2 or 3 ranks,
@@ -66,7 +38,7 @@ fn every_collective_across_hosts() {
         if rdma {
             envs.extend([("OXCCL_TRANSPORT", "rdma"), ("OXCCL_IB_PROVIDER", "soft")]);
         }
-        let (outs, _) = run(&hosts, l, cyclic, "matrix", &envs);
+        let (outs, _) = hosts.run(l, cyclic, "matrix", &envs);
         for (r, out) in outs.iter().enumerate() {
             let h_r = host(cyclic, h, l, r);
             for p in (0..h * l).filter(|&p| p != r) {
@@ -96,7 +68,7 @@ fn bytes_crossing_hosts_follow_the_topology() {
         for (algo, want) in [("", 2 * s), ("ring", 3 * s)] {
             let Some(hosts) = Hosts::new("bytes_crossing_hosts_follow_the_topology") else { return };
             let envs = [("OXCCL_ALGO", algo), ("OXCCL_TEST_COUNT", &count.to_string())];
-            let (outs, crossed) = run(&hosts, 2, cyclic, "volume", &envs);
+            let (outs, crossed) = hosts.run(2, cyclic, "volume", &envs);
             let picked = outs[0].split("CHOICE ").nth(1).and_then(|l| l.split_whitespace().next()).unwrap_or("?");
             assert!(outs.iter().all(|o| o.contains(&format!("CHOICE {picked}"))), "{outs:?}");
             assert!(algo.is_empty() || picked == algo, "{outs:?}");
@@ -113,21 +85,10 @@ fn bytes_crossing_hosts_follow_the_topology() {
     let Some(hosts) = Hosts::new("bytes_crossing_hosts_follow_the_topology") else { return };
     let envs =
         [("OXCCL_ALGO", "ring"), ("OXCCL_TEST_COUNT", &count.to_string()), ("OXCCL_TOPO_FILE", flat.to_str().unwrap())];
-    let (_, crossed) = run(&hosts, 2, true, "volume", &envs);
+    let (_, crossed) = hosts.run(2, true, "volume", &envs);
     println!("rank-order ring, cyclic true: {crossed} bytes crossed, {} S", crossed as f64 / s as f64);
     assert!(crossed >= 6 * s && crossed <= 6 * s + 6 * s / 10 + (1 << 20), "{crossed}");
     let _ = std::fs::remove_file(&flat);
-}
-
-/// The `BENCH bytes seconds` lines of a rank's output.
-fn bench_rows(out: &str) -> Vec<(u64, f64)> {
-    out.lines()
-        .filter_map(|l| l.split("BENCH ").nth(1))
-        .map(|l| {
-            let mut w = l.split_whitespace();
-            (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap())
-        })
-        .collect()
 }
 
 fn temp(name: &str) -> PathBuf {
@@ -229,8 +190,8 @@ fn shaped_link_benchmark() {
     ];
     let mut table: Vec<(String, Vec<(u64, f64)>)> = Vec::new();
     for (name, envs) in &runs {
-        let (outs, _) = run(&hosts, 2, true, "bench", envs);
-        let rows = bench_rows(&outs[0]);
+        let (outs, _) = hosts.run(2, true, "bench", envs);
+        let rows = child::bench_rows(&outs[0]);
         assert_eq!(rows.len(), 3, "{name}: {}", outs[0]);
         table.push((name.to_string(), rows));
     }
@@ -246,80 +207,4 @@ fn shaped_link_benchmark() {
         println!("  rank-order ring / {name}: {}", ratios.join(", "));
     }
     let _ = std::fs::remove_file(&flat);
-}
-
-/// Two hosts joined by two rails (veth pairs on 10.211/24 and 10.212/24),
-/// two ranks each, `OXCCL_SOCKET_IFNAME` naming both and two channels:
-/// every collective right, and an all_reduce's bytes split evenly, each
-/// rail within 10% of half.
-#[test]
-fn two_rails_carry_half_each() {
-    let Some(hosts) = Hosts::railed("two_rails_carry_half_each", 2) else { return };
-    let envs = [("OXCCL_SOCKET_IFNAME", "v,w"), ("OXCCL_NCHANNELS", "2"), ("OXCCL_ALGO", "ring")];
-    run(&hosts, 2, true, "matrix", &envs);
-    let sent =
-        || -> Vec<u64> { (0..2).map(|h| hosts.rail_bytes(h)).fold(vec![0, 0], |a, b| vec![a[0] + b[0], a[1] + b[1]]) };
-    let before = sent();
-    let count = (4usize << 20).to_string();
-    let mut envs = envs.to_vec();
-    envs.push(("OXCCL_TEST_COUNT", &count));
-    run(&hosts, 2, true, "volume", &envs);
-    let after = sent();
-    let rail: Vec<u64> = (0..2).map(|i| after[i] - before[i]).collect();
-    let total = rail[0] + rail[1];
-    println!(
-        "two rails: {} and {} bytes ({:.3} / {:.3} of {total})",
-        rail[0],
-        rail[1],
-        rail[0] as f64 / total as f64,
-        rail[1] as f64 / total as f64
-    );
-    for (i, &b) in rail.iter().enumerate() {
-        assert!(b.abs_diff(total / 2) <= total / 20, "rail {i}: {b} of {total} bytes");
-    }
-    assert!(total >= 3 * (16 << 20), "{total} bytes: the ring along the hosts moves 3S");
-}
-
-/// The two-rail benchmark of docs/TOPOLOGY.md: both rails shaped to
-/// `OXCCL_TEST_RATE` (default 1gbit) on both hosts; all_reduce with two
-/// channels over two rails against the same over one. Prints seconds per
-/// call and the ratio; asserts nothing on time.
-#[test]
-#[ignore = "a benchmark (a minute): cargo test --release -p oxccl-e2e --test topology -- --ignored --nocapture rails_benchmark"]
-fn two_rails_benchmark() {
-    let Some(hosts) = Hosts::railed("two_rails_benchmark", 2) else { return };
-    let rate = std::env::var("OXCCL_TEST_RATE").unwrap_or_else(|_| "1gbit".into());
-    assert!(hosts.shape_rails(0, &rate) && hosts.shape_rails(1, &rate), "tc tbf failed");
-    let mut rows = Vec::new();
-    for ifname in ["v,w", "v"] {
-        let envs = [("OXCCL_SOCKET_IFNAME", ifname), ("OXCCL_NCHANNELS", "2"), ("OXCCL_ALGO", "ring")];
-        let (outs, _) = run(&hosts, 2, true, "bench", &envs);
-        let times = bench_rows(&outs[0]);
-        println!("  OXCCL_SOCKET_IFNAME={ifname:>4}: {times:?}");
-        rows.push(times);
-    }
-    for ((b, two), (_, one)) in rows[0].iter().zip(&rows[1]) {
-        println!("  {} MiB: one rail / two rails = {:.2}x", b >> 20, one / two);
-    }
-}
-
-/// A rail set down mid-collective (no reset, no FIN: the interface just
-/// stops): every rank fails within seconds of `OXCCL_TIMEOUT`, and the
-/// message names the rail's interface; traffic does not move to the other.
-#[test]
-fn a_rail_set_down_is_an_error_naming_it() {
-    let Some(hosts) = Hosts::railed("a_rail_set_down_is_an_error_naming_it", 2) else { return };
-    let envs =
-        [("OXCCL_SOCKET_IFNAME", "v,w"), ("OXCCL_NCHANNELS", "2"), ("OXCCL_ALGO", "ring"), ("OXCCL_TIMEOUT", "5")];
-    let id = hosts.id();
-    let mut kids: Vec<Child> = (0..2).map(|r| spawn(&hosts.prefix(r), &id, 2, r, "loop", &envs)).collect();
-    let mut readers = child::wait_ready(&mut kids);
-    hosts.rail_down(1);
-    let said = child::failures(&mut kids, &mut readers, &[0, 1], Instant::now(), Duration::from_secs(20));
-    assert!(
-        said.iter().any(|s| s.contains("rail 2 of 2") && s.contains("w1")),
-        "a rank should name rail 2 (w1…):\n{}\n{}",
-        said[0],
-        said[1]
-    );
 }

@@ -350,3 +350,14 @@ pub fn await_line(c: &mut Child, pat: &str, limit: Duration) -> bool {
     });
     rx.recv_timeout(limit).is_ok()
 }
+
+/// The `BENCH bytes seconds` lines of a rank's output.
+pub fn bench_rows(out: &str) -> Vec<(u64, f64)> {
+    out.lines()
+        .filter_map(|l| l.split("BENCH ").nth(1))
+        .map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next().unwrap().parse().unwrap(), w.next().unwrap().parse().unwrap())
+        })
+        .collect()
+}

@@ -2,11 +2,13 @@
 //! by a veth pair (10.211.0.1 and 10.211.0.2); three or more each by a
 //! veth to a bridge in a switch namespace of their own (10.211.0.h+1).
 //! Each host's interface counts the bytes that leave and enter it, and can
-//! be shaped (`tc tbf`). Needs root and iproute2: without them the test
+//! be shaped (`tc tbf`). [`Hosts::railed`] adds rails: more links
+//! between the same hosts, each on a subnet of its own. Needs root and iproute2: without them the test
 //! skips, or fails where `OXCCL_REQUIRE_NETNS` is set (CI).
 
+use crate::child::{output, spawn};
 use oxccl::UniqueId;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Namespaces joined by veth (and a bridge for three or more).
@@ -14,7 +16,7 @@ pub struct Hosts {
     ns: Vec<String>,
     /// The switch namespace, for three or more hosts.
     switch: Option<String>,
-    /// Links between each pair (two hosts only).
+    /// Links between the hosts (rails).
     rails: usize,
     tag: u32,
 }
@@ -27,17 +29,33 @@ impl Hosts {
         Hosts::many(test, 2)
     }
 
-    /// Two hosts joined by `rails` veth pairs, rail `i` on 10.21(1+i).0.0/24
-    /// (interfaces `v…` for rail 0, `w…` for the others), or `None` as for
+    /// `k` hosts joined by `rails` links each, rail `i` on
+    /// 10.(211+i).0.0/24 (interfaces `v…` for rail 0, `w{i}…` for the
+    /// others): veth pairs between two hosts, a bridge per rail in the
+    /// switch namespace for three or more; or `None` as for
     /// [`Hosts::new`].
-    pub fn railed(test: &str, rails: usize) -> Option<Hosts> {
-        let mut hosts = Hosts::many(test, 2)?;
+    pub fn railed(test: &str, k: usize, rails: usize) -> Option<Hosts> {
+        let mut hosts = Hosts::many(test, k)?;
         hosts.rails = rails;
-        let [a, b] = &hosts.ns[..] else { unreachable!() };
         let tag = hosts.tag;
         for i in 1..rails {
-            sh(&format!("ip link add w{i}a{tag} netns {a} type veth peer name w{i}b{tag} netns {b}"));
-            for h in 0..2 {
+            match &hosts.switch {
+                None => {
+                    let [a, b] = &hosts.ns[..] else { unreachable!() };
+                    sh(&format!("ip link add w{i}a{tag} netns {a} type veth peer name w{i}b{tag} netns {b}"));
+                }
+                Some(s) => {
+                    sh(&format!("ip -n {s} link add b{i}r{tag} type bridge && ip -n {s} link set b{i}r{tag} up"));
+                    for (h, n) in hosts.ns.iter().enumerate() {
+                        let l = letter(h);
+                        sh(&format!("ip link add w{i}{l}{tag} netns {n} type veth peer name t{i}{l}{tag} netns {s}"));
+                        sh(&format!(
+                            "ip -n {s} link set t{i}{l}{tag} master b{i}r{tag} && ip -n {s} link set t{i}{l}{tag} up"
+                        ));
+                    }
+                }
+            }
+            for h in 0..k {
                 let (n, dev) = (&hosts.ns[h], hosts.rail_dev(h, i));
                 sh(&format!(
                     "ip -n {n} addr add 10.{}.0.{}/24 dev {dev} && ip -n {n} link set {dev} up",
@@ -47,6 +65,29 @@ impl Hosts {
             }
         }
         Some(hosts)
+    }
+
+    /// Runs `mode` with `l` ranks on each host (numbered as [`host`]
+    /// says), `envs` added; every rank's output (each must succeed) and
+    /// the bytes that left the hosts' rail-0 interfaces meanwhile.
+    pub fn run(&self, l: usize, cyclic: bool, mode: &str, envs: &[(&str, &str)]) -> (Vec<String>, u64) {
+        let h = self.len();
+        let n = h * l;
+        let sent = || (0..h).map(|x| self.bytes(x).0).sum::<u64>();
+        let before = sent();
+        let id = self.id();
+        let kids: Vec<Child> =
+            (0..n).map(|r| spawn(&self.prefix(host(cyclic, h, l, r)), &id, n, r, mode, envs)).collect();
+        let outs: Vec<String> = kids
+            .into_iter()
+            .enumerate()
+            .map(|(r, k)| {
+                let (ok, out) = output(k);
+                assert!(ok, "rank {r} of {h}x{l} (cyclic: {cyclic}), {mode} {envs:?}:\n{out}");
+                out
+            })
+            .collect();
+        (outs, sent() - before)
     }
 
     /// `k` hosts (at least 2, at most 26), or `None` as for [`Hosts::new`].
@@ -67,7 +108,6 @@ impl Hosts {
         // Unique per test of this process: tests of one binary run at once.
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let tag = (std::process::id() % 10_000) * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10;
-        let letter = |h: usize| (b'a' + h as u8) as char;
         let ns: Vec<String> = (0..k).map(|h| format!("ox{}{tag}", letter(h))).collect();
         let switch = (k > 2).then(|| format!("oxs{tag}"));
         let hosts = Hosts { ns, switch, rails: 1, tag };
@@ -107,14 +147,14 @@ impl Hosts {
 
     /// Host `h`'s interface.
     fn dev(&self, h: usize) -> String {
-        format!("v{}{}", (b'a' + h as u8) as char, self.tag)
+        format!("v{}{}", letter(h), self.tag)
     }
 
     /// Host `h`'s interface on rail `i`.
     fn rail_dev(&self, h: usize, i: usize) -> String {
         match i {
             0 => self.dev(h),
-            _ => format!("w{i}{}{}", (b'a' + h as u8) as char, self.tag),
+            _ => format!("w{i}{}{}", letter(h), self.tag),
         }
     }
 
@@ -178,6 +218,17 @@ impl Hosts {
     pub fn link_down(&self) {
         sh(&format!("ip -n {} link set {} down", self.ns[0], self.dev(0)));
     }
+}
+
+/// The host of rank `r` among `h` hosts of `l` ranks: blocked (host `x`
+/// has ranks `x·l ..`) or cyclic (rank `r` on host `r mod h`).
+pub fn host(cyclic: bool, h: usize, l: usize, r: usize) -> usize {
+    if cyclic { r % h } else { r / l }
+}
+
+/// Host `h`'s letter in names.
+fn letter(h: usize) -> char {
+    (b'a' + h as u8) as char
 }
 
 impl Drop for Hosts {

@@ -459,18 +459,18 @@ impl Fabric {
     }
 
     /// An error if a peer died or aborted.
+    /// This rank's own causes (a rail down, a device failure) come first:
+    /// where a peer died of the same cause, they say more than its death.
     pub fn check(&mut self) -> Result<()> {
-        if let Some(e) = self.boot.failure() {
-            return Err(e);
-        }
-        if self.last_check.elapsed() < Duration::from_millis(50) {
+        let failure = self.boot.failure();
+        if failure.is_none() && self.last_check.elapsed() < Duration::from_millis(50) {
             return Ok(());
         }
         self.last_check = Instant::now();
         for p in &mut self.providers {
             p.check()?;
         }
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 
     /// Publishes `what` under `key` for peers to [`ask`](Fabric::ask) (the

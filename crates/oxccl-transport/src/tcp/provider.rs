@@ -11,7 +11,7 @@
 //! its first `R` and says so at INFO). Traffic never moves to another
 //! rail: a rail that fails is the error of the channels on it, and a rail
 //! whose interface is set down, loses its carrier or vanishes fails the
-//! rank at its next check (a fifth of a second), naming the interface.
+//! rank at its next check (every 50 ms while it waits), naming the interface.
 
 use super::{Tcp, TcpOptions};
 use crate::bootstrap::PeerInfo;
