@@ -362,17 +362,52 @@ pub fn interface_ip(ifname: Option<&str>) -> Result<IpAddr> {
 }
 
 /// Every interface `spec` selects (one address each, IPv4 preferred), in
-/// the system's order: the rails of a rank. `None` (or a blank spec) is the
-/// one interface [`interface_ip`] picks. The same errors as
+/// the system's order: the rails of a rank. `None` (or a blank spec): the
+/// interface [`interface_ip`] picks, and beside it every other physical
+/// interface of its speed ([`default_rails`]). The same errors as
 /// [`interface_ip`].
 pub fn interface_ips(ifname: Option<&str>) -> Result<Vec<(String, IpAddr)>> {
     let addrs = interfaces()?;
     let Some(spec) = ifname.map(str::trim).filter(|s| !s.is_empty()) else {
-        let ip = pick_default(&addrs);
-        let name = addrs.iter().find(|a| a.ip == ip).map_or_else(|| "lo".to_string(), |a| a.name.clone());
-        return Ok(vec![(name, ip)]);
+        let nics = crate::topo::nics_here();
+        let rails = default_rails(&addrs, &nics);
+        if rails.len() > 1 {
+            let names: Vec<&str> = rails.iter().map(|(n, _)| n.as_str()).collect();
+            tracing::info!(
+                "TCP rails by default: {} (physical interfaces of one speed, up); {SOCKET_IFNAME_ENV}={} uses one",
+                names.join(", "),
+                names[0]
+            );
+        }
+        return Ok(rails);
     };
     rails_by_spec(&addrs, spec)
+}
+
+/// The rails without a spec: the interface [`pick_default`] picks, then,
+/// where it is a physical interface (not a bridge, veth, tunnel: not
+/// under `/devices/virtual/`) that is up with a known speed, every other
+/// such interface of the same speed with a usable IPv4 address, in the
+/// system's order (NCCL, too, uses every interface by default but
+/// loopback and docker's). Otherwise the default interface alone.
+fn default_rails(addrs: &[IfAddr], nics: &[crate::topo::Nic]) -> Vec<(String, IpAddr)> {
+    let ip = pick_default(addrs);
+    let name = addrs.iter().find(|a| a.ip == ip).map_or_else(|| "lo".to_string(), |a| a.name.clone());
+    let mut out = vec![(name.clone(), ip)];
+    let physical = |n: &str| {
+        nics.iter()
+            .find(|x| x.name == n)
+            .filter(|x| x.up && !x.virtual_ && x.speed_mbps.is_some_and(|s| s > 0))
+            .and_then(|x| x.speed_mbps)
+    };
+    let Some(speed) = physical(&name) else { return out };
+    for a in addrs {
+        let ok = a.up && !a.loopback && a.ip.is_ipv4() && usable(&a.ip) && !a.name.starts_with("docker");
+        if ok && physical(&a.name) == Some(speed) && !out.iter().any(|(n, _)| *n == a.name) {
+            out.push((a.name.clone(), a.ip));
+        }
+    }
+    out
 }
 
 /// Every interface of `addrs` that `spec` selects, with the address
@@ -510,6 +545,49 @@ mod tests {
     fn ifa(name: &str, ip: &str, up: bool) -> IfAddr {
         let ip: IpAddr = ip.parse().unwrap();
         IfAddr { name: name.into(), ip, up, loopback: ip.is_loopback() }
+    }
+
+    fn nic(name: &str, speed: Option<u64>, up: bool, virtual_: bool) -> crate::topo::Nic {
+        crate::topo::Nic { name: name.into(), speed_mbps: speed, up, numa: None, virtual_ }
+    }
+
+    #[test]
+    fn by_default_every_physical_interface_of_the_default_ones_speed_is_a_rail() {
+        let addrs = [
+            ifa("lo", "127.0.0.1", true),
+            ifa("eth0", "10.0.0.1", true),
+            ifa("docker0", "172.17.0.1", true),
+            ifa("eth1", "10.1.0.1", true),
+            ifa("eth2", "10.2.0.1", true),
+            ifa("eth3", "fd00::3", true),
+            ifa("veth9", "10.9.0.1", true),
+        ];
+        let rails = |nics: &[crate::topo::Nic]| -> Vec<String> {
+            default_rails(&addrs, nics).into_iter().map(|(n, _)| n).collect()
+        };
+        let g25 = Some(25_000);
+        // Two of one speed (and a slower one, one without IPv4, a bridge
+        // and a veth of that speed): both.
+        let nics = [
+            nic("eth0", g25, true, false),
+            nic("docker0", g25, true, true),
+            nic("eth1", g25, true, false),
+            nic("eth2", Some(10_000), true, false),
+            nic("eth3", g25, true, false),
+            nic("veth9", g25, true, true),
+        ];
+        assert_eq!(rails(&nics), ["eth0", "eth1"]);
+        // Different speeds, or the other one down: one.
+        assert_eq!(rails(&[nic("eth0", g25, true, false), nic("eth1", Some(100_000), true, false)]), ["eth0"]);
+        assert_eq!(rails(&[nic("eth0", g25, true, false), nic("eth1", g25, false, false)]), ["eth0"]);
+        // The default interface virtual, or of unknown speed: one.
+        assert_eq!(rails(&[nic("eth0", g25, true, true), nic("eth1", g25, true, false)]), ["eth0"]);
+        assert_eq!(rails(&[nic("eth0", None, true, false), nic("eth1", None, true, false)]), ["eth0"]);
+        // No interface: loopback, as before.
+        assert_eq!(
+            default_rails(&[ifa("lo", "127.0.0.1", true)], &[]),
+            [("lo".to_string(), "127.0.0.1".parse().unwrap())]
+        );
     }
 
     #[test]

@@ -119,6 +119,11 @@ fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
     out
 }
 
+/// This host's network interfaces (loopback left out), from `/sys`.
+pub(crate) fn nics_here() -> Vec<Nic> {
+    nics(Path::new("/sys"))
+}
+
 fn nics(sys: &Path) -> Vec<Nic> {
     entries(&sys.join("class/net"))
         .into_iter()

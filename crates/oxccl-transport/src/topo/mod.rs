@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod discover;
+pub(crate) use discover::nics_here;
 mod file;
 #[cfg(test)]
 mod tests;
