@@ -37,32 +37,8 @@ impl Hosts {
     pub fn railed(test: &str, k: usize, rails: usize) -> Option<Hosts> {
         let mut hosts = Hosts::many(test, k)?;
         hosts.rails = rails;
-        let tag = hosts.tag;
         for i in 1..rails {
-            match &hosts.switch {
-                None => {
-                    let [a, b] = &hosts.ns[..] else { unreachable!() };
-                    sh(&format!("ip link add w{i}a{tag} netns {a} type veth peer name w{i}b{tag} netns {b}"));
-                }
-                Some(s) => {
-                    sh(&format!("ip -n {s} link add b{i}r{tag} type bridge && ip -n {s} link set b{i}r{tag} up"));
-                    for (h, n) in hosts.ns.iter().enumerate() {
-                        let l = letter(h);
-                        sh(&format!("ip link add w{i}{l}{tag} netns {n} type veth peer name t{i}{l}{tag} netns {s}"));
-                        sh(&format!(
-                            "ip -n {s} link set t{i}{l}{tag} master b{i}r{tag} && ip -n {s} link set t{i}{l}{tag} up"
-                        ));
-                    }
-                }
-            }
-            for h in 0..k {
-                let (n, dev) = (&hosts.ns[h], hosts.rail_dev(h, i));
-                sh(&format!(
-                    "ip -n {n} addr add 10.{}.0.{}/24 dev {dev} && ip -n {n} link set {dev} up",
-                    211 + i,
-                    h + 1
-                ));
-            }
+            hosts.join(i);
         }
         Some(hosts)
     }
@@ -114,25 +90,35 @@ impl Hosts {
         for n in hosts.ns.iter().chain(&hosts.switch) {
             sh(&format!("ip netns add {n} && ip -n {n} link set lo up"));
         }
-        match &hosts.switch {
+        hosts.join(0);
+        Some(hosts)
+    }
+
+    /// Joins the hosts by rail `i` on 10.(211+i).0.0/24: a veth pair
+    /// between two hosts, else a veth from each to a bridge of the rail's
+    /// own in the switch namespace.
+    fn join(&self, i: usize) {
+        let tag = self.tag;
+        match &self.switch {
             None => {
-                let [a, b] = &hosts.ns[..] else { unreachable!() };
-                sh(&format!("ip link add va{tag} netns {a} type veth peer name vb{tag} netns {b}"));
+                let (a, b) = (&self.ns[0], &self.ns[1]);
+                let (da, db) = (self.rail_dev(0, i), self.rail_dev(1, i));
+                sh(&format!("ip link add {da} netns {a} type veth peer name {db} netns {b}"));
             }
             Some(s) => {
-                sh(&format!("ip -n {s} link add br{tag} type bridge && ip -n {s} link set br{tag} up"));
-                for (h, n) in hosts.ns.iter().enumerate() {
-                    let l = letter(h);
-                    sh(&format!("ip link add v{l}{tag} netns {n} type veth peer name s{l}{tag} netns {s}"));
-                    sh(&format!("ip -n {s} link set s{l}{tag} master br{tag} && ip -n {s} link set s{l}{tag} up"));
+                sh(&format!("ip -n {s} link add b{i}r{tag} type bridge && ip -n {s} link set b{i}r{tag} up"));
+                for (h, n) in self.ns.iter().enumerate() {
+                    let (dev, port) = (self.rail_dev(h, i), format!("s{i}{}{tag}", letter(h)));
+                    sh(&format!("ip link add {dev} netns {n} type veth peer name {port} netns {s}"));
+                    sh(&format!("ip -n {s} link set {port} master b{i}r{tag} && ip -n {s} link set {port} up"));
                 }
             }
         }
-        for h in 0..k {
-            let (n, dev) = (&hosts.ns[h], hosts.dev(h));
-            sh(&format!("ip -n {n} addr add 10.211.0.{}/24 dev {dev} && ip -n {n} link set {dev} up", h + 1));
+        for (h, n) in self.ns.iter().enumerate() {
+            let dev = self.rail_dev(h, i);
+            let ip = format!("10.{}.0.{}/24", 211 + i, h + 1);
+            sh(&format!("ip -n {n} addr add {ip} dev {dev} && ip -n {n} link set {dev} up"));
         }
-        Some(hosts)
     }
 
     /// Number of hosts.
