@@ -2,8 +2,8 @@
 //! (`oxccl_e2e::netns::Hosts::railed`), over TCP (`OXCCL_SOCKET_IFNAME`
 //! naming both interfaces) and over the software RDMA HCA (a device over
 //! each interface). Every collective right, the channels the tuner chooses
-//! from the rails, each rail's share of the bytes, a rail set down, and
-//! the two-rail benchmark.
+//! from the rails, each rail's share of the bytes, local rank `i` on rail
+//! `i`, a rail set down, and the two-rail benchmark.
 
 use oxccl_e2e::child::{self, spawn};
 use oxccl_e2e::netns::Hosts;
@@ -80,6 +80,27 @@ fn two_hosts_of_one_rank_over_soft_rdma_rails() {
 #[test]
 fn three_hosts_of_two_ranks_over_soft_rdma_rails() {
     every_collective_and_half_each(3, 2, true);
+}
+
+/// NCCL's rail-optimized layout: 2 hosts × 2 ranks, one channel, `hier`
+/// (whose exchanges between hosts pair local rank `i` with local rank
+/// `i`): local rank `i` sends on rail `i`, so both rails carry half the
+/// bytes of an all_reduce without channels.
+#[test]
+fn one_channel_local_rank_i_sends_on_rail_i() {
+    let Some(hosts) = Hosts::railed("rail_per_local_rank", 2, 2) else { return };
+    let count = (4usize << 20).to_string();
+    let envs = [BOTH, ("OXCCL_NCHANNELS", "1"), ("OXCCL_ALGO", "hier"), ("OXCCL_TEST_COUNT", &count)];
+    let before = rail_bytes(&hosts);
+    hosts.run(2, false, "volume", &envs);
+    let after = rail_bytes(&hosts);
+    let rail = [after[0] - before[0], after[1] - before[1]];
+    let total = rail[0] + rail[1];
+    println!("one channel, hier, 2x2: rails carried {} and {} bytes", rail[0], rail[1]);
+    assert!(total >= 16 << 20, "{total} bytes crossed");
+    for (i, &b) in rail.iter().enumerate() {
+        assert!(b.abs_diff(total / 2) <= total / 20, "rail {i}: {b} of {total} bytes");
+    }
 }
 
 /// A rail set down mid-collective (no reset, no FIN: the interface just

@@ -333,15 +333,15 @@ impl Fabric {
         (peer != self.rank).then(|| self.carrier.get(peer).map(|&c| self.providers[c].kind())).flatten()
     }
 
-    /// How traffic with `peer` on channel `ch` travels: the provider's
-    /// kind, and its rail where it has several (`tcp over eth1, rail 2 of
-    /// 2`), for messages.
-    pub fn route(&self, peer: usize, ch: Channel) -> String {
+    /// How traffic to `peer` (`sending`) or from it on channel `ch`
+    /// travels: the provider's kind, and its rail where it has several
+    /// (`tcp over eth1, rail 2 of 2`), for messages.
+    pub fn route(&self, peer: usize, ch: Channel, sending: bool) -> String {
         match self.carrier.get(peer).filter(|_| peer != self.rank) {
             None => "this rank".into(),
             Some(&c) => {
                 let p = &self.providers[c];
-                p.route(peer, ch).unwrap_or_else(|| p.kind().to_string())
+                p.route(peer, ch, sending).unwrap_or_else(|| p.kind().to_string())
             }
         }
     }

@@ -75,6 +75,13 @@ impl Setup<'_> {
         self.peers.len()
     }
 
+    /// Each rank's index among the ranks of its host (by rank), from the
+    /// bootstrap's host identities: which rail is "its own" where a host
+    /// has as many rails as ranks.
+    pub fn locals(&self) -> Vec<usize> {
+        (0..self.peers.len()).map(|r| self.peers[..r].iter().filter(|p| p.host == self.peers[r].host).count()).collect()
+    }
+
     /// Whether this provider serves any peer.
     pub fn serves_any(&self) -> bool {
         self.serves.iter().any(|&s| s)
@@ -132,15 +139,15 @@ pub trait Provider: Send {
     fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>>;
     /// The receiving end from `peer` on `ch` (each once).
     fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>>;
-    /// How traffic with `peer` on channel `ch` travels, for messages (the
-    /// interface or port of its rail), where there is more to say than the
-    /// provider's kind.
-    fn route(&self, _peer: usize, _ch: Channel) -> Option<String> {
+    /// How traffic to `peer` (`sending`) or from it on channel `ch`
+    /// travels, for messages (the interface or port of its rail), where
+    /// there is more to say than the provider's kind.
+    fn route(&self, _peer: usize, _ch: Channel, _sending: bool) -> Option<String> {
         None
     }
     /// How many rails (interfaces, HCA ports) this provider's channels
-    /// spread over, after [`connect`](Provider::connect): channel `c` on
-    /// rail `c mod rails`.
+    /// spread over, after [`connect`](Provider::connect): see
+    /// [`rail_of`].
     fn rails(&self) -> usize {
         1
     }
@@ -312,6 +319,16 @@ impl MemDesc {
     }
 }
 
+/// The rail of a connection on channel `ch` whose sending rank is the
+/// `local`-th of its host, among `rails`: `(ch + local) mod rails`. Both
+/// ends compute the same. With as many rails as ranks per host and one
+/// channel, local rank `i` sends on rail `i` (NCCL's rail-optimized
+/// layout: the rail-aligned exchanges of `hier` never leave their rail);
+/// with more channels, each rank's channels take the rails in turn.
+pub fn rail_of(ch: Channel, local: usize, rails: usize) -> usize {
+    (ch as usize + local) % rails.max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,5 +351,15 @@ mod tests {
         d.writable = false;
         assert!(d.check(0, 1, true, || "put".into()).unwrap_err().to_string().contains("read-only"));
         assert!(d.check(usize::MAX, 2, false, || "x".into()).is_err());
+    }
+
+    #[test]
+    fn rails_follow_local_ranks_then_channels() {
+        // 2 rails, one channel: local rank i on rail i.
+        assert_eq!((0..4).map(|i| rail_of(0, i, 2)).collect::<Vec<_>>(), [0, 1, 0, 1]);
+        // Two channels of one rank take both rails, starting at its own.
+        assert_eq!([rail_of(0, 1, 2), rail_of(1, 1, 2)], [1, 0]);
+        assert_eq!(rail_of(5, 3, 1), 0);
+        assert_eq!(rail_of(0, 0, 0), 0, "no rails is one");
     }
 }

@@ -12,7 +12,7 @@ use super::soft::{SoftDevice, SoftOptions};
 use super::verbs::{AsyncEvent, Device, GidEntry, LinkLayer, PortInfo, PortState};
 use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
-use crate::provider::{Direct, Factory, LinkCost, LinkParams, Provider, Setup, Wake};
+use crate::provider::{Direct, Factory, LinkCost, LinkParams, Provider, Setup, Wake, rail_of};
 use crate::rail::RailWatch;
 use crate::{Channel, Error, Kind, Piece, Receiver, Result, Sender};
 use parking_lot::Mutex;
@@ -194,6 +194,7 @@ impl Factory for RdmaFactory {
             return Ok(Box::new(RdmaProvider {
                 rank: setup.rank,
                 rails: Vec::new(),
+                locals: Vec::new(),
                 watch: None,
                 direct: None,
                 sticky: None,
@@ -255,6 +256,7 @@ impl Factory for RdmaFactory {
             rank: setup.rank,
             direct: Some(DirectState::new(rails[0].ep.clone())),
             rails,
+            locals: setup.locals(),
             watch: Some(watch),
             sticky: None,
         }))
@@ -326,11 +328,15 @@ fn accept_loop(inner: Weak<Inner>, l: TcpListener) {
 }
 
 /// One rank's side of the RDMA provider: a rail per HCA port (no rail
-/// when it serves no peer). Channel `c` goes over rail `c mod R`, `R` the
-/// fewest rails any rank has; one-sided access over the first.
+/// when it serves no peer). Channel `c` of a connection whose sender is
+/// the `i`-th rank of its host goes over rail `(c + i) mod R`
+/// ([`rail_of`]), `R` the fewest rails any rank has; one-sided access
+/// over the first.
 pub struct RdmaProvider {
     rank: usize,
     rails: Vec<Arc<Inner>>,
+    /// Each rank's index on its host ([`rail_of`]).
+    locals: Vec<usize>,
     /// The interfaces the software HCA's rails run over, watched while
     /// channels use them.
     watch: Option<RailWatch>,
@@ -339,12 +345,20 @@ pub struct RdmaProvider {
 }
 
 impl RdmaProvider {
-    /// The rail of channel `ch`, from now on watched.
-    fn rail(&mut self, ch: Channel) -> Result<Arc<Inner>> {
+    /// The index of the rail of channel `ch` to `peer` (`sending`) or
+    /// from it.
+    fn rail_index(&self, peer: usize, ch: Channel, sending: bool) -> usize {
+        let local = self.locals.get(if sending { self.rank } else { peer }).copied().unwrap_or(0);
+        rail_of(ch, local, self.rails.len())
+    }
+
+    /// The rail of channel `ch` to `peer` (`sending`) or from it, from now
+    /// on watched.
+    fn rail(&mut self, peer: usize, ch: Channel, sending: bool) -> Result<Arc<Inner>> {
         if self.rails.is_empty() {
             return Err(Error::Internal("RDMA traffic with a peer RDMA does not serve".into()));
         }
-        let i = ch as usize % self.rails.len();
+        let i = self.rail_index(peer, ch, sending);
         if let Some(w) = &mut self.watch {
             w.used(i);
         }
@@ -422,7 +436,7 @@ impl Provider for RdmaProvider {
         } else if r > 1 {
             let names: Vec<&str> = self.rails.iter().map(|i| i.label.as_str()).collect();
             tracing::info!(
-                "rank {}: RDMA over {r} rails ({}); channel c on rail c mod {r}",
+                "rank {}: RDMA over {r} rails ({}); channel c of the i-th rank of a host sends on rail (c + i) mod {r}",
                 self.rank,
                 names.join(", ")
             );
@@ -467,7 +481,7 @@ impl Provider for RdmaProvider {
     }
 
     fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>> {
-        let i = self.rail(ch)?;
+        let i = self.rail(peer, ch, true)?;
         match setup::connect(&i.ep, peer, Some(ch))? {
             Conn::Data(mut s) => {
                 s.watch(&i.wake);
@@ -478,15 +492,15 @@ impl Provider for RdmaProvider {
     }
 
     fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>> {
-        let i = self.rail(ch)?;
+        let i = self.rail(peer, ch, false)?;
         i.ep.card(peer)?;
         Ok(Box::new(Pending { inner: i, key: (peer, ch), end: None }))
     }
 
-    fn route(&self, _peer: usize, ch: Channel) -> Option<String> {
+    fn route(&self, peer: usize, ch: Channel, sending: bool) -> Option<String> {
         let r = self.rails.len();
         (r > 1).then(|| {
-            let k = ch as usize % r;
+            let k = self.rail_index(peer, ch, sending);
             format!("rdma over {}, rail {} of {r}", self.rails[k].label, k + 1)
         })
     }

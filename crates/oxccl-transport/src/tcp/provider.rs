@@ -5,18 +5,20 @@
 //!
 //! **Rails.** Every interface `OXCCL_SOCKET_IFNAME` selects (`eth0,eth1`,
 //! a prefix such as `eth`, NCCL's `^`/`=` syntax) is a rail with a
-//! listener of its own; without the variable, one interface. Channel `c`
-//! of a connection goes over rail `c mod R`, `R` the fewest rails any rank
-//! has (each rank publishes its rails' addresses; a rank with more uses
-//! its first `R` and says so at INFO). Traffic never moves to another
+//! listener of its own; without the variable, the bootstrap's interface
+//! and the physical interfaces of its speed ([`crate::id::interface_ips`]).
+//! Channel `c` of a connection whose sender is the `i`-th rank of its host
+//! goes over rail `(c + i) mod R` ([`rail_of`]), `R` the fewest rails any
+//! rank has (each rank publishes its rails' addresses; a rank with more
+//! uses its first `R` and says so at INFO). Traffic never moves to another
 //! rail: a rail that fails is the error of the channels on it, and a rail
 //! whose interface is set down, loses its carrier or vanishes fails the
-//! rank at its next check (every 50 ms while it waits), naming the interface.
+//! rank at its next check (every 50 ms while it waits), naming it.
 
 use super::{Tcp, TcpOptions};
 use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
-use crate::provider::{Factory, LinkCost, LinkParams, Provider, Setup, Wake};
+use crate::provider::{Factory, LinkCost, LinkParams, Provider, Setup, Wake, rail_of};
 use crate::rail::RailWatch;
 use crate::{Channel, Error, Kind, Receiver, Result, Sender};
 
@@ -36,7 +38,13 @@ impl Factory for TcpFactory {
     }
     fn open(&self, setup: &Setup<'_>) -> Result<Box<dyn Provider>> {
         if !setup.serves_any() {
-            return Ok(Box::new(TcpProvider { tcp: None, names: Vec::new(), watch: None, rank: setup.rank }));
+            return Ok(Box::new(TcpProvider {
+                tcp: None,
+                names: Vec::new(),
+                watch: None,
+                locals: Vec::new(),
+                rank: setup.rank,
+            }));
         }
         let rails = match &self.opts.ifname {
             Some(name) => crate::id::interface_ips(Some(name))?,
@@ -49,7 +57,13 @@ impl Factory for TcpFactory {
             .collect::<Result<Vec<_>>>()?;
         let names: Vec<String> = rails.into_iter().map(|(n, _)| n).collect();
         let watch = RailWatch::new(setup.rank, "tcp", &names);
-        Ok(Box::new(TcpProvider { tcp: Some(tcps), names, watch: Some(watch), rank: setup.rank }))
+        Ok(Box::new(TcpProvider {
+            tcp: Some(tcps),
+            names,
+            watch: Some(watch),
+            locals: setup.locals(),
+            rank: setup.rank,
+        }))
     }
 }
 
@@ -73,15 +87,24 @@ pub struct TcpProvider {
     names: Vec<String>,
     /// Their interfaces, watched while channels use them.
     watch: Option<RailWatch>,
+    /// Each rank's index on its host ([`rail_of`]).
+    locals: Vec<usize>,
     rank: usize,
 }
 
 impl TcpProvider {
-    /// The rail of channel `ch`, from now on watched.
-    fn tcp(&mut self, ch: Channel) -> Result<&Tcp> {
+    /// The rail of channel `ch` to `peer` (`sending`) or from it.
+    fn rail(&self, peer: usize, ch: Channel, sending: bool) -> usize {
+        let local = self.locals.get(if sending { self.rank } else { peer }).copied().unwrap_or(0);
+        rail_of(ch, local, self.rails())
+    }
+
+    /// The rail of channel `ch` to `peer` (`sending`) or from it, from now
+    /// on watched.
+    fn tcp(&mut self, peer: usize, ch: Channel, sending: bool) -> Result<&Tcp> {
+        let i = self.rail(peer, ch, sending);
         let tcps =
             self.tcp.as_ref().ok_or_else(|| Error::Internal("TCP traffic with a peer TCP does not serve".into()))?;
-        let i = ch as usize % tcps.len();
         if let Some(w) = &mut self.watch {
             w.used(i);
         }
@@ -146,7 +169,7 @@ impl Provider for TcpProvider {
             }
         } else if rails > 1 {
             tracing::info!(
-                "rank {}: TCP over {rails} rails ({}); channel c on rail c mod {rails}",
+                "rank {}: TCP over {rails} rails ({}); channel c of the i-th rank of a host sends on rail (c + i) mod {rails}",
                 self.rank,
                 self.names[..rails].join(", ")
             );
@@ -158,15 +181,15 @@ impl Provider for TcpProvider {
         Ok(())
     }
     fn sender(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Sender>> {
-        self.tcp(ch)?.sender(peer, ch)
+        self.tcp(peer, ch, true)?.sender(peer, ch)
     }
     fn receiver(&mut self, peer: usize, ch: Channel) -> Result<Box<dyn Receiver>> {
-        self.tcp(ch)?.receiver(peer, ch)
+        self.tcp(peer, ch, false)?.receiver(peer, ch)
     }
-    fn route(&self, _peer: usize, ch: Channel) -> Option<String> {
+    fn route(&self, peer: usize, ch: Channel, sending: bool) -> Option<String> {
         let rails = self.rails();
         (rails > 1).then(|| {
-            let i = ch as usize % rails;
+            let i = self.rail(peer, ch, sending);
             format!("tcp over {}, rail {} of {rails}", self.names[i], i + 1)
         })
     }

@@ -465,9 +465,9 @@ pub(crate) fn waiting_for(fabric: &Fabric, tasks: &[Task]) -> String {
                         }
                     }
                     (Some(p), _, _) if lane.got < step.wire_elems() || step.wire_elems() == 0 => {
-                        format!("data from rank {p} ({})", fabric.route(p, lane.wire))
+                        format!("data from rank {p} ({})", fabric.route(p, lane.wire, false))
                     }
-                    (_, Some(p), _) => format!("room to send to rank {p} ({})", fabric.route(p, lane.wire)),
+                    (_, Some(p), _) => format!("room to send to rank {p} ({})", fabric.route(p, lane.wire, true)),
                     _ => "a local step".to_string(),
                 };
                 out.push(format!("{} channel {li} step {} ({step}) waits for {what}", t.label, lane.pc));
