@@ -223,9 +223,9 @@ pub enum Rails {
     #[default]
     ByRank,
     /// Channel `c` of every connection uses NIC `c mod nics` of both
-    /// nodes, whatever the local ranks: oxccl's TCP rails
-    /// (`OXCCL_SOCKET_IFNAME` with several interfaces). The channels on
-    /// one rail share its NICs.
+    /// nodes, whatever the local ranks: close to oxccl's rails
+    /// (`OXCCL_SOCKET_IFNAME` with several interfaces, which add the
+    /// sender's local rank). The channels on one rail share its NICs.
     ByChannel,
 }
 
@@ -240,7 +240,7 @@ pub enum Rails {
 /// every node is on rail `j`, and each NIC is *shared* by the ranks that
 /// use it. [`Topology::rails`] says which NIC a connection between
 /// nodes takes: the local rank's (that default) or its channel's
-/// ([`Rails::ByChannel`], oxccl's TCP rails).
+/// ([`Rails::ByChannel`]; oxccl's transports take `(c + local) mod nics`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Topology {
     /// Number of nodes.
@@ -302,7 +302,8 @@ impl Topology {
 
     /// The same with channel `c` of every connection between nodes on
     /// NIC `c mod nics` of both nodes, whatever the local ranks: how
-    /// oxccl's TCP rails go ([`Rails::ByChannel`]).
+    /// close to how oxccl's rails go ([`Rails::ByChannel`]; they add the
+    /// sender's local rank).
     pub fn rails_by_channel(self) -> Topology {
         self.with_rails(Rails::ByChannel)
     }
