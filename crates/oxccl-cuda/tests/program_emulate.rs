@@ -279,6 +279,41 @@ fn every_algorithm_runs_every_collective_on_5_to_8_ranks() {
     check(&all_algorithm_cases(5..=8));
 }
 
+/// Programs cut by data into 2–4 channels (`oxccl_algo::channels`, what
+/// `OXCCL_NCHANNELS` makes of a built-in algorithm; the device FIFOs have
+/// 4): every algorithm × collective that can be split, 2–5 ranks, on one
+/// host and on hosts of 2 (where `hier` differs from the ring), each
+/// channel a team of blocks of its own.
+#[test]
+fn programs_split_over_channels_run_as_their_parts() {
+    use oxccl_algo::placement::Placement;
+    let mut rng = Rng(0xc4a7);
+    let opts = BuildOptions { chunk_bytes: 96, max_chunks: 4 };
+    let mut cases = Vec::new();
+    let mut i = 0usize;
+    for algo in Algorithm::ALL {
+        for &kind in algo.kinds() {
+            for n in 2..=5 {
+                i += 1;
+                let parts = 2 + i % 3;
+                let (dtype, op) = TYPES[i % TYPES.len()];
+                let count = [37, 130, 1000][i % 3];
+                let c = Collective::new(kind, n, count).with_root(i % n).with_dtype(dtype);
+                let at = if n % 2 == 0 { Placement::blocked(n / 2, 2) } else { Placement::flat(n) };
+                let Ok(p) = oxccl_algo::channels::build(algo, &c, &opts, &at, parts) else { continue };
+                if p.ranks.iter().all(|r| r.channels.len() < 2) {
+                    continue;
+                }
+                let shape = Shape { team: [1, 2][i % 2], slots: [2, 4][(i / 2) % 2], ..Shape::default() };
+                let what = format!("{algo} {c} on {parts} channels {op:?} {shape:?}");
+                cases.push(case(&mut rng, what, p, op, shape));
+            }
+        }
+    }
+    assert!(cases.len() >= 20, "only {} programs could be split", cases.len());
+    check(&cases);
+}
+
 #[test]
 fn every_type_and_operator_through_ring_tree_and_one_shot() {
     let mut rng = Rng(0xfeed);

@@ -111,7 +111,8 @@ pub struct Config {
     /// Rank 0 writes the communicator's topology here as JSON at init
     /// (`OXCCL_TOPO_DUMP_FILE`).
     pub topo_dump_file: Option<std::path::PathBuf>,
-    /// Channels a host collective runs on (`OXCCL_NCHANNELS`, 1 to 16):
+    /// Channels a collective runs on (`OXCCL_NCHANNELS`, 1 to 16; device
+    /// collectives at most 4, the device FIFOs' channels):
     /// the data is cut into that many parts, each the algorithm's program
     /// on connections of its own, run concurrently
     /// ([`oxccl_algo::channels`]). By default the tuner chooses per

@@ -649,34 +649,36 @@ impl Tuner {
     /// The program of `c` for `coll` on the host: built-in algorithms on
     /// the tuner's channels.
     pub fn build(&self, c: Choice, coll: &Collective) -> Result<Program> {
-        let channels = self.channels_for(coll);
-        if let Choice::Builtin(a) = c
-            && channels > 1
-            && self.placement.nranks() == coll.nranks
-        {
-            let opts = BuildOptions { chunk_bytes: self.chunk_bytes(), max_chunks: usize::MAX };
+        self.build_chunked(c, coll, self.chunk_bytes(), oxccl_algo::channels::MAX)
+    }
+
+    /// The program of `c` for `coll`, built-in algorithms pipelined in
+    /// chunks of at most `chunk_bytes` on the tuner's channels, at most
+    /// `max_channels` (the device executor's FIFOs are not the host's; a
+    /// program whose messages cannot be split runs on one).
+    pub fn build_chunked(
+        &self,
+        c: Choice,
+        coll: &Collective,
+        chunk_bytes: usize,
+        max_channels: usize,
+    ) -> Result<Program> {
+        let a = match c {
+            Choice::Builtin(a) => a,
+            Choice::Program(id) => return programs::instantiate(id, coll),
+        };
+        let opts = BuildOptions { chunk_bytes, max_chunks: usize::MAX };
+        if self.placement.nranks() != coll.nranks {
+            return build(a, coll, &opts);
+        }
+        let channels = self.channels_for(coll).min(max_channels.max(1));
+        if channels > 1 {
             match oxccl_algo::channels::build(a, coll, &opts, &self.placement, channels) {
                 Ok(p) => return Ok(p),
                 Err(e) => tracing::debug!("{a} for {coll} on one channel: {e}"),
             }
         }
-        self.build_chunked(c, coll, self.chunk_bytes())
-    }
-
-    /// The program of `c` for `coll`, built-in algorithms pipelined in
-    /// chunks of at most `chunk_bytes` (the device executor's FIFOs are
-    /// not the host's).
-    pub fn build_chunked(&self, c: Choice, coll: &Collective, chunk_bytes: usize) -> Result<Program> {
-        match c {
-            Choice::Builtin(a) => {
-                let opts = BuildOptions { chunk_bytes, max_chunks: usize::MAX };
-                match self.placement.nranks() == coll.nranks {
-                    true => build_on(a, coll, &opts, &self.placement),
-                    false => build(a, coll, &opts),
-                }
-            }
-            Choice::Program(id) => programs::instantiate(id, coll),
-        }
+        build_on(a, coll, &opts, &self.placement)
     }
 
     /// Which ranks share a host.
@@ -823,11 +825,11 @@ mod tests {
         // rhd's reduce-scatter sends halves of the blocks: one channel.
         let rs = Collective::new(CollKind::ReduceScatter, 4, 1 << 18);
         assert_eq!(t.build(Choice::Builtin(Algorithm::Rhd), &rs).unwrap().ranks[0].channels.len(), 1);
-        // The device path's programs stay on one.
-        assert_eq!(
-            t.build_chunked(Choice::Builtin(Algorithm::Ring), &big, 1 << 16).unwrap().ranks[0].channels.len(),
-            1
-        );
+        // The device path's programs take as many as its FIFOs have.
+        let ring = Choice::Builtin(Algorithm::Ring);
+        assert_eq!(t.build_chunked(ring, &big, 1 << 16, 4).unwrap().ranks[0].channels.len(), 3);
+        assert_eq!(t.build_chunked(ring, &big, 1 << 16, 2).unwrap().ranks[0].channels.len(), 2);
+        assert_eq!(t.build_chunked(ring, &big, 1 << 16, 1).unwrap().ranks[0].channels.len(), 1);
     }
 
     #[test]

@@ -25,14 +25,16 @@
 //! channels of their own (`oxccl_algo::channels`, what `OXCCL_NCHANNELS`
 //! does in the library); an algorithm whose program cannot be split runs
 //! on one channel, and a `#` line says so. `--rails channel` puts channel
-//! `c` of every connection between nodes on NIC `c mod N` of both nodes
-//! (oxccl's TCP rails, `OXCCL_SOCKET_IFNAME=eth0,eth1`); the default,
+//! `c` of every connection between nodes on NIC `c mod N` of both nodes;
+//! `--rails sender` puts channel `c` of local rank `i`'s sends on NIC
+//! `(c + i) mod N` of both nodes (oxccl's TCP and RDMA rails,
+//! `OXCCL_SOCKET_IFNAME=eth0,eth1`); the default,
 //! `--rails rank`, puts local rank `i` on NIC `i mod N` (NCCL's
 //! rail-optimized layout):
 //!
 //! ```text
 //! oxccl-sim all_reduce --nodes 2 --ranks-per-node 2 --numbering cyclic --algo ring \
-//!     --inter 125MB/s,60us --intra 2GB/s,5us --nics-per-node 2 --rails channel --channels 2 -b 1M -e 16M -f 4
+//!     --inter 125MB/s,60us --intra 2GB/s,5us --nics-per-node 2 --rails sender --channels 2 -b 1M -e 16M -f 4
 //! ```
 //!
 //! `--plot FILE.png` also draws the sweep's predicted busbw against size,
@@ -73,7 +75,7 @@ use sweep::{Row, Table};
     name = "oxccl-sim",
     version,
     about = "Predict collective algorithms' time, algbw and busbw on a modelled cluster (nccl-tests columns)",
-    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n  oxccl-sim all_reduce --nodes 2 --ranks-per-node 2 --numbering cyclic --algo ring --inter 125MB/s,60us --intra 2GB/s,5us --nics-per-node 2 --rails channel --channels 2 -b 1M -e 16M -f 4\n\nSizes: 8GB = 8·10^9 bytes, 8GiB = 8·2^30, and a bare 8G = 8·2^30 as in nccl-tests; bandwidths 450GB/s = 450·10^9 bytes/s, 50GiB/s, 100Gb/s (bits).\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\n--channels C cuts each algorithm's program by data into C parts, each on channels and connections of its own (oxccl_algo::channels, as OXCCL_NCHANNELS does); an algorithm that cannot be split runs on one channel and a '#' line says so.\n\nModel: per-rank intra-node ports, --nics-per-node NICs per node shared by the connections that use them, first-come first-served; every channel has connections of its own. --rails rank: local rank i uses NIC i mod N (rail-optimized, as on DGX nodes); --rails channel: channel c uses NIC c mod N of both nodes (oxccl's TCP rails). See oxccl_algo::sim."
+    after_help = "Examples:\n  oxccl-sim all_reduce --nodes 128 --ranks-per-node 8 --intra 450GB/s,0.6us --inter 50GB/s,5us -b 8 -e 8G -f 2 --algo ring,tree,rhd\n  oxccl-sim all_reduce --ranks-per-node 4 -b 64 --algo ring --emit > prog.json\n  oxccl-sim --program prog.json --nodes 2 --ranks-per-node 4\n  oxccl-sim --program prog.json -b 8 -e 64M -f 4\n  oxccl-sim all_reduce --nodes 2 --ranks-per-node 2 --numbering cyclic --algo ring --inter 125MB/s,60us --intra 2GB/s,5us --nics-per-node 2 --rails sender --channels 2 -b 1M -e 16M -f 4\n\nSizes: 8GB = 8·10^9 bytes, 8GiB = 8·2^30, and a bare 8G = 8·2^30 as in nccl-tests; bandwidths 450GB/s = 450·10^9 bytes/s, 50GiB/s, 100Gb/s (bits).\n\n--program without -b/-e/-f/-i prices the program at its own count (one row). With any of them it is instantiated at every size (count from the size as nccl-tests does for the program's collective and data type; see oxccl_algo::scale) and verified at each (unless --no-verify). A program that is not index-aligned runs only at multiples of its count: at other sizes a '#' line says why instead of a row, and the exit status stays 0.\n\n--channels C cuts each algorithm's program by data into C parts, each on channels and connections of its own (oxccl_algo::channels, as OXCCL_NCHANNELS does); an algorithm that cannot be split runs on one channel and a '#' line says so.\n\nModel: per-rank intra-node ports, --nics-per-node NICs per node shared by the connections that use them, first-come first-served; every channel has connections of its own. --rails rank: local rank i uses NIC i mod N (rail-optimized, as on DGX nodes); --rails channel: channel c uses NIC c mod N of both nodes; --rails sender: channel c of local rank i's sends uses NIC (c + i) mod N of both nodes (oxccl's TCP and RDMA rails). See oxccl_algo::sim."
 )]
 struct Args {
     /// Collective, as nccl-tests names it: all_reduce, all_gather,
@@ -104,11 +106,11 @@ struct Args {
     #[arg(long = "nics-per-node", default_value_t = 1)]
     nics_per_node: usize,
     /// Which NIC a connection between nodes takes: rank (local rank i
-    /// uses NIC i mod N on every channel: NCCL's rail-optimized layout) or
+    /// uses NIC i mod N on every channel: NCCL's rail-optimized layout),
     /// channel (channel c uses NIC c mod N of both nodes, whatever the
-    /// ranks: oxccl's TCP rails, OXCCL_SOCKET_IFNAME with several
-    /// interfaces).
-    #[arg(long, default_value = "rank", value_parser = ["rank", "channel"])]
+    /// ranks) or sender (channel c of local rank i's sends on NIC
+    /// (c + i) mod N of both nodes: oxccl's TCP and RDMA rails).
+    #[arg(long, default_value = "rank", value_parser = ["rank", "channel", "sender"])]
     rails: String,
     /// Cut each algorithm's program by data into C parts, each on channels
     /// of its own (oxccl_algo::channels, as OXCCL_NCHANNELS does; 1 to
@@ -281,7 +283,11 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn topology(args: &Args, nodes: usize, rpn: usize) -> Result<Topology, String> {
-    let rails = if args.rails == "channel" { Rails::ByChannel } else { Rails::ByRank };
+    let rails = match args.rails.as_str() {
+        "channel" => Rails::ByChannel,
+        "sender" => Rails::BySender,
+        _ => Rails::ByRank,
+    };
     let mut topo = Topology::new(nodes, rpn, args.intra, args.inter).with_nics(args.nics_per_node).with_rails(rails);
     if let Some(bw) = args.reduce_bw {
         topo = topo.with_reduce_bw(bw);

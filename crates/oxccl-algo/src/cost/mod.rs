@@ -223,10 +223,15 @@ pub enum Rails {
     #[default]
     ByRank,
     /// Channel `c` of every connection uses NIC `c mod nics` of both
-    /// nodes, whatever the local ranks: close to oxccl's rails
-    /// (`OXCCL_SOCKET_IFNAME` with several interfaces, which add the
-    /// sender's local rank). The channels on one rail share its NICs.
+    /// nodes, whatever the local ranks. The channels on one rail share
+    /// its NICs.
     ByChannel,
+    /// Channel `c` of a connection whose sender is local rank `i` uses NIC
+    /// `(c + i) mod nics` of both nodes: oxccl's TCP and RDMA rails
+    /// (`oxccl_transport::provider::rail_of`). With one channel, local
+    /// rank `i` sends on rail `i` as [`Rails::ByRank`]; its receiver takes
+    /// the data on that rail too.
+    BySender,
 }
 
 /// Where the ranks live and how they are connected.
@@ -240,7 +245,8 @@ pub enum Rails {
 /// every node is on rail `j`, and each NIC is *shared* by the ranks that
 /// use it. [`Topology::rails`] says which NIC a connection between
 /// nodes takes: the local rank's (that default) or its channel's
-/// ([`Rails::ByChannel`]; oxccl's transports take `(c + local) mod nics`).
+/// ([`Rails::ByChannel`]) or its channel's and sender's
+/// ([`Rails::BySender`], oxccl's rails).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Topology {
     /// Number of nodes.
@@ -319,10 +325,26 @@ impl Topology {
     /// The NIC channel `channel` of `rank` sends and receives through
     /// between nodes, as [`Topology::rails`] says, numbered as
     /// [`nic_of`](Topology::nic_of) numbers them.
+    /// ([`Rails::BySender`] counts as by channel here: see
+    /// [`nics_between`](Topology::nics_between)).
     pub fn nic_for(&self, rank: usize, channel: usize) -> usize {
         match self.rails {
             Rails::ByRank => self.nic_of(rank),
-            Rails::ByChannel => self.node_of(rank) * self.nics.max(1) + channel % self.nics.max(1),
+            Rails::ByChannel | Rails::BySender => self.node_of(rank) * self.nics.max(1) + channel % self.nics.max(1),
+        }
+    }
+
+    /// The NICs (send side of `from`'s node, receive side of `to`'s) that
+    /// channel `channel` from `from` to `to` on another node crosses, as
+    /// [`Topology::rails`] says.
+    pub fn nics_between(&self, from: usize, to: usize, channel: usize) -> (usize, usize) {
+        match self.rails {
+            Rails::BySender => {
+                let k = self.nics.max(1);
+                let rail = (channel + from % self.ranks_per_node.max(1)) % k;
+                (self.node_of(from) * k + rail, self.node_of(to) * k + rail)
+            }
+            _ => (self.nic_for(from, channel), self.nic_for(to, channel)),
         }
     }
 
@@ -417,6 +439,7 @@ impl fmt::Display for Topology {
                 (k, _) if k <= 1 => String::new(),
                 (k, Rails::ByRank) => format!(" × {k} NICs"),
                 (k, Rails::ByChannel) => format!(" × {k} NICs (rails by channel)"),
+                (k, Rails::BySender) => format!(" × {k} NICs (rails by channel and sender)"),
             },
             format_bandwidth(self.reduce_bw)
         )?;

@@ -304,8 +304,8 @@ impl Compiled {
     /// The id of the connection of kind `kind` between `r` and `peer` on
     /// channel `ch`, created on first use by the tile's process `k` (a
     /// process is one rank's channel, so every channel has connections of
-    /// its own). Between nodes it holds the NICs [`Topology::nic_for`]
-    /// names for each end on that channel.
+    /// its own). Between nodes it holds the NICs
+    /// [`Topology::nics_between`] names for its ends on that channel.
     fn connection(&mut self, topo: &Topology, k: usize, (r, ch): (usize, usize), peer: usize, kind: usize) -> u32 {
         let n = topo.nranks();
         let key = peer * KINDS + kind;
@@ -315,7 +315,12 @@ impl Compiled {
             self.touched[k].push(key);
             let (from, to) = if kind == GET { (peer, r) } else { (r, peer) };
             let (f, t) = (topo.node_of(from), topo.node_of(to));
-            let (tx, rx) = if f != t { (n + topo.nic_for(from, ch), n + topo.nic_for(to, ch)) } else { (from, to) };
+            let (tx, rx) = if f != t {
+                let (a, b) = topo.nics_between(from, to, ch);
+                (n + a, n + b)
+            } else {
+                (from, to)
+            };
             let link = topo.link(from, to);
             let info = ConnInfo { lat: link.lat, bw: link.bw, tx: tx as u32, rx: rx as u32, inter: f != t };
             self.conns.push(info);

@@ -33,8 +33,9 @@
 //! takes is [`Topology::rails`]: by local rank (the default, rail-optimized
 //! as on DGX nodes: local rank `i` uses NIC `i mod nics` on every channel)
 //! or by channel ([`Rails::ByChannel`](crate::cost::Rails): channel `c`
-//! uses NIC `c mod nics` of both nodes, whatever the ranks: oxccl's TCP
-//! rails). A transfer of `m` bytes between two ranks of one
+//! uses NIC `c mod nics` of both nodes, whatever the ranks), or by channel
+//! and sender (`Rails::BySender`: NIC `(c + i) mod nics` of both nodes,
+//! `i` the sender's local rank: oxccl's TCP and RDMA rails). A transfer of `m` bytes between two ranks of one
 //! node holds the sender's send port and the receiver's receive port;
 //! between nodes it holds the sender's NIC send side and the receiver's
 //! NIC receive side. A transfer requested at time `t`

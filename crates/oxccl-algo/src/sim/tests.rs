@@ -330,3 +330,25 @@ fn rails_matter_only_with_several_nics() {
     assert_eq!((t.nic_for(5, 0), t.nic_for(5, 7), t.nic_for(0, 3)), (2, 3, 1));
     assert!(t.to_string().contains("× 2 NICs (rails by channel)"), "{t}");
 }
+
+#[test]
+fn rails_by_sender_are_the_transports_rails() {
+    let topo = Topology::new(2, 2, NVL, NIC).with_nics(2);
+    let s = topo.with_rails(crate::cost::Rails::BySender);
+    // Channel c of local rank i's sends: NIC (c + i) mod 2 of both nodes
+    // (node 1's NICs are 2 and 3).
+    assert_eq!(s.nics_between(1, 2, 0), (1, 3));
+    assert_eq!(s.nics_between(1, 2, 1), (0, 2));
+    assert_eq!(s.nics_between(2, 1, 0), (2, 0));
+    assert!(s.to_string().contains("(rails by channel and sender)"), "{s}");
+    // The ring's crossings leave local rank 1 both ways: one channel keeps
+    // to rail 1, two channels take both rails and about half the time.
+    let base = simulate(&ring_on(&topo, 16 << 20, 1), &s).unwrap();
+    let one_by_rank = simulate(&ring_on(&topo, 16 << 20, 1), &topo).unwrap();
+    assert!(close(base.time, one_by_rank.time), "{} vs {}", base.time, one_by_rank.time);
+    let two = simulate(&ring_on(&topo, 16 << 20, 2), &s).unwrap();
+    let speedup = base.time / two.time;
+    assert!((1.9..=2.05).contains(&speedup), "{speedup}: {} vs {}", base.time, two.time);
+    let each = two.inter_bytes as f64 / NIC.bw / 4.0;
+    assert!(two.nics.iter().all(|&(tx, rx)| close(tx, each) && close(rx, each)), "{:?}", two.nics);
+}

@@ -35,8 +35,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Channels of every rank's FIFO layout: programs with more do not run here.
-pub(super) const FIFO_CHANS: usize = 4;
+use super::FIFO_CHANS;
 /// Slots per connection.
 pub(super) const SLOTS: usize = 8;
 /// Device memory for uploaded programs (steps and slice tables), per rank,

@@ -73,6 +73,11 @@ pub(crate) mod stage;
 mod windows;
 
 use crate::buf::{CudaStream, DeviceBuf};
+
+/// Channels of every rank's device FIFO layout: the device executor runs
+/// programs of up to this many channels (the tuner splits device programs
+/// no further).
+pub(crate) const FIFO_CHANS: usize = 4;
 use crate::call::Call;
 use crate::config::Resolved;
 use crate::job::{Counters, Job};

@@ -179,7 +179,7 @@ impl Communicator {
         let choice = if wants && dc.is_direct() { Some(self.tuner().pick(&coll)?) } else { None };
         let build = |chunk: usize| match choice {
             Some(c) => {
-                let p = self.tuner().build_chunked(c, &coll, chunk)?;
+                let p = self.tuner().build_chunked(c, &coll, chunk, crate::device::FIFO_CHANS)?;
                 self.tuner().prove(&p, &coll)?;
                 Ok(p)
             }
