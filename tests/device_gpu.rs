@@ -170,10 +170,13 @@ fn threads_direct_2_and_4_ranks_on_one_gpu() {
 /// Every algorithm of oxccl-algo for every collective it implements,
 /// through the device executor (`OXCCL_DEVICE_EXEC=program`: a program it
 /// cannot run is an error, so nothing falls back to the hand-written
-/// kernel unseen), `n` ranks as threads on one GPU, against the host path.
-fn executor_threads(n: usize) {
-    for algo in Algorithm::ALL {
+/// kernel unseen), `n` ranks as threads on one GPU, against the host path;
+/// on `nchannels` channels where given (programs split by data, up to the
+/// device FIFOs' 4).
+fn executor_threads(n: usize, algos: &[Algorithm], nchannels: Option<usize>) {
+    for &algo in algos {
         let cfg = Config {
+            nchannels,
             device_path: Some(DevicePath::Direct),
             device_exec: Some(DeviceExec::Program),
             algo: Some(algo.name().into()),
@@ -224,8 +227,16 @@ fn executor_threads(n: usize) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_algorithm_through_the_device_executor_2_and_4_threads() {
-    executor_threads(2);
-    executor_threads(4);
+    executor_threads(2, &Algorithm::ALL, None);
+    executor_threads(4, &Algorithm::ALL, None);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn split_programs_through_the_device_executor_on_3_channels() {
+    let algos = [Algorithm::Ring, Algorithm::Tree, Algorithm::OneShot, Algorithm::Ordered];
+    executor_threads(2, &algos, Some(3));
+    executor_threads(4, &algos, Some(3));
 }
 
 /// Every rank sends two messages to every rank (itself included) and
