@@ -459,8 +459,10 @@ impl Fabric {
     }
 
     /// An error if a peer died or aborted.
-    /// This rank's own causes (a rail down, a device failure) come first:
-    /// where a peer died of the same cause, they say more than its death.
+    /// A cause of this rank's own (a rail down: a system error) comes
+    /// before a peer's failure, which a peer that died of the same cause
+    /// explains less well; a provider's news of a peer does not (the
+    /// bootstrap's failure says why the peer left, when it said).
     pub fn check(&mut self) -> Result<()> {
         let failure = self.boot.failure();
         if failure.is_none() && self.last_check.elapsed() < Duration::from_millis(50) {
@@ -468,7 +470,11 @@ impl Fabric {
         }
         self.last_check = Instant::now();
         for p in &mut self.providers {
-            p.check()?;
+            match (p.check(), &failure) {
+                (Ok(()), _) => {}
+                (Err(e @ Error::System(_)), _) | (Err(e), None) => return Err(e),
+                (Err(_), Some(_)) => {}
+            }
         }
         failure.map_or(Ok(()), Err)
     }
