@@ -44,12 +44,13 @@ fn every_collective_and_half_each(h: usize, l: usize, rdma: bool) {
     let before = rail_bytes(&hosts);
     let count = (4usize << 20).to_string();
     envs.push(("OXCCL_TEST_COUNT", &count));
-    hosts.run(l, true, "volume", &envs);
+    let (outs, _) = hosts.run(l, true, "volume", &envs);
+    let choice = outs[0].lines().find(|l| l.starts_with("CHOICE")).unwrap_or("no CHOICE line").to_string();
     let after = rail_bytes(&hosts);
     let rail = [after[0] - before[0], after[1] - before[1]];
     let total = rail[0] + rail[1];
     println!(
-        "{h} hosts x {l} ranks over {}: rails carried {} and {} bytes ({:.3} / {:.3})",
+        "{h} hosts x {l} ranks over {} ({choice}): rails carried {} and {} bytes ({:.3} / {:.3})",
         if rdma { "soft RDMA" } else { "tcp" },
         rail[0],
         rail[1],
@@ -58,7 +59,11 @@ fn every_collective_and_half_each(h: usize, l: usize, rdma: bool) {
     );
     assert!(total >= 16 << 20, "{total} bytes crossed: less than the all_reduce's 16 MiB");
     for (i, &b) in rail.iter().enumerate() {
-        assert!(b.abs_diff(total / 2) <= total / 20, "rail {i}: {b} of {total} bytes ({h}x{l}, rdma: {rdma})");
+        assert!(
+            b.abs_diff(total / 2) <= total / 20,
+            "rail {i}: {b} of {total} bytes ({h}x{l}, rdma: {rdma}, {choice})\n{}",
+            outs[0]
+        );
     }
 }
 

@@ -373,8 +373,10 @@ pub fn interface_ips(ifname: Option<&str>) -> Result<Vec<(String, IpAddr)>> {
         let rails = default_rails(&addrs, &nics);
         if rails.len() > 1 {
             let names: Vec<&str> = rails.iter().map(|(n, _)| n.as_str()).collect();
+            let speed = nics.iter().find(|n| n.name == names[0]).and_then(|n| n.speed_mbps).unwrap_or(0);
             tracing::info!(
-                "TCP rails by default: {} (physical interfaces of one speed, up); {SOCKET_IFNAME_ENV}={} uses one",
+                "TCP rails by default: {} (every physical interface up at {speed} Mb/s); \
+                 {SOCKET_IFNAME_ENV}={} uses one",
                 names.join(", "),
                 names[0]
             );
@@ -561,6 +563,7 @@ mod tests {
             ifa("eth2", "10.2.0.1", true),
             ifa("eth3", "fd00::3", true),
             ifa("veth9", "10.9.0.1", true),
+            ifa("br0", "10.8.0.1", true),
         ];
         let rails = |nics: &[crate::topo::Nic]| -> Vec<String> {
             default_rails(&addrs, nics).into_iter().map(|(n, _)| n).collect()
@@ -580,6 +583,15 @@ mod tests {
         // Different speeds, or the other one down: one.
         assert_eq!(rails(&[nic("eth0", g25, true, false), nic("eth1", Some(100_000), true, false)]), ["eth0"]);
         assert_eq!(rails(&[nic("eth0", g25, true, false), nic("eth1", g25, false, false)]), ["eth0"]);
+        // One physical interface beside a veth, a bridge and docker's of
+        // its speed: one.
+        let one = [
+            nic("eth0", g25, true, false),
+            nic("docker0", g25, true, true),
+            nic("veth9", g25, true, true),
+            nic("br0", g25, true, true),
+        ];
+        assert_eq!(rails(&one), ["eth0"]);
         // The default interface virtual, or of unknown speed: one.
         assert_eq!(rails(&[nic("eth0", g25, true, true), nic("eth1", g25, true, false)]), ["eth0"]);
         assert_eq!(rails(&[nic("eth0", None, true, false), nic("eth1", None, true, false)]), ["eth0"]);

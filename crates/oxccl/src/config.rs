@@ -602,8 +602,10 @@ impl ChannelSettings {
     /// per rail (within the bounds).
     pub fn choice(&self, rails: usize) -> crate::tuner::ChannelChoice {
         match self.want {
-            Some(n) => crate::tuner::ChannelChoice::fixed(n),
-            None => crate::tuner::ChannelChoice { fixed: false, lo: self.lo, most: rails.clamp(self.lo, self.hi) },
+            Some(n) => crate::tuner::ChannelChoice { rails, ..crate::tuner::ChannelChoice::fixed(n) },
+            None => {
+                crate::tuner::ChannelChoice { fixed: false, lo: self.lo, most: rails.clamp(self.lo, self.hi), rails }
+            }
         }
     }
 }

@@ -219,6 +219,10 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
     Ok(())
 }
 
+/// How long a call waits with nothing moving before it asks the peers it
+/// waits on whether they run the same call ([`exec::probe`]).
+const PROBE: Duration = Duration::from_secs(1);
+
 /// Runs the tasks of one batch to their end.
 fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &mut [exec::Task]) -> Result<()> {
     let mut turns = exec::Turns::book(batch);
@@ -228,6 +232,8 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
     // about to sleep (not while it spins: peers ring that word on every
     // message, and reading it in a tight loop would fight them for it).
     let mut seen: Option<u32> = None;
+    // Whether the peers were asked for their calls in this wait.
+    let mut probed = false;
     loop {
         if shared.abort.load(Ordering::Acquire) {
             return Err(Error::Remote(format!("{} op #{} {label}: aborted", shared.who, label.seq)));
@@ -247,6 +253,7 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
         if moved {
             idle_since = None;
             seen = None;
+            probed = false;
             continue;
         }
         // Nothing moved: poll again at once for a moment, then yield the
@@ -266,6 +273,10 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
         fabric.check()?;
         if let Some(e) = closed_before(fabric, batch) {
             return Err(e);
+        }
+        if !probed && idle > PROBE.min(shared.timeout / 2) {
+            probed = true;
+            exec::probe(fabric, batch)?;
         }
         if idle > shared.timeout {
             return Err(Error::Timeout(format!(

@@ -30,7 +30,7 @@
 use crate::programs::{self, ProgramId};
 use oxccl_algo::algos::{Algorithm, BuildOptions, build, build_on, is_nccl_only};
 use oxccl_algo::collective::{CollKind, Collective};
-use oxccl_algo::cost::{Link, Topology};
+use oxccl_algo::cost::{Link, Rails, Topology};
 use oxccl_algo::ir::Program;
 use oxccl_algo::placement::Placement;
 use oxccl_core::{Error, Result};
@@ -285,12 +285,16 @@ pub struct ChannelChoice {
     pub lo: usize,
     /// The most (the rails between hosts, within the bounds).
     pub most: usize,
+    /// The rails between hosts (interfaces, HCA ports): the simulated
+    /// NICs per host, channel `c` of local rank `i`'s sends on rail
+    /// `(c + i) mod rails` as the transports do.
+    pub rails: usize,
 }
 
 impl ChannelChoice {
     /// Every collective on `n` channels.
     pub fn fixed(n: usize) -> ChannelChoice {
-        ChannelChoice { fixed: true, lo: n.max(1), most: n.max(1) }
+        ChannelChoice { fixed: true, lo: n.max(1), most: n.max(1), rails: 1 }
     }
 }
 
@@ -622,7 +626,8 @@ impl Tuner {
     /// between hosts where it was simulated on the placement (else 0).
     fn price(&self, c: Choice, coll: &Collective) -> (Option<f64>, u64) {
         let simulate = |p: &Program| {
-            let topo = self.topo(coll, p.has_one_sided());
+            let rails = self.channels.rails.max(1);
+            let topo = self.topo(coll, p.has_one_sided()).with_nics(rails).with_rails(Rails::BySender);
             let time = match self.placement.per_host() {
                 Some(_) if self.simulates(coll) => oxccl_algo::sim::simulate_on(p, &topo, &self.placement),
                 _ => oxccl_algo::sim::simulate(p, &topo),
@@ -632,8 +637,12 @@ impl Tuner {
         };
         match c {
             Choice::Builtin(a) if self.simulates(coll) => {
+                // On the channels it would run on, over the rails.
                 let opts = BuildOptions { chunk_bytes: self.chunk_bytes(), max_chunks: SIMULATED_CHUNKS };
-                build_on(a, coll, &opts, &self.placement).map_or((None, 0), |p| simulate(&p))
+                let ch = self.channels_for(coll);
+                let split = (ch > 1).then(|| oxccl_algo::channels::build(a, coll, &opts, &self.placement, ch).ok());
+                let p = split.flatten().map_or_else(|| build_on(a, coll, &opts, &self.placement), Ok);
+                p.map_or((None, 0), |p| simulate(&p))
             }
             Choice::Builtin(a) => (oxccl_algo::algos::estimate(a, coll, &self.topo(coll, a.one_sided())), 0),
             Choice::Program(_) => self.build(c, coll).map_or((None, 0), |p| simulate(&p)),
@@ -834,7 +843,7 @@ mod tests {
 
     #[test]
     fn without_a_count_the_tuner_gives_each_rail_a_channel_where_the_size_is_worth_it() {
-        let t = tuner(4, "").unwrap().channel_choice(ChannelChoice { fixed: false, lo: 1, most: 2 });
+        let t = tuner(4, "").unwrap().channel_choice(ChannelChoice { fixed: false, lo: 1, most: 2, rails: 2 });
         let min = min_channel_bytes(t.two.inter);
         assert!(min >= 64 << 10);
         let f32s = |bytes: usize| Collective::new(CollKind::AllReduce, 4, bytes / 4);
@@ -847,7 +856,7 @@ mod tests {
         assert_eq!(t.build(Choice::Builtin(Algorithm::Ring), &f32s(4096)).unwrap().ranks[0].channels.len(), 1);
         // A lower bound holds for small collectives too; a fixed count
         // for every size.
-        let t = t.channel_choice(ChannelChoice { fixed: false, lo: 2, most: 3 });
+        let t = t.channel_choice(ChannelChoice { fixed: false, lo: 2, most: 3, rails: 3 });
         assert_eq!(t.channels_for(&f32s(8)), 2);
         let t = t.channels(3);
         assert_eq!(t.channels_for(&f32s(8)), 3);

@@ -478,6 +478,36 @@ pub(crate) fn waiting_for(fabric: &Fabric, tasks: &[Task]) -> String {
     out.join("; ")
 }
 
+/// A call that has waited with nothing moving: asks each peer its lanes
+/// wait on which call it runs under the same number, and fails naming
+/// both ranks where the peer's disagrees. Ranks whose counts differ may
+/// pick different algorithms, which then wait on each other without a
+/// message of the wrong length to show it; a peer that has not reached
+/// the call yet, or agrees, says nothing.
+pub(crate) fn probe(fabric: &Fabric, tasks: &[Task]) -> Result<()> {
+    for t in tasks {
+        let Some(sig) = t.sig else { continue };
+        let mut asked = Vec::new();
+        for lane in &t.lanes {
+            let Some(step) = lane.steps.get(lane.pc) else { continue };
+            let peer = match step {
+                Step::Wait { peer }
+                | Step::Put { peer, .. }
+                | Step::Get { peer, .. }
+                | Step::GetReduce { peer, .. } => Some(*peer),
+                _ => step.recv_peer().or(step.send_peer()),
+            };
+            let Some(peer) = peer.filter(|p| !asked.contains(p)) else { continue };
+            asked.push(peer);
+            let theirs = fabric.ask(peer, sig.number(), std::time::Duration::from_millis(500));
+            if let Some((tag, count)) = theirs.and_then(|r| sig::Sig::read_record(&r)) {
+                sig::Expect { sig: Some(sig), count: t.count, me: fabric.rank() }.exposure(tag, count, peer)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A misuse seen on a message (one of another length than this call's
 /// step expects): the peer's call, asked for through the bootstrap, names
 /// what differs (both ranks, both counts) where it can; otherwise `e`.
