@@ -1,11 +1,18 @@
 //! Watching the interfaces a provider's rails go over: a rail whose
 //! interface is set down, loses its carrier or vanishes is an error of
-//! the rank at once (within a check's period), naming the rail and its
-//! interface, instead of a timeout after `OXCCL_TIMEOUT`. Nothing moves
+//! the rank within a second (a shorter flap is no failure), naming the
+//! rail and its interface, instead of a timeout after `OXCCL_TIMEOUT`. Nothing moves
 //! to another rail: the channels on a failed rail fail with it.
 
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long an interface may be down (set down, no carrier) before its
+/// rail fails: a carrier flap (a NIC's firmware reset, a reseated cable)
+/// that TCP and RC queue pairs survive is no failure. An interface that
+/// vanished fails at once.
+const GRACE: Duration = Duration::from_secs(1);
 
 /// Why an interface cannot carry traffic, from its sysfs directory
 /// (`/sys/class/net/<name>`): `None` while it is up with a carrier.
@@ -36,6 +43,8 @@ pub(crate) struct RailWatch {
     /// interface of this host's, or not one there was at start).
     rails: Vec<(String, Option<PathBuf>)>,
     used: Vec<bool>,
+    /// Since when each rail's interface has been down.
+    down_since: Vec<Option<Instant>>,
     failed: Option<Error>,
 }
 
@@ -51,13 +60,21 @@ impl RailWatch {
                 (n.clone(), watched.then_some(dir))
             })
             .collect();
-        RailWatch { rank, what, rails, used: vec![false; names.len()], failed: None }
+        RailWatch {
+            rank,
+            what,
+            rails,
+            used: vec![false; names.len()],
+            down_since: vec![None; names.len()],
+            failed: None,
+        }
     }
 
     /// Keeps the first `n` rails (the rest are closed).
     pub(crate) fn truncate(&mut self, n: usize) {
         self.rails.truncate(n);
         self.used.truncate(n);
+        self.down_since.truncate(n);
     }
 
     /// Rail `i` carries a channel from now on.
@@ -78,10 +95,18 @@ impl RailWatch {
         let n = self.rails.len();
         for (i, (name, dir)) in self.rails.iter().enumerate() {
             let Some(dir) = dir.as_ref().filter(|_| self.used[i]) else { continue };
-            if let Some(why) = down_reason(dir) {
+            let why = down_reason(dir);
+            let since = match why {
+                None => {
+                    self.down_since[i] = None;
+                    continue;
+                }
+                Some(_) => *self.down_since[i].get_or_insert_with(Instant::now),
+            };
+            if let Some(why) = why.filter(|&w| w == "gone" || since.elapsed() >= GRACE) {
                 let e = Error::System(format!(
-                    "rank {}: {} rail {} of {n} ({name}) is down ({why}): the channels on it (c mod {n} = {i}) \
-                     cannot reach their peers, and traffic does not move to another rail",
+                    "rank {}: {} rail {} of {n} ({name}) is down ({why}): the channels on it cannot reach their \
+                     peers, and traffic does not move to another rail",
                     self.rank,
                     self.what,
                     i + 1
@@ -125,6 +150,9 @@ mod tests {
         w.used(0);
         assert!(w.check().is_ok(), "rail 2 is down but carries no channel");
         w.used(1);
+        // Down for less than the grace: a flap, no failure yet.
+        assert!(w.check().is_ok(), "a carrier lost just now");
+        w.down_since[1] = Some(Instant::now() - GRACE);
         let e = w.check().unwrap_err().to_string();
         assert!(e.contains("rank 3") && e.contains("rail 2 of 2 (eth1)") && e.contains("no carrier"), "{e}");
         // Failed stays failed, even once the interface is back.

@@ -122,7 +122,11 @@ impl Communicator {
             &BootOptions { timeout: cfg.timeout, host_id: None, encrypt: cfg.encrypt },
         )?);
         let fabric = Fabric::new(boot.clone(), id.nonce(), &cfg.fabric_options())?;
-        let channels = cfg.nchannels.choice(fabric.rails());
+        // The fewest rails any rank has to other hosts: ranks reaching
+        // them over different providers count differently.
+        let rails = boot.all_gather(&[fabric.rails().min(255) as u8])?;
+        let rails = rails.iter().filter_map(|v| v.first()).map(|&r| usize::from(r)).min().unwrap_or(1).max(1);
+        let channels = cfg.nchannels.choice(rails);
         agree_on_mode(&boot, rank, cfg.deterministic, channels)?;
         let kinds: Vec<Option<Kind>> = (0..nranks).map(|p| fabric.kind_of(p)).collect();
         let fifo = if kinds.contains(&Some(Kind::Tcp)) { cfg.buffsize.min(cfg.tcp_buffsize) } else { cfg.buffsize };

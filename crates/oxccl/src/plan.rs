@@ -49,8 +49,9 @@ struct Built {
 }
 
 /// What a build depends on: the choice, the collective (ranks, count,
-/// type, root) and the pipeline chunk.
-type BuildKey = (Choice, Collective, usize);
+/// type, root), the pipeline chunk, the channels and the placement (a
+/// hash of it: communicators of one process may span hosts differently).
+type BuildKey = (Choice, Collective, usize, usize, u64);
 
 /// Programs recently built in this process, shared by its ranks: ranks
 /// that are threads of one process build each program once, not once
@@ -71,7 +72,13 @@ fn built(tuner: &Tuner, choice: Choice, coll: &Collective, shared: bool) -> Resu
     if !shared {
         return make();
     }
-    let key = (choice, *coll, tuner.chunk_bytes());
+    let placement = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        tuner.placement().hash(&mut h);
+        h.finish()
+    };
+    let key = (choice, *coll, tuner.chunk_bytes(), tuner.channels_for(coll), placement);
     if let Some(b) = BUILT.lock().0.get(&key) {
         return Ok(b.clone());
     }

@@ -251,6 +251,12 @@ impl Factory for RdmaFactory {
                 next_unproven: AtomicU64::new(0),
             }));
         }
+        if rails.is_empty() {
+            return Err(Error::Unavailable(format!(
+                "rank {}: the soft RDMA HCA needs an IPv4 address on an interface OXCCL_SOCKET_IFNAME selects",
+                setup.rank
+            )));
+        }
         let watch = RailWatch::new(setup.rank, "RDMA", &ifnames);
         Ok(Box::new(RdmaProvider {
             rank: setup.rank,
@@ -413,12 +419,17 @@ impl Provider for RdmaProvider {
         if self.rails.is_empty() {
             return Ok(());
         }
+        // Every rank with RDMA peers published its rails: the fewest of
+        // them all, so that every rank counts the same (a rank reaches
+        // only some of them over RDMA).
         let mut lists: Vec<Option<Vec<Card>>> = Vec::with_capacity(published.len());
+        let mut fewest = self.rails.len();
         for (p, b) in published.iter().enumerate() {
-            let served = setup.serves[p] && p != self.rank;
-            lists.push(if served { Some(decode_cards(b, p)?) } else { None });
+            let cards = if b.is_empty() || p == self.rank { None } else { Some(decode_cards(b, p)?) };
+            fewest = fewest.min(cards.as_ref().map_or(usize::MAX, Vec::len));
+            lists.push(cards.filter(|_| setup.serves[p]));
         }
-        let r = lists.iter().flatten().map(Vec::len).min().unwrap_or(1).min(self.rails.len()).max(1);
+        let r = fewest.max(1);
         if r < self.rails.len() {
             let gone: Vec<String> = self.rails[r..].iter().map(|i| i.label.clone()).collect();
             tracing::info!(
@@ -578,7 +589,9 @@ fn device_events(rank: usize, i: &Inner) -> Option<Error> {
             }
         };
         tracing::warn!("{e}");
-        failed = Some(Error::Remote(e));
+        // This rank's own port or device: a system error, which comes
+        // before a peer's failure in the fabric's check.
+        failed = Some(Error::System(e));
     }
     failed
 }
