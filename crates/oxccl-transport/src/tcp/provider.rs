@@ -13,7 +13,8 @@
 //! uses its first `R` and says so at INFO). Traffic never moves to another
 //! rail: a rail that fails is the error of the channels on it, and a rail
 //! whose interface is set down, loses its carrier or vanishes fails the
-//! rank at its next check (every 50 ms while it waits), naming it.
+//! rank once it has been down for a second (checked every 50 ms while
+//! the rank waits), naming it.
 
 use super::{Tcp, TcpOptions};
 use crate::bootstrap::PeerInfo;
