@@ -329,6 +329,12 @@ pub fn rail_of(ch: Channel, local: usize, rails: usize) -> usize {
     (ch as usize + local) % rails.max(1)
 }
 
+/// [`rail_of`] for rank `me`'s connection to `peer` (`sending`) or from
+/// it: the sender's index on its host from `locals` ([`Setup::locals`]).
+pub fn rail_between(locals: &[usize], me: usize, peer: usize, ch: Channel, sending: bool, rails: usize) -> usize {
+    rail_of(ch, locals.get(if sending { me } else { peer }).copied().unwrap_or(0), rails)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

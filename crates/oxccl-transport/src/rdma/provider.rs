@@ -12,7 +12,7 @@ use super::soft::{SoftDevice, SoftOptions};
 use super::verbs::{AsyncEvent, Device, GidEntry, LinkLayer, PortInfo, PortState};
 use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
-use crate::provider::{Direct, Factory, LinkCost, LinkParams, Provider, Setup, Wake, rail_of};
+use crate::provider::{Direct, Factory, LinkCost, LinkParams, Provider, Setup, Wake, rail_between};
 use crate::rail::RailWatch;
 use crate::{Channel, Error, Kind, Piece, Receiver, Result, Sender};
 use parking_lot::Mutex;
@@ -336,12 +336,12 @@ fn accept_loop(inner: Weak<Inner>, l: TcpListener) {
 /// One rank's side of the RDMA provider: a rail per HCA port (no rail
 /// when it serves no peer). Channel `c` of a connection whose sender is
 /// the `i`-th rank of its host goes over rail `(c + i) mod R`
-/// ([`rail_of`]), `R` the fewest rails any rank has; one-sided access
+/// ([`crate::provider::rail_of`]), `R` the fewest rails any rank has; one-sided access
 /// over the first.
 pub struct RdmaProvider {
     rank: usize,
     rails: Vec<Arc<Inner>>,
-    /// Each rank's index on its host ([`rail_of`]).
+    /// Each rank's index on its host ([`rail_between`]).
     locals: Vec<usize>,
     /// The interfaces the software HCA's rails run over, watched while
     /// channels use them.
@@ -354,8 +354,7 @@ impl RdmaProvider {
     /// The index of the rail of channel `ch` to `peer` (`sending`) or
     /// from it.
     fn rail_index(&self, peer: usize, ch: Channel, sending: bool) -> usize {
-        let local = self.locals.get(if sending { self.rank } else { peer }).copied().unwrap_or(0);
-        rail_of(ch, local, self.rails.len())
+        rail_between(&self.locals, self.rank, peer, ch, sending, self.rails.len())
     }
 
     /// The rail of channel `ch` to `peer` (`sending`) or from it, from now

@@ -8,7 +8,7 @@
 //! listener of its own; without the variable, the bootstrap's interface
 //! and the physical interfaces of its speed ([`crate::id::interface_ips`]).
 //! Channel `c` of a connection whose sender is the `i`-th rank of its host
-//! goes over rail `(c + i) mod R` ([`rail_of`]), `R` the fewest rails any
+//! goes over rail `(c + i) mod R` ([`crate::provider::rail_of`]), `R` the fewest rails any
 //! rank has (each rank publishes its rails' addresses; a rank with more
 //! uses its first `R` and says so at INFO). Traffic never moves to another
 //! rail: a rail that fails is the error of the channels on it, and a rail
@@ -19,7 +19,7 @@
 use super::{Tcp, TcpOptions};
 use crate::bootstrap::PeerInfo;
 use crate::futex::Doorbell;
-use crate::provider::{Factory, LinkCost, LinkParams, Provider, Setup, Wake, rail_of};
+use crate::provider::{Factory, LinkCost, LinkParams, Provider, Setup, Wake, rail_between};
 use crate::rail::RailWatch;
 use crate::{Channel, Error, Kind, Receiver, Result, Sender};
 
@@ -88,7 +88,7 @@ pub struct TcpProvider {
     names: Vec<String>,
     /// Their interfaces, watched while channels use them.
     watch: Option<RailWatch>,
-    /// Each rank's index on its host ([`rail_of`]).
+    /// Each rank's index on its host ([`rail_between`]).
     locals: Vec<usize>,
     rank: usize,
 }
@@ -96,8 +96,7 @@ pub struct TcpProvider {
 impl TcpProvider {
     /// The rail of channel `ch` to `peer` (`sending`) or from it.
     fn rail(&self, peer: usize, ch: Channel, sending: bool) -> usize {
-        let local = self.locals.get(if sending { self.rank } else { peer }).copied().unwrap_or(0);
-        rail_of(ch, local, self.rails())
+        rail_between(&self.locals, self.rank, peer, ch, sending, self.rails())
     }
 
     /// The rail of channel `ch` to `peer` (`sending`) or from it, from now
