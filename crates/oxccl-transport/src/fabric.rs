@@ -470,7 +470,7 @@ impl Fabric {
         }
         self.last_check = Instant::now();
         for p in &mut self.providers {
-            match (p.check(), &failure) {
+            match (p.check(failure.is_some()), &failure) {
                 (Ok(()), _) => {}
                 (Err(e @ Error::System(_)), _) | (Err(e), None) => return Err(e),
                 (Err(_), Some(_)) => {}
@@ -507,8 +507,10 @@ impl Fabric {
     /// The root cause behind a transport error: when a peer dies, its
     /// neighbours see broken connections (and may fail and close theirs,
     /// too) before the bootstrap reports who died; wait a moment for that
-    /// report so every rank names the rank that died.
-    pub fn explain(&self, e: Error) -> Error {
+    /// report so every rank names the rank that died. Once it comes, a
+    /// fault of this rank's own (a rail down here, even for less than its
+    /// grace) comes first: the peer beyond it failed because of it.
+    pub fn explain(&mut self, e: Error) -> Error {
         if !matches!(e, Error::Remote(_)) {
             return e;
         }
@@ -519,6 +521,13 @@ impl Fabric {
                 return Error::Remote(format!("{who} closed its communicator (seen here as: {e})"));
             }
             if let Some(f) = self.boot.failure() {
+                // A peer lost over a rail that is down here: the rail is
+                // the cause.
+                for p in &mut self.providers {
+                    if let Err(local @ Error::System(_)) = p.check(true) {
+                        return local;
+                    }
+                }
                 return match f {
                     Error::Remote(m) if e.to_string().contains(&m) => e,
                     Error::Remote(m) => Error::Remote(format!("{m} (seen here as: {e})")),

@@ -163,8 +163,11 @@ pub trait Provider: Send {
     }
     /// What to sleep on.
     fn wake(&self) -> Wake;
-    /// An error naming the peer if one this provider serves has died.
-    fn check(&mut self) -> Result<()> {
+    /// An error naming the peer if one this provider serves has died, or
+    /// this rank's own failure (a rail down). `peer_failed`: a peer is
+    /// known to have failed, so a local fault seen only just now is taken
+    /// as the cause rather than waited on as a possible flap.
+    fn check(&mut self, _peer_failed: bool) -> Result<()> {
         Ok(())
     }
     /// Native one-sided access, if this provider has one.

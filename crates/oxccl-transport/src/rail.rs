@@ -87,8 +87,11 @@ impl RailWatch {
     /// An error naming the first rail in use whose interface is down (two
     /// small sysfs reads per rail: the fabric checks every 50 ms while
     /// it waits, and at once when a peer failed); once failed, stays
-    /// failed.
-    pub(crate) fn check(&mut self) -> Result<()> {
+    /// failed. With `peer_failed` there is no grace: the peer at the
+    /// other end of a down rail fails too, often first (its side went
+    /// down a check earlier), and its failure is this rail's, not a
+    /// second cause.
+    pub(crate) fn check(&mut self, peer_failed: bool) -> Result<()> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
@@ -103,7 +106,7 @@ impl RailWatch {
                 }
                 Some(_) => *self.down_since[i].get_or_insert_with(Instant::now),
             };
-            if let Some(why) = why.filter(|&w| w == "gone" || since.elapsed() >= GRACE) {
+            if let Some(why) = why.filter(|&w| w == "gone" || peer_failed || since.elapsed() >= GRACE) {
                 let e = Error::System(format!(
                     "rank {}: {} rail {} of {n} ({name}) is down ({why}): the channels on it cannot reach their \
                      peers, and traffic does not move to another rail",
@@ -148,16 +151,22 @@ mod tests {
         w.rails[0].1 = Some(up.path().to_path_buf());
         w.rails[1].1 = Some(down.path().to_path_buf());
         w.used(0);
-        assert!(w.check().is_ok(), "rail 2 is down but carries no channel");
+        assert!(w.check(false).is_ok(), "rail 2 is down but carries no channel");
         w.used(1);
-        // Down for less than the grace: a flap, no failure yet.
-        assert!(w.check().is_ok(), "a carrier lost just now");
+        // Down for less than the grace: a flap, no failure yet...
+        assert!(w.check(false).is_ok(), "a carrier lost just now");
+        // ...unless a peer failed meanwhile: then the rail is the cause.
+        let mut eager = RailWatch::new(3, "tcp", &["eth1".into()]);
+        eager.rails[0].1 = Some(down.path().to_path_buf());
+        eager.used(0);
+        let e = eager.check(true).unwrap_err().to_string();
+        assert!(e.contains("rail 1 of 1 (eth1)") && e.contains("no carrier"), "{e}");
         w.down_since[1] = Some(Instant::now() - GRACE);
-        let e = w.check().unwrap_err().to_string();
+        let e = w.check(false).unwrap_err().to_string();
         assert!(e.contains("rank 3") && e.contains("rail 2 of 2 (eth1)") && e.contains("no carrier"), "{e}");
         // Failed stays failed, even once the interface is back.
         std::fs::write(down.path().join("carrier"), "1").unwrap();
-        assert!(w.check().is_err());
+        assert!(w.check(false).is_err());
     }
 
     #[test]
@@ -165,6 +174,6 @@ mod tests {
         let mut w = RailWatch::new(0, "tcp", &["default".into(), String::new()]);
         w.used(0);
         w.used(1);
-        assert!(w.check().is_ok());
+        assert!(w.check(false).is_ok());
     }
 }

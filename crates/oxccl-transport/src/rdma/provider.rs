@@ -528,12 +528,12 @@ impl Provider for RdmaProvider {
         Wake { rings_bell: false, fds }
     }
 
-    fn check(&mut self) -> Result<()> {
+    fn check(&mut self, peer_failed: bool) -> Result<()> {
         if let Some(e) = &self.sticky {
             return Err(e.clone());
         }
         if let Some(w) = &mut self.watch {
-            w.check()?;
+            w.check(peer_failed)?;
         }
         for i in &self.rails {
             self.sticky = self.sticky.take().or_else(|| device_events(self.rank, i));

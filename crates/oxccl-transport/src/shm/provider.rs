@@ -359,7 +359,7 @@ impl Provider for ShmProvider {
             i.mark_closed();
         }
     }
-    fn check(&mut self) -> Result<()> {
+    fn check(&mut self, _peer_failed: bool) -> Result<()> {
         // A peer that closed its communicator before its process ended
         // finished (it may end before this rank reads what it sent).
         let outboxes = &self.outboxes;

@@ -209,8 +209,8 @@ impl Provider for TcpProvider {
     fn rails(&self) -> usize {
         TcpProvider::rails(self).max(1)
     }
-    fn check(&mut self) -> Result<()> {
-        self.watch.as_mut().map_or(Ok(()), RailWatch::check)
+    fn check(&mut self, peer_failed: bool) -> Result<()> {
+        self.watch.as_mut().map_or(Ok(()), |w| w.check(peer_failed))
     }
     fn close(&mut self) {
         self.all().for_each(Tcp::close);
