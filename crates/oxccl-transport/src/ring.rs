@@ -13,12 +13,28 @@
 //!
 //! ## Framing and alignment
 //! Each message is a 64-byte header record (`magic`, `flags`, `msg_len`,
-//! `tag`, and for a by-reference message `pid`, `addr`, `token`) followed by the
-//! payload, padded to 64. So every payload starts 64-aligned in the data
-//! area and a wrap point is always a multiple of 64 into a payload. The
-//! producer sees free space only up to the consumer's head rounded down to
-//! 64, so if both sides always commit/consume multiples of an element size
-//! (1..8 bytes), every `room` and `peek` holds whole elements.
+//! `tag`, for a by-reference message `pid`, `addr`, `token`, and a
+//! `stamp`) followed by the payload, padded to 64. So every payload starts
+//! 64-aligned in the data area and a wrap point is always a multiple of 64
+//! into a payload. The producer sees free space only up to the consumer's
+//! head rounded down to 64, so if both sides always commit/consume
+//! multiples of an element size (1..8 bytes), every `room` and `peek`
+//! holds whole elements.
+//!
+//! ## Small messages: one cache line
+//! A payload of at most [`INLINE_MAX`] bytes travels inside its header
+//! record, and a header is found by its `stamp` (its position in the
+//! stream, salted per ring), stored last with Release: the consumer polls
+//! the line where the next header will be, not `tail`, so a small message
+//! costs the consumer one cache line from the producer, where the tail,
+//! the header and the payload cost three (NCCL's LL protocol and Open
+//! MPI's fast boxes poll the data the same way). The line the consumer
+//! polls is written by the producer only as a header: every message starts
+//! with one, and a payload never starts where the next header is awaited.
+//! The salt makes a stale payload word of an earlier lap that happens to
+//! equal the position (an `arange` tensor, say) no header. `tail` still
+//! publishes payloads beyond the header line. Under loom, which models
+//! atomics but not the data bytes, headers are found through `tail`.
 //!
 //! ## Wake-ups
 //! After a commit the producer rings the consumer's [`Doorbell`]; after a
@@ -45,10 +61,21 @@ pub const MSG_HEADER: usize = 64;
 pub const MAX_MSG: u64 = 1 << 48;
 /// Bytes a by-reference message is read in at once.
 pub const REF_STAGE: usize = 1 << 20;
+/// The largest payload that travels inside its header record.
+pub const INLINE_MAX: usize = 32;
+/// Where an inline payload starts in its header record (at its start: a
+/// payload is 64-aligned in the FIFO, inline too).
+const INLINE_AT: usize = 0;
+/// Where the fixed fields (magic, flags, length, tag) start in a header
+/// record, after the inline payload or a by-reference message's source.
+const FIELDS_AT: usize = INLINE_MAX;
+/// Where the stamp lies in a header record.
+const STAMP_AT: usize = 56;
 
 const RING_MAGIC: u64 = 0x4f58_4343_4c52_494e; // "OXCCLRIN"
 const MSG_MAGIC: u32 = 0x4f58_4d53; // "OXMS"
 const FLAG_REF: u32 = 1;
+const FLAG_INLINE: u32 = 2;
 const END_FREE: u32 = 0;
 const END_ATTACHED: u32 = 1;
 const END_CLOSED: u32 = 2;
@@ -62,7 +89,10 @@ pub struct RingHeader {
     prod_state: AtomicU32,
     cons_state: AtomicU32,
     ref_ok: AtomicU32,
-    _meta: [u32; 9],
+    _pad: u32,
+    /// Mixed into every header's stamp ([`stamp`]).
+    salt: AtomicU64,
+    _meta: [u64; 3],
     tail: AtomicU64,
     _line1: [u64; 7],
     head: AtomicU64,
@@ -84,7 +114,9 @@ impl RingHeader {
             prod_state: AtomicU32::new(END_FREE),
             cons_state: AtomicU32::new(END_FREE),
             ref_ok: AtomicU32::new(0),
-            _meta: [0; 9],
+            _pad: 0,
+            salt: AtomicU64::new(fresh_salt()),
+            _meta: [0; 3],
             tail: AtomicU64::new(0),
             _line1: [0; 7],
             head: AtomicU64::new(0),
@@ -93,6 +125,21 @@ impl RingHeader {
             _line2: [0; 5],
         }
     }
+}
+
+/// A random salt for a new ring's stamps.
+fn fresh_salt() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_usize(&h as *const _ as usize);
+    h.finish()
+}
+
+/// The stamp of a header at stream position `pos` in a ring salted with
+/// `salt`: never 0 (the value of untouched memory) for a salt's own
+/// positions but by chance.
+fn stamp(pos: u64, salt: u64) -> u64 {
+    (pos / MSG_HEADER as u64 + 1) ^ salt
 }
 
 /// Checks a FIFO capacity: a power of two of at least 4 KiB.
@@ -246,6 +293,18 @@ impl Ring {
         self.cap
     }
 
+    /// The stamp word of the header record at data offset `at`.
+    #[cfg(not(loom))]
+    fn stamp_word(&self, at: usize) -> &std::sync::atomic::AtomicU64 {
+        debug_assert!(at.is_multiple_of(MSG_HEADER) && at < self.cap);
+        // SAFETY: `at` is a 64-aligned offset inside the data area (the
+        // callers take it modulo the capacity from 64-aligned positions),
+        // so the 8 bytes at `at + STAMP_AT` are in bounds and 8-aligned;
+        // that word is accessed atomically by both ends while it is a
+        // header's (see the module docs), and `_keep` keeps it mapped.
+        unsafe { &*(self.data.add(at + STAMP_AT) as *const std::sync::atomic::AtomicU64) }
+    }
+
     fn attach(&self, state: &AtomicU32, what: &str, label: Label) -> Result<()> {
         state.compare_exchange(END_FREE, END_ATTACHED, Ordering::AcqRel, Ordering::Acquire).map(|_| ()).map_err(|_| {
             Error::InvalidUsage(format!(
@@ -267,9 +326,11 @@ impl Ring {
             head_seen: self.hdr().head.load(Ordering::Acquire) & !63,
             pending: VecDeque::new(),
             cur: None,
+            line: None,
             last_room: 0,
             bytes: 0,
             ref_next: self.hdr().ref_acked.load(Ordering::Acquire),
+            salt: self.hdr().salt.load(Ordering::Acquire),
         })
     }
 
@@ -282,6 +343,7 @@ impl Ring {
             bell: peer_bell,
             label,
             pos: self.hdr().head.load(Ordering::Acquire),
+            salt: self.hdr().salt.load(Ordering::Acquire),
             cur: None,
             last_peek: 0,
             bytes: 0,
@@ -315,29 +377,50 @@ struct Header {
 }
 
 impl Header {
+    /// The record: an inline payload (0..32) or a by-reference message's
+    /// pid 0..4, address 8..16 and token 16..24; then magic 32..36, flags
+    /// 36..40, length 40..48, tag 48..56, and the stamp (written apart,
+    /// last) at [`STAMP_AT`].
     fn encode(&self) -> [u8; MSG_HEADER] {
         let mut b = [0u8; MSG_HEADER];
-        b[0..4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&self.flags.to_le_bytes());
-        b[8..16].copy_from_slice(&self.len.to_le_bytes());
-        b[16..20].copy_from_slice(&self.pid.to_le_bytes());
-        b[24..32].copy_from_slice(&self.addr.to_le_bytes());
-        b[32..40].copy_from_slice(&self.token.to_le_bytes());
-        b[40..48].copy_from_slice(&self.tag.to_le_bytes());
+        if self.flags & FLAG_REF != 0 {
+            b[0..4].copy_from_slice(&self.pid.to_le_bytes());
+            b[8..16].copy_from_slice(&self.addr.to_le_bytes());
+            b[16..24].copy_from_slice(&self.token.to_le_bytes());
+        }
+        b[FIELDS_AT..FIELDS_AT + 4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
+        b[FIELDS_AT + 4..FIELDS_AT + 8].copy_from_slice(&self.flags.to_le_bytes());
+        b[FIELDS_AT + 8..FIELDS_AT + 16].copy_from_slice(&self.len.to_le_bytes());
+        b[FIELDS_AT + 16..FIELDS_AT + 24].copy_from_slice(&self.tag.to_le_bytes());
         b
     }
 
     fn decode(b: &[u8; MSG_HEADER], label: Label) -> Result<Header> {
-        let (magic, flags, len) = (u32_at(b, 0), u32_at(b, 4), u64_at(b, 8));
-        if magic != MSG_MAGIC || len > MAX_MSG || flags & !FLAG_REF != 0 {
+        let (magic, flags, len) = (u32_at(b, FIELDS_AT), u32_at(b, FIELDS_AT + 4), u64_at(b, FIELDS_AT + 8));
+        let inline_ok = flags & FLAG_INLINE == 0 || (flags == FLAG_INLINE && len <= INLINE_MAX as u64);
+        if magic != MSG_MAGIC || len > MAX_MSG || flags & !(FLAG_REF | FLAG_INLINE) != 0 || !inline_ok {
             return Err(Error::Remote(format!(
                 "{label} sent a malformed message header (magic {magic:#x}, flags {flags:#x}, length {len}): \
                  the FIFO is corrupt or the peer runs a different oxccl version"
             )));
         }
-        Ok(Header { flags, len, pid: u32_at(b, 16), addr: u64_at(b, 24), token: u64_at(b, 32), tag: u64_at(b, 40) })
+        let tag = u64_at(b, FIELDS_AT + 16);
+        Ok(Header { flags, len, pid: u32_at(b, 0), addr: u64_at(b, 8), token: u64_at(b, 16), tag })
+    }
+
+    fn inline(&self) -> bool {
+        self.flags & FLAG_INLINE != 0
+    }
+
+    fn by_ref(&self) -> bool {
+        self.flags & FLAG_REF != 0
     }
 }
+
+/// A header record on its own cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; MSG_HEADER]);
 
 fn round_up(x: u64) -> u64 {
     (x + 63) & !63
@@ -356,9 +439,13 @@ pub struct Producer {
     head_seen: u64,
     /// (length, bytes written) of the message being written.
     cur: Option<(u64, u64)>,
+    /// The header record of the inline message being written (its
+    /// payload filled in place, 64-aligned as in the FIFO).
+    line: Option<Line>,
     last_room: usize,
     bytes: u64,
     ref_next: u64,
+    salt: u64,
 }
 
 impl Producer {
@@ -408,14 +495,34 @@ impl Producer {
             }
             let h = self.pending.front().expect("checked");
             let at = (self.tail % self.ring.cap as u64) as usize;
+            let stamp = stamp(self.tail, self.salt);
             // SAFETY: `at` is 64-aligned and at most cap-64 (tail is a
-            // multiple of 64 between messages), the 64 bytes are free (not
-            // yet published, consumer does not read them) and in bounds.
-            unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.ring.data.add(at), MSG_HEADER) };
+            // multiple of 64 between messages), the 64 bytes are free (the
+            // consumer released them and reads the record only once its
+            // stamp, stored last, is this one) and in bounds.
+            unsafe { std::ptr::copy_nonoverlapping(h.as_ptr(), self.ring.data.add(at), STAMP_AT) };
+            #[cfg(not(loom))]
+            self.ring.stamp_word(at).store(stamp, Ordering::Release);
+            #[cfg(loom)]
+            // SAFETY: as above; under loom the consumer finds headers
+            // through `tail`, published after this.
+            unsafe {
+                std::ptr::copy_nonoverlapping(stamp.to_le_bytes().as_ptr(), self.ring.data.add(at + STAMP_AT), 8)
+            };
             self.tail += MSG_HEADER as u64;
             self.pending.pop_front();
         }
         self.pending.is_empty()
+    }
+
+    /// Room for `want` more bytes of the inline message being written
+    /// (`written` of its `len` so far): in its header record.
+    fn inline_room(&mut self, want: usize, len: u64, written: u64) -> &mut [u8] {
+        let n = (want as u64).min(len - written) as usize;
+        let at = INLINE_AT + written as usize;
+        self.last_room = n;
+        let line = self.line.get_or_insert(Line([0; MSG_HEADER]));
+        &mut line.0[at..at + n]
     }
 
     fn check_idle(&self, what: impl FnOnce() -> String) -> Result<()> {
@@ -477,8 +584,14 @@ impl Sender for Producer {
             return Err(Error::invalid(format!("message of {len} bytes to {}: at most 2^48 bytes", self.label)));
         }
         let h = Header { flags: 0, len: len as u64, pid: 0, addr: 0, token: 0, tag };
-        self.pending.push_back(h.encode());
         self.last_room = 0;
+        if (1..=INLINE_MAX).contains(&len) {
+            // Written into its header record, which goes out whole.
+            self.line = Some(Line(Header { flags: FLAG_INLINE, ..h }.encode()));
+            self.cur = Some((len as u64, 0));
+            return Ok(());
+        }
+        self.pending.push_back(h.encode());
         if len > 0 {
             // The header goes out with the first bytes of the payload (one
             // publication, one ring), or at the next progress.
@@ -502,6 +615,9 @@ impl Sender for Producer {
                 self.label
             )));
         };
+        if self.line.is_some() {
+            return Ok(self.inline_room(want, len, written));
+        }
         if !self.write_headers() {
             self.publish();
             return Ok(&mut []);
@@ -535,13 +651,23 @@ impl Sender for Producer {
             return Err(Error::Internal(format!("commit({n}) to {} without a message", self.label)));
         };
         *written += n as u64;
+        let whole = *written == *len;
+        self.last_room -= n;
+        self.bytes += n as u64;
+        if let Some(line) = self.line {
+            if whole {
+                self.cur = None;
+                self.line = None;
+                self.pending.push_back(line.0);
+                self.flush_headers();
+            }
+            return Ok(());
+        }
         self.tail += n as u64;
-        if *written == *len {
+        if whole {
             self.tail = round_up(self.tail);
             self.cur = None;
         }
-        self.last_room -= n;
-        self.bytes += n as u64;
         self.publish();
         Ok(())
     }
@@ -581,6 +707,7 @@ pub struct Consumer {
     bell: Doorbell,
     label: Label,
     pos: u64,
+    salt: u64,
     cur: Option<CurMsg>,
     last_peek: usize,
     bytes: u64,
@@ -602,11 +729,8 @@ impl Consumer {
     /// without touching its payload: by reference, that is the sender's
     /// memory).
     pub fn current_tag(&mut self) -> Result<Option<u64>> {
-        if self.cur.is_none() {
-            let tail = self.ring.hdr().tail.load(Ordering::Acquire);
-            if !self.next_header(tail)? {
-                return self.nothing().map(|_| None);
-            }
+        if self.cur.is_none() && !self.next_header()? {
+            return self.nothing().map(|_| None);
         }
         Ok(self.cur.map(|m| m.hdr.tag))
     }
@@ -614,11 +738,8 @@ impl Consumer {
     /// The current message, once its header has arrived: (length, sent by
     /// reference).
     pub fn current(&mut self) -> Result<Option<(usize, bool)>> {
-        if self.cur.is_none() {
-            let tail = self.ring.hdr().tail.load(Ordering::Acquire);
-            if !self.next_header(tail)? {
-                return self.nothing().map(|_| None);
-            }
+        if self.cur.is_none() && !self.next_header()? {
+            return self.nothing().map(|_| None);
         }
         Ok(self.cur.map(|m| (m.hdr.len as usize, m.hdr.flags & FLAG_REF != 0)))
     }
@@ -660,29 +781,56 @@ impl Consumer {
 
     fn nothing(&self) -> Result<Option<Piece<'_>>> {
         if self.peer_closed() {
-            // Re-check: bytes published before the close still count.
-            if self.ring.hdr().tail.load(Ordering::Acquire) == self.pos {
+            // Re-check: what was written before the close still counts.
+            let more = match self.cur {
+                None => self.header_ready()?,
+                Some(_) => self.published()? > 0,
+            };
+            if !more {
                 return Err(closed(self.label));
             }
         }
         Ok(None)
     }
 
-    fn next_header(&mut self, tail: u64) -> Result<bool> {
-        if tail.wrapping_sub(self.pos) > self.ring.cap as u64 {
+    /// Payload bytes published beyond `pos`.
+    fn published(&self) -> Result<u64> {
+        let tail = self.ring.hdr().tail.load(Ordering::Acquire);
+        // A header can be seen before the tail that covers it is stored:
+        // then nothing beyond it is published yet.
+        let n = tail.saturating_sub(self.pos);
+        if n > self.ring.cap as u64 {
             return Err(Error::Remote(format!(
                 "{}: FIFO counters are inconsistent (tail {tail}, head {}); the segment is corrupt",
                 self.label, self.pos
             )));
         }
-        if tail - self.pos < MSG_HEADER as u64 {
+        Ok(n)
+    }
+
+    /// Whether the next header record, at `pos`, has been written.
+    #[cfg(not(loom))]
+    fn header_ready(&self) -> Result<bool> {
+        let at = (self.pos % self.ring.cap as u64) as usize;
+        Ok(self.ring.stamp_word(at).load(Ordering::Acquire) == stamp(self.pos, self.salt))
+    }
+
+    /// Whether the next header record, at `pos`, has been published.
+    #[cfg(loom)]
+    fn header_ready(&self) -> Result<bool> {
+        Ok(self.published()? >= MSG_HEADER as u64)
+    }
+
+    fn next_header(&mut self) -> Result<bool> {
+        if !self.header_ready()? {
             return Ok(false);
         }
         let at = (self.pos % self.ring.cap as u64) as usize;
         let mut b = [0u8; MSG_HEADER];
-        // SAFETY: 64 published bytes at a 64-aligned position inside the data
-        // area; the producer does not touch them until we release them.
-        unsafe { std::ptr::copy_nonoverlapping(self.ring.data.add(at), b.as_mut_ptr(), MSG_HEADER) };
+        // SAFETY: a header record written before its stamp (Acquire above)
+        // at a 64-aligned position inside the data area; the producer does
+        // not touch it until we release it.
+        unsafe { std::ptr::copy_nonoverlapping(self.ring.data.add(at), b.as_mut_ptr(), STAMP_AT) };
         let hdr = Header::decode(&b, self.label)?;
         if hdr.flags & FLAG_REF != 0 && self.ring.hdr().ref_ok.load(Ordering::Acquire) == 0 {
             return Err(Error::Remote(format!(
@@ -741,8 +889,7 @@ fn read_remote(label: Label, hdr: &Header, at: usize, dst: &mut [u8]) -> Result<
 impl Receiver for Consumer {
     fn peek(&mut self) -> Result<Option<Piece<'_>>> {
         self.last_peek = 0;
-        let tail = self.ring.hdr().tail.load(Ordering::Acquire);
-        if self.cur.is_none() && !self.next_header(tail)? {
+        if self.cur.is_none() && !self.next_header()? {
             return self.nothing();
         }
         let Some(m) = self.cur else { return self.nothing() };
@@ -766,8 +913,18 @@ impl Receiver for Consumer {
             let data = &self.staging[from..self.staged];
             return Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data, tag: m.hdr.tag }));
         }
+        if m.hdr.inline() {
+            let at = ((self.pos - MSG_HEADER as u64) % self.ring.cap as u64) as usize + INLINE_AT + m.off as usize;
+            let n = (len - m.off) as usize;
+            self.last_peek = n;
+            // SAFETY: the rest of the payload inside the header record just
+            // behind `pos` (read after its stamp; not released until the
+            // message is consumed).
+            let data = unsafe { std::slice::from_raw_parts(self.ring.data.add(at), n) };
+            return Ok(Some(Piece { msg_len: len as usize, offset: m.off as usize, data, tag: m.hdr.tag }));
+        }
         let at = self.pos % self.ring.cap as u64;
-        let n = (tail - self.pos).min(len - m.off).min(self.ring.cap as u64 - at) as usize;
+        let n = self.published()?.min(len - m.off).min(self.ring.cap as u64 - at) as usize;
         if n == 0 {
             return self.nothing();
         }
@@ -797,7 +954,7 @@ impl Receiver for Consumer {
         m.off += n as u64;
         self.last_peek -= n;
         self.bytes += n as u64;
-        if m.hdr.flags & FLAG_REF == 0 {
+        if !m.hdr.by_ref() && !m.hdr.inline() {
             self.pos += n as u64;
         }
         if m.off == m.hdr.len {
@@ -897,15 +1054,99 @@ mod tests {
 
     #[test]
     fn bad_header_is_a_remote_error() {
+        // A header written at begin (a payload of its own), and an inline
+        // message's, written whole at its commit.
+        for (len, scribble_after_commit) in [(64, false), (8, true)] {
+            let (mut p, mut c, _pb, _cb) = pair(4096);
+            p.begin(len).unwrap();
+            // SAFETY: test: scribble on the header's magic (nobody reads it concurrently).
+            let scribble = |p: &Producer| unsafe { *p.ring.data.add(FIELDS_AT) = 0xff };
+            if !scribble_after_commit {
+                scribble(&p);
+            }
+            p.room(len).unwrap();
+            p.commit(len).unwrap();
+            if scribble_after_commit {
+                scribble(&p);
+            }
+            let e = c.peek().unwrap_err();
+            assert!(matches!(e, Error::Remote(_)), "{e}");
+            assert!(e.to_string().contains("malformed"), "{e}");
+        }
+    }
+
+    /// Messages of every size up to the inline limit and beyond, over many
+    /// laps of the FIFO, written and read in two pieces each: every byte
+    /// arrives, in order, with its tag; an inline message takes one line.
+    #[test]
+    fn small_messages_travel_inside_their_header_over_many_laps() {
         let (mut p, mut c, _pb, _cb) = pair(4096);
-        p.begin(8).unwrap();
-        // SAFETY: test: scribble on the published header (nobody reads it concurrently).
-        unsafe { *p.ring.data = 0xff };
-        p.room(8).unwrap();
-        p.commit(8).unwrap();
-        let e = c.peek().unwrap_err();
-        assert!(matches!(e, Error::Remote(_)), "{e}");
-        assert!(e.to_string().contains("malformed"), "{e}");
+        let sizes: Vec<usize> = (0..=INLINE_MAX + 8).chain([64, 100, 1000]).collect();
+        let byte = |i: usize, k: usize| (i * 31 + k * 7) as u8;
+        for lap in 0..40 {
+            for (i, &len) in sizes.iter().enumerate() {
+                let before = p.tail;
+                p.begin_tagged(len, (lap * 1000 + i) as u64).unwrap();
+                let half = len / 2;
+                for (mut from, to) in [(0, half), (half, len)] {
+                    while from < to {
+                        // Room stops at the end of the data area.
+                        let room = p.room(to - from).unwrap();
+                        assert!(!room.is_empty(), "a message of {len} bytes fits");
+                        let n = room.len();
+                        room.iter_mut().enumerate().for_each(|(k, b)| *b = byte(i, from + k));
+                        p.commit(n).unwrap();
+                        from += n;
+                    }
+                }
+                assert!(p.flushed());
+                if (1..=INLINE_MAX).contains(&len) {
+                    assert_eq!(p.tail - before, MSG_HEADER as u64, "{len} bytes inline");
+                }
+                let mut got = Vec::new();
+                while got.len() < len || (len == 0 && got.is_empty()) {
+                    let piece = c.peek().unwrap().expect("published");
+                    assert_eq!((piece.msg_len, piece.offset, piece.tag), (len, got.len(), (lap * 1000 + i) as u64));
+                    let take = piece.data.len().min(len.div_ceil(2).max(1)).min(len - got.len());
+                    got.extend_from_slice(&piece.data[..take]);
+                    c.consume(take).unwrap();
+                    if len == 0 {
+                        break;
+                    }
+                }
+                assert!(got.iter().enumerate().all(|(k, &b)| b == byte(i, k)), "lap {lap}, {len} bytes");
+                assert!(c.peek().unwrap().is_none());
+            }
+        }
+    }
+
+    /// Where the consumer waits for the next header lie the bytes of an
+    /// earlier lap: a payload made to look like the header due there
+    /// (magic, and the position's stamp without the ring's salt) is no
+    /// message.
+    #[test]
+    fn a_stale_payload_that_looks_like_the_next_header_is_none() {
+        let (mut p, mut c, _pb, _cb) = pair(4096);
+        let len = 4096 - MSG_HEADER;
+        p.begin(len).unwrap();
+        let room = p.room(len).unwrap();
+        for (line, chunk) in room.chunks_mut(MSG_HEADER).enumerate() {
+            // This line lies at offset 64 (line + 1); the header due there
+            // one lap later sits at position 4096 + that offset.
+            let pos = 4096 + MSG_HEADER as u64 * (line as u64 + 1);
+            chunk[FIELDS_AT..FIELDS_AT + 4].copy_from_slice(&MSG_MAGIC.to_le_bytes());
+            chunk[STAMP_AT..].copy_from_slice(&(pos / MSG_HEADER as u64 + 1).to_le_bytes());
+        }
+        p.commit(len).unwrap();
+        let n = c.peek().unwrap().unwrap().data.len();
+        c.consume(n).unwrap();
+        // One inline message at offset 0; the consumer then waits at 64.
+        p.begin(4).unwrap();
+        p.room(4).unwrap().copy_from_slice(b"ping");
+        p.commit(4).unwrap();
+        assert_eq!(c.peek().unwrap().unwrap().data, b"ping");
+        c.consume(4).unwrap();
+        assert!(c.peek().unwrap().is_none(), "a stale payload line was taken for a header");
     }
 
     #[test]

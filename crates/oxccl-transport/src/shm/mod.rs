@@ -51,7 +51,7 @@ const CLOSED_OFFSET: usize = BUSY_OFFSET + 8 * REG_SLOTS;
 const _: () = assert!(CLOSED_OFFSET + 8 <= SEG_HEADER && REG_OFFSET >= BELL_OFFSET + 8);
 
 const SEG_MAGIC: u64 = 0x4f58_4343_4c53_484d; // "OXCCLSHM"
-const SEG_VERSION: u32 = 2;
+const SEG_VERSION: u32 = 3;
 const SEG_HEADER: usize = 4096;
 const BELL_OFFSET: usize = 64;
 /// Registration slots (one `u64` token each) after the doorbell: a peer
