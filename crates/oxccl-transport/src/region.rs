@@ -164,6 +164,11 @@ impl Owned {
         Owned { words: vec![Line([0; 8]); len.div_ceil(64)], len }
     }
 
+    /// Zeroes every byte again (storage reused for another call).
+    pub fn zero(&mut self) {
+        self.words.fill(Line([0; 8]));
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -8,6 +8,7 @@ use crate::engine::{self, Shared};
 use crate::exec::{Label, Task};
 use crate::job::{Completion, Extras, Job};
 use crate::plan::{self, Cache};
+use crate::replay::Replay;
 use crate::tuner::{AlgoFilter, ChannelChoice, Tuner};
 use oxccl_algo::collective::CollKind;
 use oxccl_algo::placement::Placement;
@@ -60,6 +61,10 @@ struct Inner {
     topology: Topology,
     /// The device side, set up by the first call on device buffers.
     device: Mutex<Option<Arc<DeviceComm>>>,
+    /// The last small blocking collective's job, to run again.
+    replay: Mutex<Option<Replay>>,
+    /// Calls that ran a kept job again.
+    replayed: AtomicU64,
 }
 
 /// Fails on every rank, naming one that differs, unless all ranks run the
@@ -182,6 +187,8 @@ impl Communicator {
                 kinds,
                 topology,
                 device: Mutex::new(None),
+                replay: Mutex::new(None),
+                replayed: AtomicU64::new(0),
             }),
         })
     }
@@ -330,6 +337,24 @@ impl Communicator {
 
     /// Plans a checked host call into a task.
     pub(crate) fn plan(&self, call: &Call<Region>, extras: &mut Extras) -> Result<Task> {
+        self.admit(call)?;
+        let inner = &self.inner;
+        let coll = call.collective();
+        let part = inner.cache.part(&inner.tuner, &coll, inner.rank, None, &inner.shared.who)?;
+        let (seq, coll_seq) = self.number();
+        plan::collective(&part, call, Label::new(call.kind.name(), seq), coll_seq, extras)
+    }
+
+    /// A collective's numbers: among the communicator's calls, and among
+    /// its collectives (its signature's).
+    pub(crate) fn number(&self) -> (u64, u64) {
+        (self.next_seq(), self.inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Whether the collective `call` may run now: the communicator is
+    /// usable, no rank closed its communicator before it, and (with
+    /// `OXCCL_CHECK`) every rank's arguments agree.
+    pub(crate) fn admit(&self, call: &Call<Region>) -> Result<()> {
         self.usable()?;
         let inner = &self.inner;
         // A collective needs every rank: one that closed its communicator
@@ -345,14 +370,10 @@ impl Communicator {
                 call.kind.name()
             )));
         }
-        let coll = call.collective();
         if inner.cfg.check {
-            crate::check::compare(&inner.boot, &coll, call.op)?;
+            crate::check::compare(&inner.boot, &call.collective(), call.op)?;
         }
-        let part = inner.cache.part(&inner.tuner, &coll, inner.rank, None, &inner.shared.who)?;
-        let label = Label::new(call.kind.name(), self.next_seq());
-        let coll_seq = inner.coll_seq.fetch_add(1, Ordering::Relaxed) + 1;
-        plan::collective(&part, call, label, coll_seq, extras)
+        Ok(())
     }
 
     /// Queues a job for the progress thread (async calls).
@@ -381,6 +402,22 @@ impl Communicator {
     /// The tuner.
     pub(crate) fn tuner(&self) -> &Tuner {
         &self.inner.tuner
+    }
+
+    /// The last small blocking collective's job ([`crate::replay`]).
+    pub(crate) fn replay_slot(&self) -> &Mutex<Option<Replay>> {
+        &self.inner.replay
+    }
+
+    /// Counts a call that ran a kept job again.
+    pub(crate) fn count_replay(&self) {
+        self.inner.replayed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many calls ran a kept job again ([`crate::replay`]).
+    #[cfg(test)]
+    pub(crate) fn replayed(&self) -> u64 {
+        self.inner.replayed.load(Ordering::Relaxed)
     }
 
     /// The device side's slot.

@@ -69,24 +69,31 @@ impl Shared {
     /// Runs a job to its end: on the calling thread when nothing is queued
     /// ahead of it (calls stay in order), else through the queue.
     pub fn run(&self, mut job: Job) -> Result<()> {
-        {
-            let mut fabric = self.fabric.lock();
-            if self.queue.lock().is_empty() && !self.shutdown.load(Ordering::Acquire) {
-                let r = self.execute(&mut fabric, &mut job);
-                // The result goes straight back to the caller: nobody
-                // waits on the job's completion.
-                job.settled = true;
-                if !fabric.flushed() {
-                    // Bytes still queued in a transport: the progress
-                    // thread pushes them out.
-                    self.kick.ring();
-                }
-                return r;
-            }
+        if let Some(r) = self.run_here(&mut job) {
+            return r;
         }
         let done = job.done.clone();
         self.submit(job);
         done.wait().0
+    }
+
+    /// Runs a job to its end on the calling thread if nothing is queued
+    /// ahead of it; `None` (and the job untouched) otherwise. The result
+    /// goes straight back to the caller: nobody waits on the job's
+    /// completion, and the job may run again ([`crate::replay`]).
+    pub fn run_here(&self, job: &mut Job) -> Option<Result<()>> {
+        let mut fabric = self.fabric.lock();
+        if !self.queue.lock().is_empty() || self.shutdown.load(Ordering::Acquire) {
+            return None;
+        }
+        let r = self.execute(&mut fabric, job);
+        job.settled = true;
+        if !fabric.flushed() {
+            // Bytes still queued in a transport: the progress thread
+            // pushes them out.
+            self.kick.ring();
+        }
+        Some(r)
     }
 
     pub fn poisoned(&self) -> Option<Error> {
@@ -219,6 +226,9 @@ fn run_job(shared: &Shared, fabric: &mut Fabric, job: &mut Job) -> Result<()> {
     Ok(())
 }
 
+/// Idle polls between two reads of the clock while a call waits.
+const CLOCK_EVERY: u32 = 16;
+
 /// How long a call waits with nothing moving before it asks the peers it
 /// waits on whether they run the same call ([`exec::probe`]).
 const PROBE: Duration = Duration::from_secs(1);
@@ -234,6 +244,9 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
     let mut seen: Option<u32> = None;
     // Whether the peers were asked for their calls in this wait.
     let mut probed = false;
+    // Idle polls so far, and whether the last look at the clock found the
+    // call still in its first, hot phase of waiting.
+    let (mut spins, mut hot) = (0u32, true);
     loop {
         if shared.abort.load(Ordering::Acquire) {
             return Err(Error::Remote(format!("{} op #{} {label}: aborted", shared.who, label.seq)));
@@ -254,19 +267,29 @@ fn run_batch(shared: &Shared, fabric: &mut Fabric, label: &exec::Label, batch: &
             idle_since = None;
             seen = None;
             probed = false;
+            hot = true;
             continue;
         }
         // Nothing moved: poll again at once for a moment, then yield the
         // core to whoever is runnable (on a full machine, likely the peer
         // this rank waits for), and after `spin` sleep until a peer rings.
         // The first phase is timed, not counted: a poll over sockets costs
-        // syscalls, one over shared memory does not.
+        // syscalls, one over shared memory does not. In it the clock is
+        // read once every few polls: a poll over shared memory costs less
+        // than reading it, and every poll saved brings the reaction to the
+        // next arrival closer.
+        spins = spins.wrapping_add(1);
+        if hot && idle_since.is_some() && !spins.is_multiple_of(CLOCK_EVERY) {
+            std::hint::spin_loop();
+            continue;
+        }
         let Some(since) = idle_since else {
             idle_since = Some(Instant::now());
             continue;
         };
         let idle = since.elapsed();
-        if idle < shared.hot_spin {
+        hot = idle < shared.hot_spin;
+        if hot {
             std::hint::spin_loop();
             continue;
         }

@@ -63,8 +63,7 @@ pub(crate) struct Job {
     pub batches: Vec<Vec<Task>>,
     pub post: Vec<Action>,
     /// Scratch and temporaries the tasks point into (kept alive, never
-    /// read directly).
-    #[allow(dead_code)]
+    /// read directly; zeroed again when the job runs again).
     pub owned: Vec<Owned>,
     /// Caller storage moved into the call (owned-buffer API), handed back
     /// at completion.
@@ -89,6 +88,52 @@ impl Job {
             done: Arc::new(Completion::default()),
             settled: false,
         }
+    }
+}
+
+impl Job {
+    /// The same job ready to run again as call number `seq` (collective
+    /// number `coll_seq`), on the caller's buffers `to` (input, output)
+    /// where it last ran on `from`: it ran to its end on the caller's
+    /// thread last time ([`crate::replay`]), and the buffers are laid out
+    /// alike (same lengths; in place at the same offset, or apart).
+    pub fn rearm(&mut self, seq: u64, coll_seq: u64, from: (Region, Region), to: (Region, Region)) -> Result<()> {
+        self.label.seq = seq;
+        let moved = |r: &mut Region| -> Result<()> {
+            *r = relocate(*r, from, to)?;
+            Ok(())
+        };
+        for t in self.batches.iter_mut().flatten() {
+            t.rearm(seq, coll_seq);
+            moved(&mut t.bufs.input)?;
+            moved(&mut t.bufs.output)?;
+        }
+        for a in self.pre.iter_mut().chain(&mut self.post) {
+            match a {
+                Action::Copy { dst, src } | Action::Premul { dst, src, .. } => {
+                    moved(dst)?;
+                    moved(src)?;
+                }
+                Action::Avg { buf, .. } => moved(buf)?,
+                Action::Await { .. } | Action::Signal { .. } => {}
+            }
+        }
+        self.owned.iter_mut().for_each(Owned::zero);
+        Ok(())
+    }
+}
+
+/// `r` moved from the caller's buffers `from` (input, output) to `to`:
+/// the same offset in the buffer it lies in (the output first: in place,
+/// the input lies inside it); a temporary of the job's own stays.
+fn relocate(r: Region, from: (Region, Region), to: (Region, Region)) -> Result<Region> {
+    let inside = |b: &Region| !r.is_empty() && r.addr() >= b.addr() && r.addr() + r.len() <= b.addr() + b.len();
+    if inside(&from.1) {
+        to.1.sub(r.addr() - from.1.addr(), r.len())
+    } else if inside(&from.0) {
+        to.0.sub(r.addr() - from.0.addr(), r.len())
+    } else {
+        Ok(r)
     }
 }
 

@@ -63,7 +63,7 @@ impl Communicator {
         if let ([Op::Collective(call)], []) = (ops, streams)
             && let (Some(i), Some(o)) = (call.input.host(), call.output.host())
         {
-            return self.run(self.collective_job(&call.with_buffers(i, o), None)?);
+            return self.run_collective(&call.with_buffers(i, o));
         }
         if ops.is_empty() {
             return Ok(());

@@ -80,6 +80,7 @@ mod launch;
 pub mod op;
 mod plan;
 pub mod programs;
+mod replay;
 mod split;
 mod topology;
 pub mod tuner;

@@ -123,6 +123,15 @@ impl Lane {
     fn done(&self) -> bool {
         self.pc >= self.steps.len() && self.deferred.is_empty()
     }
+
+    /// Back to its first step, as [`Lane::new`] left it (its staging
+    /// storage kept).
+    fn rearm(&mut self) {
+        (self.pc, self.got, self.put, self.begun) = (0, 0, 0, false);
+        self.deferred.clear();
+        self.op = None;
+        self.token = None;
+    }
 }
 
 /// Where a step writes this rank's buffers, if anywhere (a put writes the
@@ -277,6 +286,18 @@ impl Task {
     /// with `sig`.
     pub fn signed(self, sig: sig::Sig, count: usize) -> Task {
         Task { sig: Some(sig), count: count as u64, ..self }
+    }
+
+    /// The same task ready to run again from its first steps, as call
+    /// number `seq` and collective number `coll_seq` (a replayed call:
+    /// the last one ran to its end and was released).
+    pub fn rearm(&mut self, seq: u64, coll_seq: u64) {
+        self.label.seq = seq;
+        self.sig = self.sig.map(|s| s.numbered(coll_seq));
+        self.started = false;
+        self.exposure = None;
+        self.remote.clear();
+        self.lanes.iter_mut().for_each(Lane::rearm);
     }
 
     /// Registers this rank's buffers for the peers that access them (once,

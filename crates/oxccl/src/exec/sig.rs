@@ -52,6 +52,11 @@ impl Sig {
         }
     }
 
+    /// The same signature for collective number `seq`.
+    pub fn numbered(self, seq: u64) -> Sig {
+        Sig { seq: seq as u32 & ((1 << SEQ_BITS) - 1), ..self }
+    }
+
     /// The tag that carries it.
     pub fn tag(&self) -> u64 {
         MARK << 56
