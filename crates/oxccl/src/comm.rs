@@ -20,7 +20,7 @@ use oxccl_transport::id::UniqueId;
 use oxccl_transport::topo::Topology;
 use oxccl_transport::{Kind, PeerStats};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 
@@ -149,10 +149,12 @@ impl Communicator {
         let hot_spin = engine::hot_spin(process_ranks, std::thread::available_parallelism().ok(), cfg.spin);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Default::default()),
+            queued: AtomicUsize::new(0),
             bell: fabric.bell(),
             fabric: Mutex::new(fabric),
             kick: Doorbell::heap(),
             poison: Mutex::new(None),
+            poisoned: AtomicBool::new(false),
             abort: Default::default(),
             shutdown: Default::default(),
             timeout: cfg.timeout,

@@ -16,7 +16,7 @@ use oxccl_transport::futex::Doorbell;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// State shared by the API and the engine.
@@ -28,12 +28,17 @@ use std::time::{Duration, Instant};
 /// before the queue's.
 pub(crate) struct Shared {
     pub queue: Mutex<VecDeque<Job>>,
+    /// Jobs in the queue (a blocking call looks here, not in the queue,
+    /// whether one is ahead of it: no lock on the way of a small call).
+    pub queued: AtomicUsize,
     pub fabric: Mutex<Fabric>,
     /// The fabric's doorbell: peers ring it when data or room arrives.
     pub bell: Doorbell,
     /// Wakes the progress thread (a job queued, a shutdown).
     pub kick: Doorbell,
     pub poison: Mutex<Option<Error>>,
+    /// Whether `poison` holds an error (read without its lock).
+    pub poisoned: AtomicBool,
     pub abort: AtomicBool,
     pub shutdown: AtomicBool,
     pub timeout: Duration,
@@ -55,6 +60,7 @@ impl Shared {
             let mut q = self.queue.lock();
             if !self.shutdown.load(Ordering::Acquire) {
                 q.push_back(job);
+                self.queued.store(q.len(), Ordering::Release);
                 drop(q);
                 self.kick.ring();
                 return;
@@ -83,7 +89,7 @@ impl Shared {
     /// completion, and the job may run again ([`crate::replay`]).
     pub fn run_here(&self, job: &mut Job) -> Option<Result<()>> {
         let mut fabric = self.fabric.lock();
-        if !self.queue.lock().is_empty() || self.shutdown.load(Ordering::Acquire) {
+        if self.queued.load(Ordering::Acquire) != 0 || self.shutdown.load(Ordering::Acquire) {
             return None;
         }
         let r = self.execute(&mut fabric, job);
@@ -97,12 +103,16 @@ impl Shared {
     }
 
     pub fn poisoned(&self) -> Option<Error> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
         self.poison.lock().clone()
     }
 
     pub(crate) fn set_poison(&self, e: &Error) {
         let mut p = self.poison.lock();
         if p.is_none() {
+            self.poisoned.store(true, Ordering::Release);
             tracing::warn!("{}: {e}", self.who);
             *p = Some(e.clone());
             drop(p);
@@ -153,6 +163,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let left: Vec<Job> = {
         let mut q = shared.queue.lock();
         shared.shutdown.store(true, Ordering::Release);
+        shared.queued.store(0, Ordering::Release);
         q.drain(..).collect()
     };
     for mut job in left {
@@ -178,7 +189,12 @@ fn main_loop(shared: &Shared) {
     loop {
         let seen = shared.kick.seq();
         let mut fabric = shared.fabric.lock();
-        let job = shared.queue.lock().pop_front();
+        let job = {
+            let mut q = shared.queue.lock();
+            let job = q.pop_front();
+            shared.queued.store(q.len(), Ordering::Release);
+            job
+        };
         if let Some(mut job) = job {
             let result = shared.execute(&mut fabric, &mut job);
             drop(fabric);
