@@ -171,7 +171,15 @@ pub fn submit(h: Arc<Comm>, c: Arc<Communicator>, op: Op, stream: Option<CudaStr
         }
     });
     match entry {
-        Some(e) => launch(vec![e]),
+        // One call outside a group, the common case: straight to its
+        // communicator (what `launch` does for one, without its lists).
+        Some((h, c, op, stream)) => {
+            let _entered = h.enter()?;
+            // SAFETY: as in `launch`: the C caller keeps its buffers valid
+            // until this call returns (host memory: after the operation
+            // ended) or their stream passes it (device memory).
+            unsafe { c.launch(std::slice::from_ref(&op), stream.as_slice()) }
+        }
         None => Ok(()),
     }
 }

@@ -191,6 +191,9 @@ impl Comm {
 
     /// The communicator, when its init has ended well.
     pub fn comm(&self) -> Result<Arc<Communicator>> {
+        if let State::Ready(c) = &*self.state.lock() {
+            return Ok(c.clone());
+        }
         self.settle();
         match &*self.state.lock() {
             State::Ready(c) => Ok(c.clone()),
