@@ -616,6 +616,12 @@ impl Sender for Producer {
             )));
         };
         if self.line.is_some() {
+            // Committed bytes are in the FIFO, inline ones too: room only
+            // once the record fits behind what is queued.
+            if !self.write_headers() || self.free(MSG_HEADER as u64) < MSG_HEADER as u64 {
+                self.publish();
+                return Ok(&mut []);
+            }
             return Ok(self.inline_room(want, len, written));
         }
         if !self.write_headers() {
@@ -680,7 +686,7 @@ impl Sender for Producer {
     }
 
     fn flushed(&self) -> bool {
-        self.pending.is_empty() && self.published == self.tail
+        self.line.is_none() && self.pending.is_empty() && self.published == self.tail
     }
 
     fn bytes(&self) -> u64 {
@@ -707,6 +713,7 @@ pub struct Consumer {
     bell: Doorbell,
     label: Label,
     pos: u64,
+    #[cfg_attr(loom, allow(dead_code))]
     salt: u64,
     cur: Option<CurMsg>,
     last_peek: usize,
@@ -965,7 +972,13 @@ impl Receiver for Consumer {
         } else {
             self.cur = Some(m);
         }
-        self.ring.hdr().head.store(self.pos, Ordering::Release);
+        // An inline message read in part still lies in its header record,
+        // just behind `pos`: the producer must not have that line back yet.
+        let release = match self.cur {
+            Some(m) if m.hdr.inline() => self.pos - MSG_HEADER as u64,
+            _ => self.pos,
+        };
+        self.ring.hdr().head.store(release, Ordering::Release);
         self.bell.ring();
         Ok(())
     }
@@ -1118,6 +1131,47 @@ mod tests {
                 assert!(c.peek().unwrap().is_none());
             }
         }
+    }
+
+    /// An inline message read in part keeps its line: the producer cannot
+    /// write over the rest of it a lap later, even with the FIFO full
+    /// behind it; its bytes arrive intact, and the next message goes out
+    /// once the line is released.
+    #[test]
+    fn an_inline_message_read_in_part_keeps_its_line() {
+        let (mut p, mut c, _pb, _cb) = pair(4096);
+        p.begin(32).unwrap();
+        p.room(32).unwrap().iter_mut().enumerate().for_each(|(k, b)| *b = k as u8);
+        p.commit(32).unwrap();
+        assert_eq!(c.peek().unwrap().unwrap().data.len(), 32);
+        c.consume(8).unwrap();
+        // Fill the rest of the data area: one message up to its end...
+        let len = 4096 - 2 * MSG_HEADER;
+        p.begin(len).unwrap();
+        let mut off = 0;
+        while off < len {
+            let n = p.room(len - off).unwrap().len();
+            assert!(n > 0, "the first lap has room");
+            p.commit(n).unwrap();
+            off += n;
+        }
+        // ...and an inline one, whose record would land on the line of
+        // the message being read.
+        p.begin(4).unwrap();
+        assert!(p.room(4).unwrap().is_empty(), "no room while the line is still being read");
+        let piece = c.peek().unwrap().unwrap();
+        assert_eq!((piece.offset, piece.data), (8, &(8..32).collect::<Vec<u8>>()[..]));
+        c.consume(24).unwrap();
+        p.room(4).unwrap().copy_from_slice(b"next");
+        p.commit(4).unwrap();
+        assert!(p.flushed());
+        let n = c.peek().unwrap().unwrap().data.len();
+        c.consume(n).unwrap();
+        while c.peek().unwrap().is_some_and(|p| p.msg_len == len) {
+            let n = c.peek().unwrap().unwrap().data.len();
+            c.consume(n).unwrap();
+        }
+        assert_eq!(c.peek().unwrap().unwrap().data, b"next");
     }
 
     /// Where the consumer waits for the next header lie the bytes of an

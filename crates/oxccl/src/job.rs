@@ -99,6 +99,9 @@ impl Job {
     /// alike (same lengths; in place at the same offset, or apart).
     pub fn rearm(&mut self, seq: u64, coll_seq: u64, from: (Region, Region), to: (Region, Region)) -> Result<()> {
         self.label.seq = seq;
+        // Nobody waits on it yet: if it goes through the queue and is
+        // dropped unfinished, its waiter must hear of it.
+        self.settled = false;
         let moved = |r: &mut Region| -> Result<()> {
             *r = relocate(*r, from, to)?;
             Ok(())
