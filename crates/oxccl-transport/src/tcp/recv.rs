@@ -15,6 +15,11 @@
 //! occupies its stream positions, not FIFO memory). A socket reads the
 //! rest of a stripe and the next header in one `readv`, and a short read
 //! ends that socket's turn (the next read would only say "nothing").
+//!
+//! A header read asks for up to [`CARRY`] bytes more: a small message's
+//! payload (and what follows it) arrives with its header in one system
+//! call, kept in the stream's carry and handed out before the socket is
+//! read again. The stream is still parsed as before, byte for byte.
 
 use super::seal::Opener;
 use super::{Shared, aligned_buffer};
@@ -31,6 +36,9 @@ use std::sync::Arc;
 /// (0-byte messages take no FIFO space; this bounds their bookkeeping).
 const MAX_MSGS: usize = 4096;
 
+/// Bytes read beyond a header in the same system call.
+const CARRY: usize = 512;
+
 /// A message whose header has arrived.
 struct Msg {
     seq: u64,
@@ -45,6 +53,11 @@ struct Stream {
     open: Option<Opener>,
     hdr: [u8; HEADER_LEN],
     hdr_got: usize,
+    /// Bytes read past a header and not yet handed out:
+    /// `carry[carry_at..carry_at + carry_len]`, the stream's next bytes.
+    carry: Box<[u8; CARRY]>,
+    carry_at: usize,
+    carry_len: usize,
     /// The stripe being read: message, next position, end position.
     cur: Option<(u64, u64, u64)>,
     /// Last message whose stripe this socket finished.
@@ -77,6 +90,23 @@ pub(super) struct TcpReceiver {
     land: Option<(Option<u64>, Region)>,
     /// Bytes of the landing message in place at the last look.
     landed: u64,
+}
+
+impl Stream {
+    /// Moves carried bytes into the header being read, as far as it goes.
+    fn header_from_carry(&mut self) {
+        let (from, to) = (self.carry_at, self.hdr_got);
+        let k = self.carry_len.min(HEADER_LEN - to);
+        self.hdr[to..to + k].copy_from_slice(&self.carry[from..from + k]);
+        self.hdr_got += k;
+        self.skip_carry(k);
+    }
+
+    /// Drops the first `n` carried bytes (handed out).
+    fn skip_carry(&mut self, n: usize) {
+        self.carry_at += n;
+        self.carry_len -= n;
+    }
 }
 
 fn align64(x: u64) -> u64 {
@@ -148,7 +178,11 @@ impl TcpReceiver {
             if i == 0 && self.msgs.len() >= MAX_MSGS {
                 return Ok(Step::Blocked);
             }
-            let mut iov = [IoSliceMut::new(&mut s.hdr[s.hdr_got..])];
+            s.header_from_carry();
+        }
+        if s.hdr_got < HEADER_LEN {
+            // The carry is empty: the header's rest and what follows.
+            let mut iov = [IoSliceMut::new(&mut s.hdr[s.hdr_got..]), IoSliceMut::new(&mut s.carry[..])];
             let r = match &mut s.open {
                 Some(o) => o.read_vectored(&s.sock, &mut iov),
                 None => (&*s.sock).read_vectored(&mut iov),
@@ -162,7 +196,11 @@ impl TcpReceiver {
                     let got = s.hdr_got;
                     return Err(self.closed(i, &format!(" inside a message header ({got} of {HEADER_LEN} bytes)")));
                 }
-                Ok(n) => s.hdr_got += n,
+                Ok(n) => {
+                    let h = n.min(HEADER_LEN - s.hdr_got);
+                    s.hdr_got += h;
+                    (s.carry_at, s.carry_len) = (0, n - h);
+                }
                 Err(e) => return self.io_err(i, e),
             }
             if self.streams[i].hdr_got < HEADER_LEN {
@@ -252,6 +290,9 @@ impl TcpReceiver {
             return Ok(Step::Blocked);
         }
         let want = (limit - pos) as usize;
+        if self.streams[i].carry_len > 0 {
+            return self.step_from_carry(i, (seq, pos, end), want, landing);
+        }
         let s = &mut self.streams[i];
         let hdr_room = if limit == end && s.hdr_got == 0 { HEADER_LEN } else { 0 };
         let (sock, open) = (&s.sock, &mut s.open);
@@ -299,6 +340,46 @@ impl TcpReceiver {
         }
     }
 
+    /// [`step`](Self::step) from the bytes carried past a header: up to
+    /// `want` of the stripe at `pos` (in the FIFO, or where the message
+    /// lands).
+    fn step_from_carry(
+        &mut self,
+        i: usize,
+        (seq, pos, end): (u64, u64, u64),
+        want: usize,
+        landing: Option<Region>,
+    ) -> Result<Step> {
+        let n = match landing {
+            Some(dst) => {
+                let start = self.msgs.iter().find(|m| m.seq == seq).map_or(0, |m| m.start);
+                let n = want.min(self.streams[i].carry_len);
+                let s = &mut self.streams[i];
+                let from = &s.carry[s.carry_at..s.carry_at + n];
+                dst.sub((pos - start) as usize, n)?.write(|b| b.copy_from_slice(from))?;
+                n
+            }
+            None => {
+                let off = (pos % self.cap) as usize;
+                let n = want.min(self.cap as usize - off).min(self.streams[i].carry_len);
+                let at = self.base + off;
+                let s = &self.streams[i];
+                self.buf[at..at + n].copy_from_slice(&s.carry[s.carry_at..s.carry_at + n]);
+                n
+            }
+        };
+        let s = &mut self.streams[i];
+        s.skip_carry(n);
+        let pos = pos + n as u64;
+        if pos == end {
+            s.cur = None;
+            s.done = Some(seq);
+        } else {
+            s.cur = Some((seq, pos, end));
+        }
+        Ok(Step::Moved)
+    }
+
     /// Takes this connection's sockets once they have all arrived; false
     /// until then.
     fn attach(&mut self) -> bool {
@@ -313,6 +394,9 @@ impl TcpReceiver {
                     open,
                     hdr: [0; HEADER_LEN],
                     hdr_got: 0,
+                    carry: Box::new([0; CARRY]),
+                    carry_at: 0,
+                    carry_len: 0,
                     cur: None,
                     done: None,
                     eof: false,
