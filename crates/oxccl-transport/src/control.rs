@@ -436,6 +436,17 @@ impl Plane {
         Ok(moved)
     }
 
+    /// Flushes every link without draining any; true if anything moved.
+    pub fn flush_all(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for peer in 0..self.links.len() {
+            if self.links[peer].is_some() {
+                moved |= self.flush_link(peer).unwrap_or(false);
+            }
+        }
+        Ok(moved)
+    }
+
     /// Whether every record has left this rank.
     pub fn flushed(&self) -> bool {
         self.links.iter().flatten().all(|l| l.tx_failed.is_some() || (l.out.is_empty() && l.tx.flushed()))

@@ -453,6 +453,23 @@ impl Fabric {
         Ok(moved)
     }
 
+    /// Pushes out what this rank's senders and control links hold, and
+    /// reads nothing: what a finished call does so that its last message
+    /// leaves now (a full [`progress`](Fabric::progress) would also poll
+    /// every receiving socket, system calls on the way of the next call).
+    pub fn push(&mut self) -> Result<bool> {
+        let mut moved = false;
+        for &i in &self.senders.live {
+            if let Some((_, s)) = &mut self.senders.slots[i]
+                && !s.flushed()
+            {
+                moved |= s.progress()?;
+            }
+        }
+        moved |= self.plane.flush_all()?;
+        Ok(moved)
+    }
+
     /// Whether every committed byte has left this rank.
     pub fn flushed(&self) -> bool {
         self.senders.iter().all(|(_, _, _, s)| s.flushed()) && self.plane.flushed()

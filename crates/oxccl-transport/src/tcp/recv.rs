@@ -58,6 +58,10 @@ struct Stream {
     carry: Box<[u8; CARRY]>,
     carry_at: usize,
     carry_len: usize,
+    /// The read that filled the carry got less than it asked for: the
+    /// socket has nothing more, so once the carry is handed out the
+    /// stream's turn ends (as after any short read).
+    carry_short: bool,
     /// The stripe being read: message, next position, end position.
     cur: Option<(u64, u64, u64)>,
     /// Last message whose stripe this socket finished.
@@ -198,6 +202,7 @@ impl TcpReceiver {
                 }
                 Ok(n) => {
                     let h = n.min(HEADER_LEN - s.hdr_got);
+                    s.carry_short = n < h + CARRY || h < HEADER_LEN - s.hdr_got;
                     s.hdr_got += h;
                     (s.carry_at, s.carry_len) = (0, n - h);
                 }
@@ -377,7 +382,9 @@ impl TcpReceiver {
         } else {
             s.cur = Some((seq, pos, end));
         }
-        Ok(Step::Moved)
+        // All the socket had is handed out when the carry is, unless the
+        // carry holds more (the next header, read on the next step).
+        Ok(if s.carry_len == 0 && s.carry_short { Step::Drained } else { Step::Moved })
     }
 
     /// Takes this connection's sockets once they have all arrived; false
@@ -397,6 +404,7 @@ impl TcpReceiver {
                     carry: Box::new([0; CARRY]),
                     carry_at: 0,
                     carry_len: 0,
+                    carry_short: false,
                     cur: None,
                     done: None,
                     eof: false,
