@@ -8,7 +8,7 @@ use crate::engine::{self, Shared};
 use crate::exec::{Label, Task};
 use crate::job::{Completion, Extras, Job};
 use crate::plan::{self, Cache};
-use crate::replay::Replay;
+use crate::replay::Slot;
 use crate::tuner::{AlgoFilter, ChannelChoice, Tuner};
 use oxccl_algo::collective::CollKind;
 use oxccl_algo::placement::Placement;
@@ -61,10 +61,8 @@ struct Inner {
     topology: Topology,
     /// The device side, set up by the first call on device buffers.
     device: Mutex<Option<Arc<DeviceComm>>>,
-    /// The last small blocking collective's job, to run again.
-    replay: Mutex<Option<Replay>>,
-    /// Calls that ran a kept job again.
-    replayed: AtomicU64,
+    /// The last small blocking collectives' jobs, to run again.
+    replay: Mutex<Slot>,
 }
 
 /// Fails on every rank, naming one that differs, unless all ranks run the
@@ -189,8 +187,7 @@ impl Communicator {
                 kinds,
                 topology,
                 device: Mutex::new(None),
-                replay: Mutex::new(None),
-                replayed: AtomicU64::new(0),
+                replay: Mutex::new(Slot::default()),
             }),
         })
     }
@@ -406,20 +403,15 @@ impl Communicator {
         &self.inner.tuner
     }
 
-    /// The last small blocking collective's job ([`crate::replay`]).
-    pub(crate) fn replay_slot(&self) -> &Mutex<Option<Replay>> {
+    /// The last small blocking collectives' jobs ([`crate::replay`]).
+    pub(crate) fn replay_slot(&self) -> &Mutex<Slot> {
         &self.inner.replay
-    }
-
-    /// Counts a call that ran a kept job again.
-    pub(crate) fn count_replay(&self) {
-        self.inner.replayed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many calls ran a kept job again ([`crate::replay`]).
     #[cfg(test)]
     pub(crate) fn replayed(&self) -> u64 {
-        self.inner.replayed.load(Ordering::Relaxed)
+        self.inner.replay.lock().replayed
     }
 
     /// The device side's slot.

@@ -99,31 +99,40 @@ impl Communicator {
 }
 
 impl Communicator {
-    /// Runs one checked blocking collective on host memory: the kept job
-    /// again when `call` is the last call once more, else a newly planned
-    /// one (kept if small, once it has succeeded).
+    /// Runs one checked blocking collective on host memory: a kept job
+    /// again when `call` is one of the last distinct calls once more, else
+    /// a newly planned one (kept if small, once it has succeeded).
     pub(crate) fn run_collective(&self, call: &Call<Region>) -> Result<()> {
         let Some(key) = Key::of(call) else { return self.run(self.collective_job(call, None)?) };
+        // The slot stays locked while the call runs (one lock and one
+        // release per call); another thread's call on this communicator
+        // meanwhile runs as a fresh one.
+        let Some(mut slot) = self.replay_slot().try_lock() else {
+            return self.run(self.collective_job(call, None)?);
+        };
         let bufs = (call.input, call.output);
-        let kept = self.replay_slot().lock().take().filter(|r| r.key == key);
-        let mut job = match kept {
-            Some(Replay { mut job, bufs: from, .. }) => {
+        let mut kept = match slot.take(&key) {
+            Some(mut r) => {
                 self.admit(call)?;
                 let (seq, coll_seq) = self.number();
-                job.rearm(seq, coll_seq, from, bufs)?;
-                self.count_replay();
-                job
+                r.job.rearm(seq, coll_seq, r.bufs, bufs)?;
+                r.bufs = bufs;
+                slot.replayed += 1;
+                r
             }
-            None => self.collective_job(call, None)?,
+            None => Box::new(Replay { key, bufs, job: self.collective_job(call, None)? }),
         };
-        match self.shared().run_here(&mut job) {
+        match self.shared().run_here(&mut kept.job) {
             Some(Ok(())) => {
-                *self.replay_slot().lock() = Some(Replay { key, bufs, job });
+                slot.keep(kept);
                 Ok(())
             }
             Some(Err(e)) => Err(e),
             // Calls queued ahead of this one (asynchronous ones): in turn.
-            None => self.run(job),
+            None => {
+                drop(slot);
+                self.run(kept.job)
+            }
         }
     }
 }
@@ -189,6 +198,18 @@ mod tests {
                         }
                     }
                     assert_eq!(c.replayed() - before, 5 * (RUN as u64 - 1), "replayed calls");
+                    // Two calls in turn (a loss and a norm, say): both kept.
+                    let before = c.replayed();
+                    for i in 0..RUN {
+                        let mut x = [r + i as f32; 2];
+                        c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                        assert_eq!(x, [3.0 + 3.0 * i as f32; 2], "alternating call {i}");
+                        let mut g = [0f64; 3];
+                        g[me] = i as f64;
+                        c.all_gather_in_place(&mut g).unwrap();
+                        assert_eq!(g, [i as f64; 3], "alternating all_gather {i}");
+                    }
+                    assert_eq!(c.replayed() - before, 2 * (RUN as u64 - 1), "alternating calls replayed");
                 });
             }
         });

@@ -1,11 +1,11 @@
 //! Repeated small calls. A training loop's scalars and norms, a
 //! benchmark's iterations, an inference step's small collectives: the
-//! same call again and again, often on other buffers of the same size
-//! (a framework allocates a fresh tensor each step; nccl-tests-style
-//! benchmarks walk their buffers). The job of the last small blocking
-//! collective is kept, with its tasks and temporaries, and run again when
-//! the next call is the same collective on buffers laid out alike, moved
-//! to the new buffers. Such a call is still checked (its arguments, and
+//! same few calls again and again, often on other buffers of the same
+//! size (a framework allocates a fresh tensor each step; nccl-tests-style
+//! benchmarks walk their buffers). The jobs of the last [`KEPT`] distinct
+//! small blocking collectives are kept, with their tasks and temporaries,
+//! and one is run again when a call is the same collective on buffers
+//! laid out alike, moved to the new buffers. Such a call is still checked (its arguments, and
 //! whether the communicator may run it) and numbered (its messages carry
 //! their own signature), but it is not planned, and nothing is allocated
 //! for it.
@@ -44,10 +44,37 @@ impl Key {
     }
 }
 
-/// The last small call's job, ready to run again, and the buffers it ran
-/// on.
+/// Distinct calls kept: a loop that alternates a few small calls (a
+/// loss all_reduce, a norm, a barrier) runs each again.
+pub(crate) const KEPT: usize = 4;
+
+/// A small call's job, ready to run again, and the buffers it ran on.
 pub(crate) struct Replay {
     pub key: Key,
     pub bufs: (Region, Region),
     pub job: Job,
+}
+
+/// What a communicator keeps: the latest distinct calls first.
+#[derive(Default)]
+pub(crate) struct Slot {
+    /// Boxed: a job is large, and is run where it lies.
+    kept: Vec<Box<Replay>>,
+    /// Calls that ran a kept job again.
+    pub replayed: u64,
+}
+
+impl Slot {
+    /// The kept call of `key`, taken out.
+    pub fn take(&mut self, key: &Key) -> Option<Box<Replay>> {
+        let at = self.kept.iter().position(|r| r.key == *key)?;
+        Some(self.kept.remove(at))
+    }
+
+    /// Keeps `r` as the latest call, forgetting the oldest beyond
+    /// [`KEPT`].
+    pub fn keep(&mut self, r: Box<Replay>) {
+        self.kept.truncate(KEPT - 1);
+        self.kept.insert(0, r);
+    }
 }

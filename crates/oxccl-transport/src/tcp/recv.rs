@@ -436,6 +436,9 @@ impl TcpReceiver {
         for _round in 0..4 {
             let mut any = false;
             for i in 0..self.streams.len() {
+                if !self.wanted(i) {
+                    continue;
+                }
                 for _ in 0..64 {
                     match self.step(i) {
                         Ok(Step::Moved) => any = true,
@@ -454,6 +457,21 @@ impl TcpReceiver {
             }
         }
         Ok(moved)
+    }
+
+    /// Whether socket `i` has anything to read that is known to be on its
+    /// way: socket 0 always (it carries every header); another one while
+    /// it is inside a header or stripe, or once socket 0 has announced a
+    /// message with bytes on it. A small message has none beyond socket 0,
+    /// so waiting for one costs one system call per pass, not one per
+    /// socket.
+    fn wanted(&self, i: usize) -> bool {
+        let s = &self.streams[i];
+        if i == 0 || s.cur.is_some() || s.carry_len > 0 || s.hdr_got > 0 {
+            return true;
+        }
+        let after = s.done.map_or(0, |d| d + 1);
+        self.msgs.iter().any(|m| m.seq >= after && !stripe_range(m.len, self.nstripes, i as u16).is_empty())
     }
 
     /// The error when nothing can arrive any more for the next byte.
