@@ -8,6 +8,7 @@ use oxccl_algo::ir::Program;
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A new unique id (NCCL's `ncclGetUniqueId`), as the hex text every rank
@@ -18,17 +19,38 @@ pub fn unique_id() -> PyResult<String> {
     Ok(oxccl::unique_id().py()?.to_string())
 }
 
+/// The indices of a collective's kind, element type and reduction, by
+/// name, for `_Comm.coll` (an unknown name raises, naming it).
+#[pyfunction]
+pub fn codes(kind: &str, dtype: &str, op: &str) -> PyResult<(usize, usize, usize)> {
+    ops::codes(kind, dtype, op).py()
+}
+
 /// One communicator.
 #[pyclass(name = "_Comm", module = "oxccl._oxccl", frozen)]
 pub struct Comm {
     /// `None` once closed. Calls hold the read lock while they run, so
     /// `close` waits for calls in flight.
     inner: RwLock<Option<Communicator>>,
+    /// Its calls in flight, for Ctrl-C.
+    watch: Arc<Watch>,
 }
 
 impl Comm {
     fn new(c: Communicator) -> Comm {
-        Comm { inner: RwLock::new(Some(c)) }
+        Comm { watch: Watch::new(&c), inner: RwLock::new(Some(c)) }
+    }
+
+    /// Runs `f`, a call on `c` (this communicator) that may block, with the
+    /// GIL released: Ctrl-C meanwhile aborts the communicator and raises
+    /// `KeyboardInterrupt` (or whatever Python's SIGINT handler does)
+    /// instead of the call's error.
+    fn blocking<T: Send>(&self, py: Python<'_>, f: impl FnOnce() -> oxccl::Result<T> + Send) -> PyResult<T> {
+        let (r, interrupted) = self.watch.call(|| py.detach(f));
+        if r.is_err() && interrupted {
+            py.check_signals()?;
+        }
+        r.py()
     }
 
     /// The communicator, or the error of a closed one.
@@ -36,20 +58,6 @@ impl Comm {
         RwLockReadGuard::try_map(self.inner.read(), Option::as_ref)
             .map_err(|_| to_py(Error::InvalidUsage("the communicator is closed".into())))
     }
-}
-
-/// Runs `f`, a call on `c` that may block, with the GIL released: Ctrl-C
-/// meanwhile aborts the communicator and raises `KeyboardInterrupt` (or
-/// whatever Python's SIGINT handler does) instead of the call's error.
-fn blocking<T: Send>(py: Python<'_>, c: &Communicator, f: impl FnOnce() -> oxccl::Result<T> + Send) -> PyResult<T> {
-    let watch = Watch::new(c);
-    let r = py.detach(f);
-    let interrupted = watch.as_ref().is_some_and(Watch::interrupted);
-    drop(watch);
-    if r.is_err() && interrupted {
-        py.check_signals()?;
-    }
-    r.py()
 }
 
 /// A [`Config`] from the keyword arguments Python passed (`None` or a dict
@@ -155,20 +163,44 @@ impl Comm {
         // SAFETY: `launch` returns when the host operations have ended; the
         // Python caller holds the objects that own the buffers until then
         // (see `ops::buffer`), and device tensors until their streams pass.
-        blocking(py, &c, || unsafe { c.launch(&ops, &streams) })
+        self.blocking(py, || unsafe { c.launch(&ops, &streams) })
+    }
+
+    /// One collective outside a group: what `launch([("coll", …)],
+    /// streams)` runs, with the kind, element type and reduction as the
+    /// indices `codes` gave (nothing to parse, no list to walk: the way of
+    /// every small call).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (codes, send, recv, count, scalar, root, streams))]
+    fn coll(
+        &self,
+        py: Python<'_>,
+        codes: (usize, usize, usize),
+        send: Option<ops::Span>,
+        recv: ops::Span,
+        count: usize,
+        scalar: f64,
+        root: i64,
+        streams: Vec<u64>,
+    ) -> PyResult<()> {
+        let c = self.get()?;
+        let op = ops::coll(&c, codes, send, recv, count, scalar, root).py()?;
+        let streams: Vec<CudaStream> = streams.into_iter().map(CudaStream::from_raw).collect();
+        // SAFETY: as in `launch`.
+        self.blocking(py, || unsafe { c.launch(std::slice::from_ref(&op), &streams) })
     }
 
     /// Waits for `stream` and reports any error of the device path.
     fn device_synchronize(&self, py: Python<'_>, stream: u64) -> PyResult<()> {
         let c = &*self.get()?;
-        blocking(py, c, || c.device_synchronize(CudaStream::from_raw(stream)))
+        self.blocking(py, || c.device_synchronize(CudaStream::from_raw(stream)))
     }
 
     /// NCCL's `ncclCommSplit`: `None` for ranks that pass no color.
     #[pyo3(signature = (color, key))]
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i32) -> PyResult<Option<Comm>> {
         let c = &*self.get()?;
-        Ok(blocking(py, c, || c.split(color, key))?.map(Comm::new))
+        Ok(self.blocking(py, || c.split(color, key))?.map(Comm::new))
     }
 
     /// NCCL's `ncclCommShrink`: this communicator without `exclude`.
@@ -176,7 +208,7 @@ impl Comm {
     fn shrink(&self, py: Python<'_>, exclude: Vec<usize>, after_failure: bool) -> PyResult<Comm> {
         let c = &*self.get()?;
         let inner =
-            blocking(py, c, || if after_failure { c.shrink_after_failure(&exclude) } else { c.shrink(&exclude) });
+            self.blocking(py, || if after_failure { c.shrink_after_failure(&exclude) } else { c.shrink(&exclude) });
         Ok(Comm::new(inner?))
     }
 

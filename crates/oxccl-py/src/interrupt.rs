@@ -5,7 +5,7 @@
 //! not do before its deadline (`OXCCL_TIMEOUT`). So the first blocking call
 //! hooks SIGINT (chained to Python's handler, which still runs) to a pipe
 //! that a watcher thread reads: at a SIGINT it aborts every communicator
-//! with a call in flight, that call returns at once, and the caller, with
+//! with a call in flight (each registered once, when Python gets it), that call returns at once, and the caller, with
 //! the GIL again, lets Python run its handler (`check_signals`), which
 //! raises `KeyboardInterrupt` in its place. The communicator is left
 //! aborted, as after any failure, and its peers learn it.
@@ -17,13 +17,12 @@ use oxccl::{Aborter, Communicator};
 use parking_lot::Mutex;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
-/// The calls in flight: their communicators and whether a SIGINT hit them.
-static ACTIVE: Mutex<Vec<(u64, Aborter, Arc<AtomicBool>)>> = Mutex::new(Vec::new());
-static NEXT: AtomicU64 = AtomicU64::new(0);
+/// Every communicator Python holds, as the watcher sees it.
+static WATCHED: Mutex<Vec<Weak<Watch>>> = Mutex::new(Vec::new());
 
 /// Hooks SIGINT once; whether it is hooked (a failure is logged once and
 /// leaves calls as they were: ended by their deadline).
@@ -47,9 +46,11 @@ fn hook() -> std::io::Result<()> {
             match read.read(&mut b) {
                 Ok(0) => return,
                 Ok(_) => {
-                    for (_, aborter, hit) in ACTIVE.lock().iter() {
-                        hit.store(true, Ordering::Release);
-                        aborter.abort();
+                    for w in WATCHED.lock().iter().filter_map(Weak::upgrade) {
+                        if w.in_flight.load(Ordering::Acquire) > 0 {
+                            w.hits.fetch_add(1, Ordering::AcqRel);
+                            w.aborter.abort();
+                        }
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -60,32 +61,35 @@ fn hook() -> std::io::Result<()> {
     Ok(())
 }
 
-/// One call in flight, registered with the watcher until dropped.
+/// One communicator's calls in flight, registered with the watcher once
+/// (a call then costs two atomic counts, not a registration).
 pub(crate) struct Watch {
-    id: u64,
-    hit: Arc<AtomicBool>,
+    in_flight: AtomicUsize,
+    /// SIGINTs that aborted a call of this communicator.
+    hits: AtomicU64,
+    aborter: Aborter,
 }
 
 impl Watch {
-    /// Watches a call on `c` (nothing when SIGINT cannot be hooked).
-    pub(crate) fn new(c: &Communicator) -> Option<Watch> {
-        if !hooked() {
-            return None;
+    /// Watches the calls on `c` (a watch that never fires when SIGINT
+    /// cannot be hooked).
+    pub(crate) fn new(c: &Communicator) -> Arc<Watch> {
+        let w = Arc::new(Watch { in_flight: AtomicUsize::new(0), hits: AtomicU64::new(0), aborter: c.aborter() });
+        if hooked() {
+            let mut all = WATCHED.lock();
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&w));
         }
-        let id = NEXT.fetch_add(1, Ordering::Relaxed);
-        let hit = Arc::new(AtomicBool::new(false));
-        ACTIVE.lock().push((id, c.aborter(), hit.clone()));
-        Some(Watch { id, hit })
+        w
     }
 
-    /// Whether a SIGINT aborted the call.
-    pub(crate) fn interrupted(&self) -> bool {
-        self.hit.load(Ordering::Acquire)
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        ACTIVE.lock().retain(|(id, _, _)| *id != self.id);
+    /// Runs `f`, a call on the watched communicator; whether a SIGINT
+    /// aborted it.
+    pub(crate) fn call<T>(&self, f: impl FnOnce() -> T) -> (T, bool) {
+        let before = self.hits.load(Ordering::Acquire);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let r = f();
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        (r, self.hits.load(Ordering::Acquire) != before)
     }
 }

@@ -25,6 +25,7 @@ use pyo3::prelude::*;
 fn _oxccl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::Comm>()?;
     m.add_function(wrap_pyfunction!(comm::unique_id, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::codes, m)?)?;
     m.add_function(wrap_pyfunction!(algo::verify, m)?)?;
     m.add_function(wrap_pyfunction!(algo::simulate, m)?)?;
     m.add_function(wrap_pyfunction!(algo::register, m)?)?;

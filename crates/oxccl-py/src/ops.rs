@@ -51,22 +51,59 @@ pub fn names(kind: &str, dtype_name: &str, op: &str, scalar: f64) -> Result<(Col
     Ok((kind.parse()?, dtype(dtype_name)?, reduce_op(op, scalar)?))
 }
 
-/// The arguments of one collective as Python passes them.
+/// The arguments of one collective as Python passes them, named.
 struct Coll {
-    kind: String,
+    kind: CollKind,
     send: Option<Span>,
     recv: Span,
     count: usize,
-    dtype: String,
-    op: String,
-    scalar: f64,
+    dtype: DataType,
+    op: ReduceOp,
     root: usize,
+}
+
+/// The indices of a collective's kind, element type and reduction in
+/// [`CollKind::ALL`], [`DataType::ALL`] and [`ReduceOp::ALL`]: what the
+/// Python side keeps per name, so that a call passes integers
+/// ([`coll`]). An error names what is unknown.
+pub fn codes(kind: &str, dtype_name: &str, op: &str) -> Result<(usize, usize, usize)> {
+    let (kind, dtype, op) = names(kind, dtype_name, op, 1.0)?;
+    let at =
+        |found: Option<usize>| found.ok_or_else(|| Error::Internal(format!("{kind:?}/{dtype:?}/{op:?} has no index")));
+    Ok((
+        at(CollKind::ALL.iter().position(|k| *k == kind))?,
+        at(DataType::ALL.iter().position(|d| *d == dtype))?,
+        at(ReduceOp::ALL.iter().position(|o| std::mem::discriminant(o) == std::mem::discriminant(&op)))?,
+    ))
+}
+
+/// A collective from [`codes`]' indices, checked for `comm`'s rank.
+#[allow(clippy::too_many_arguments)]
+pub fn coll(
+    comm: &Communicator,
+    (kind, dtype, op): (usize, usize, usize),
+    send: Option<Span>,
+    recv: Span,
+    count: usize,
+    scalar: f64,
+    root: i64,
+) -> Result<Op> {
+    let (rank, nranks) = (comm.rank(), comm.size());
+    let bad = |what: &str, i: usize| Error::invalid(format!("rank {rank}: {what} index {i} is not one oxccl has"));
+    let kind = *CollKind::ALL.get(kind).ok_or_else(|| bad("collective", kind))?;
+    let dtype = *DataType::ALL.get(dtype).ok_or_else(|| bad("element type", dtype))?;
+    let op = match *ReduceOp::ALL.get(op).ok_or_else(|| bad("reduction", op))? {
+        ReduceOp::PreMulSum { .. } => ReduceOp::PreMulSum { scalar },
+        other => other,
+    };
+    let root = rank_arg(root, format_args!("{}: root", kind.name()), rank, nranks)?;
+    Coll { kind, send, recv, count, dtype, op, root }.op(rank, nranks)
 }
 
 /// A root or peer as Python passed it: a negative one is refused here,
 /// naming it (Python ints are signed); one past the last rank is refused
 /// by the call's own checks, like every other argument.
-fn rank_arg(v: i64, what: &str, rank: usize, nranks: usize) -> Result<usize> {
+fn rank_arg(v: i64, what: std::fmt::Arguments<'_>, rank: usize, nranks: usize) -> Result<usize> {
     usize::try_from(v).map_err(|_| {
         Error::invalid(format!("rank {rank}: {what} {v} is not a rank of this communicator (0..{})", nranks - 1))
     })
@@ -75,8 +112,7 @@ fn rank_arg(v: i64, what: &str, rank: usize, nranks: usize) -> Result<usize> {
 impl Coll {
     /// Checked for `rank` of `nranks`.
     fn op(&self, rank: usize, nranks: usize) -> Result<Op> {
-        let (kind, dtype, op) = names(&self.kind, &self.dtype, &self.op, self.scalar)?;
-        let spec = Spec { kind, count: self.count, dtype, op, root: self.root };
+        let spec = Spec { kind: self.kind, count: self.count, dtype: self.dtype, op: self.op, root: self.root };
         let coll = spec.collective(nranks);
         let (send, recv) = match self.send {
             Some(s) if s.2 == self.recv.2 => in_place(&coll, rank, s, self.recv)?,
@@ -132,13 +168,13 @@ pub fn parse(ops: &[Bound<'_, PyTuple>], comm: &Communicator) -> PyResult<Vec<Op
                     f64,
                     i64,
                 ) = t.extract()?;
-                let root = rank_arg(root, &format!("{kind}: root"), rank, nranks).py()?;
-                let c = Coll { kind, send, recv, count, dtype, op, scalar, root };
-                out.push(c.op(rank, nranks).py()?);
+                let root = rank_arg(root, format_args!("{kind}: root"), rank, nranks).py()?;
+                let (kind, dtype, op) = names(&kind, &dtype, &op, scalar).py()?;
+                out.push(Coll { kind, send, recv, count, dtype, op, root }.op(rank, nranks).py()?);
             }
             "send" | "recv" => {
                 let (_, buf, peer, dt): (String, Span, i64, String) = t.extract()?;
-                let peer = rank_arg(peer, &format!("{tag}: peer"), rank, nranks).py()?;
+                let peer = rank_arg(peer, format_args!("{tag}: peer"), rank, nranks).py()?;
                 let dtype = dtype(&dt).py()?;
                 out.push(if tag == "send" {
                     Op::send(buffer(buf, false), dtype, peer)

@@ -58,7 +58,9 @@ pub(crate) struct Replay {
 /// What a communicator keeps: the latest distinct calls first.
 #[derive(Default)]
 pub(crate) struct Slot {
-    /// Boxed: a job is large, and is run where it lies.
+    /// Boxed: a job is large (hundreds of bytes), and is taken out, run
+    /// and put back where it lies, not moved on every call.
+    #[allow(clippy::vec_box)]
     kept: Vec<Box<Replay>>,
     /// Calls that ran a kept job again.
     pub replayed: u64,

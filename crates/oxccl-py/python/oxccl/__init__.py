@@ -42,7 +42,16 @@ def unique_id():
     return _oxccl.unique_id()
 
 
+# Reduction names as calls give them (``"sum"``, ``"SUM"``, a torch
+# ``ReduceOp``) -> oxccl's, filled as they come.
+_OP_NAMES = {}
+
+
 def _op(op):
+    try:
+        return _OP_NAMES[op]
+    except (KeyError, TypeError):
+        pass
     if op is None:
         return "sum"
     name = str(getattr(op, "name", op)).lower().replace("_", "")
@@ -50,7 +59,24 @@ def _op(op):
              "mean": "avg", "premulsum": "premul_sum", "mulsum": "premul_sum"}
     if name not in names:
         raise InvalidArgument(f"reduce op {op!r}: expected one of {', '.join(REDUCE_OPS)}")
+    try:
+        if len(_OP_NAMES) < 64:
+            _OP_NAMES[op] = names[name]
+    except TypeError:  # not hashable
+        pass
     return names[name]
+
+
+# (kind, dtype, op) names -> the native indices a call passes.
+_CODES = {}
+
+
+def _codes(kind, dtype, op):
+    key = (kind, dtype, op)
+    c = _CODES.get(key)
+    if c is None:
+        c = _CODES[key] = _oxccl.codes(kind, dtype, op)
+    return c
 
 
 # The collectives that reduce.
@@ -204,14 +230,14 @@ class Communicator:
             if sv is not None:
                 sv.release()
             raise
-        views = [v for v in (sv, ov) if v is not None]
+        views = (ov,) if sv is None else (sv, ov)
         if sv is not None and sv.dtype != ov.dtype:
             _release(views)
             raise InvalidArgument(f"rank {self.rank}: {kind}: the send buffer holds {sv.dtype} but the output "
                                   f"buffer {ov.dtype}")
         count = count_of(sv, ov)
         op = _op(op)
-        if kind in _REDUCING and any(v.boolean for v in views):
+        if (ov.boolean or (sv is not None and sv.boolean)) and kind in _REDUCING:
             # Booleans reduce logically, as PyTorch's NCCL backend does: a
             # sum is an or (max), a product an and (min).
             logical = {"sum": "max", "prod": "min", "max": "max", "min": "min"}
@@ -221,8 +247,16 @@ class Communicator:
                                       "are a logical or, prod and min a logical and)")
             op = logical[op]
         scalar = 1.0 if scalar is None else float(scalar)
-        self._launch(("coll", kind, None if sv is None else sv.span, ov.span, count, ov.dtype, op, scalar, int(root)),
-                     views)
+        send_span = None if sv is None else sv.span
+        if getattr(self._local, "group", None) is None:
+            # Outside a group: straight to the native call, names as indices.
+            streams = _streams(views) if ov.device or (sv is not None and sv.device) else []
+            try:
+                self._c.coll(_codes(kind, ov.dtype, op), send_span, ov.span, count, scalar, int(root), streams)
+            finally:
+                _release(views)
+            return out
+        self._launch(("coll", kind, send_span, ov.span, count, ov.dtype, op, scalar, int(root)), list(views))
         return out
 
     def _blocks(self, n, what):

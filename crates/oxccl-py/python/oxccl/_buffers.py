@@ -123,21 +123,55 @@ def _typed(name, what, itemsize, dtype):
     return name
 
 
+# torch dtype -> (oxccl's name, boolean, element size), filled as they come.
+_TORCH_DTYPES = {}
+
+
 def _torch_view(t, what, dtype, writable):
     if not t.is_contiguous():
         raise InvalidArgument(f"{what}: the tensor is not contiguous (call .contiguous() first)")
-    boolean = str(t.dtype) == "torch.bool"
-    name = normalize_dtype(t.dtype) if not boolean else "uint8"
-    name = _typed(name, what, t.element_size(), dtype)
-    nbytes = t.numel() * t.element_size()
-    if t.device.type == "cpu":
-        return View(t.data_ptr(), nbytes, name, keep=t, boolean=boolean)
-    if t.device.type == "cuda":
+    known = _TORCH_DTYPES.get(t.dtype)
+    if known is None:
+        boolean = str(t.dtype) == "torch.bool"
+        known = ("uint8" if boolean else normalize_dtype(t.dtype), boolean, t.element_size())
+        _TORCH_DTYPES[t.dtype] = known
+    name, boolean, size = known
+    if dtype is not None:
+        name = _typed(name, what, size, dtype)
+    nbytes = t.numel() * size
+    if t.is_cuda:
         import torch
 
         stream = torch.cuda.current_stream(t.device).cuda_stream
         return View(t.data_ptr(), nbytes, name, device=True, stream=stream, keep=t, boolean=boolean)
+    if t.is_cpu:
+        return View(t.data_ptr(), nbytes, name, keep=t, boolean=boolean)
     raise InvalidArgument(f"{what}: tensors on {t.device} are not supported (cpu or cuda)")
+
+
+# numpy dtype -> (oxccl's name or None, boolean, item size), filled as they come.
+_NUMPY_DTYPES = {}
+
+
+def _numpy_view(a, what, dtype, writable):
+    """A numpy array's view without building its ``__array_interface__``
+    twice over: the same checks, fewer lookups (small calls are
+    latency-bound)."""
+    flags = a.flags
+    if not flags.c_contiguous:
+        raise InvalidArgument(f"{what}: the array is not C-contiguous (numpy.ascontiguousarray first)")
+    if writable and not flags.writeable:
+        raise InvalidArgument(f"{what}: the array is read-only but this buffer is written")
+    known = _NUMPY_DTYPES.get(a.dtype)
+    if known is None:
+        typestr = a.dtype.str
+        if typestr[1] in "OUSMmV" or not typestr[2:].isdigit():
+            return _interface_view(a, a.__array_interface__, what, dtype, writable, device=False)
+        size = int(typestr[2:])
+        known = _NUMPY_DTYPES[a.dtype] = (_TYPESTR.get((typestr[1], size)), typestr[1] == "b", size)
+    name, boolean, size = known
+    name = _typed(name, what, size, dtype)
+    return View(a.ctypes.data, a.nbytes, name, keep=a, boolean=boolean)
 
 
 def _contiguous(shape, strides, itemsize):
@@ -269,17 +303,30 @@ def view(obj, what, dtype=None, writable=False):
     send buffer"); ``writable`` when the call writes it. ``dtype`` reads
     its memory as that type (bytes as anything; else the sizes must
     match)."""
-    v = _view(obj, what, normalize_dtype(dtype), writable)
+    v = _view(obj, what, None if dtype is None else normalize_dtype(dtype), writable)
     if v.nbytes % SIZES[v.dtype]:
         v.release()
         raise InvalidArgument(f"{what}: {v.nbytes} bytes are not whole {v.dtype} elements")
     return v
 
 
+# Exact types whose view is known by type alone: torch.Tensor and its
+# subclasses (nn.Parameter), numpy.ndarray.
+_BY_TYPE = {}
+
+
 def _view(obj, what, dtype, writable):
-    mod = type(obj).__module__ or ""
+    tp = type(obj)
+    fast = _BY_TYPE.get(tp)
+    if fast is not None:
+        return fast(obj, what, dtype, writable)
+    mod = tp.__module__ or ""
     if mod.startswith("torch") and hasattr(obj, "data_ptr"):
+        _BY_TYPE[tp] = _torch_view
         return _torch_view(obj, what, dtype, writable)
+    if mod == "numpy" and tp.__name__ == "ndarray":
+        _BY_TYPE[tp] = _numpy_view
+        return _numpy_view(obj, what, dtype, writable)
     d = getattr(obj, "__cuda_array_interface__", None)
     if d is not None:
         return _interface_view(obj, d, what, dtype, writable, device=True)
