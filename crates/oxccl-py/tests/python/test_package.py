@@ -28,6 +28,11 @@ def owns_output(kind, rank, root):
     return kind not in ("reduce", "gather") or rank == root
 
 
+def _read_only(a):
+    a.flags.writeable = False
+    return a
+
+
 class Threads(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -179,6 +184,10 @@ class Threads(unittest.TestCase):
             (lambda: c.all_gather(np.array(["ab", "cd"]), np.empty(6, "<U2")), oxccl.InvalidArgument,
              "unicode string elements"),
             (lambda: c.all_reduce(np.ones(4, bool), op="avg"), oxccl.InvalidArgument, "avg of booleans"),
+            (lambda: c.all_reduce(np.ones(4, np.float32), _read_only(np.ones(4, np.float32))), oxccl.InvalidArgument,
+             "read-only"),
+            (lambda: c._c.coll((0, 99, 0), None, (keep.ctypes.data, 16, False), 4, 1.0, 0, []),
+             oxccl.InvalidArgument, "element type index 99"),
         ]
         keep = np.arange(4, dtype=np.float32)
         for fn, exc, text in cases:
