@@ -144,7 +144,9 @@ impl Communicator {
         // included: they share the programs they build.
         let me = &boot.peers()[rank];
         let process_ranks = boot.peers().iter().filter(|p| p.pid == me.pid && p.host == me.host).count();
-        let hot_spin = engine::hot_spin(process_ranks, std::thread::available_parallelism().ok(), cfg.spin);
+        let host_ranks = boot.peers().iter().filter(|p| p.host == me.host).count();
+        let cpus = std::thread::available_parallelism().ok();
+        let hot_spin = engine::hot_spin(process_ranks, host_ranks, cpus, cfg.spin);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Default::default()),
             queued: AtomicUsize::new(0),

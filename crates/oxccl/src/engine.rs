@@ -400,16 +400,30 @@ fn await_word(shared: &Shared, words: &dyn Counters, word: usize, value: u64) ->
 /// a CPU to itself ([`hot_spin`]).
 const HOT_SPIN: Duration = Duration::from_micros(3);
 
-/// How long a waiting rank polls before it yields its core: all of
-/// `spin` when it is the only rank of its process and bound to one CPU
-/// (oxccl-run, mpirun and srun bind ranks so): its peers run on other CPUs,
-/// and a yield would hand the core to whatever else is runnable there (a
-/// busy process) for a whole time slice, on every call (a 2-rank 8-byte
-/// all_reduce beside one busy process took 6–600 µs per call, Open MPI's
-/// 0.2–2.5). Otherwise (ranks as threads, or sharing CPUs) [`HOT_SPIN`]:
-/// the rank it waits for may need this core.
-pub(crate) fn hot_spin(process_ranks: usize, cpus: Option<std::num::NonZeroUsize>, spin: Duration) -> Duration {
-    if process_ranks == 1 && cpus.is_some_and(|n| n.get() == 1) { spin.max(HOT_SPIN) } else { HOT_SPIN }
+/// How long a waiting rank polls before it yields its core:
+/// - all of `spin` when it is the only rank of its process and bound to
+///   one CPU (oxccl-run, mpirun and srun bind ranks so): its peers run on
+///   other CPUs, and a yield would hand the core to whatever else is
+///   runnable there (a busy process) for a whole time slice, on every call
+///   (a 2-rank 8-byte all_reduce beside one busy process took 6–600 µs per
+///   call, Open MPI's 0.2–2.5);
+/// - nothing when this host's ranks (`host_ranks`) outnumber the CPUs this
+///   rank may run on: the rank it waits for is likely waiting for this
+///   core, and every poll delays it (4 ranks on 2 CPUs: a 64-byte
+///   all_reduce took 10–23 µs per call polling [`HOT_SPIN`] first, 5–12
+///   yielding at once; Open MPI yields at once when oversubscribed);
+/// - else [`HOT_SPIN`]: the rank it waits for may need this core.
+pub(crate) fn hot_spin(
+    process_ranks: usize,
+    host_ranks: usize,
+    cpus: Option<std::num::NonZeroUsize>,
+    spin: Duration,
+) -> Duration {
+    match cpus.map(std::num::NonZeroUsize::get) {
+        Some(1) if process_ranks == 1 => spin.max(HOT_SPIN),
+        Some(n) if host_ranks > n => Duration::ZERO,
+        _ => HOT_SPIN,
+    }
 }
 
 #[cfg(test)]
@@ -421,10 +435,12 @@ mod tests {
     fn only_a_rank_alone_on_its_cpu_polls_without_yielding() {
         let (one, two) = (NonZeroUsize::new(1), NonZeroUsize::new(2));
         let spin = Duration::from_millis(2);
-        assert_eq!(hot_spin(1, one, spin), spin, "bound, alone in its process: polls all of spin");
-        assert_eq!(hot_spin(2, one, spin), HOT_SPIN, "ranks as threads on one CPU need each other's turns");
-        assert_eq!(hot_spin(1, two, spin), HOT_SPIN, "not bound: a peer may share the core");
-        assert_eq!(hot_spin(1, None, spin), HOT_SPIN, "unknown CPUs");
-        assert_eq!(hot_spin(1, one, Duration::ZERO), HOT_SPIN, "OXCCL_SPIN_US=0 still polls a moment");
+        assert_eq!(hot_spin(1, 4, one, spin), spin, "bound, alone in its process: polls all of spin");
+        assert_eq!(hot_spin(2, 2, one, spin), Duration::ZERO, "ranks as threads on one CPU need each other's turns");
+        assert_eq!(hot_spin(1, 2, two, spin), HOT_SPIN, "not bound: a peer may share the core");
+        assert_eq!(hot_spin(1, 4, two, spin), Duration::ZERO, "4 ranks on 2 CPUs: yield at once");
+        assert_eq!(hot_spin(4, 4, two, spin), Duration::ZERO, "4 ranks as threads on 2 CPUs");
+        assert_eq!(hot_spin(1, 4, None, spin), HOT_SPIN, "unknown CPUs");
+        assert_eq!(hot_spin(1, 1, one, Duration::ZERO), HOT_SPIN, "OXCCL_SPIN_US=0 still polls a moment");
     }
 }
