@@ -89,6 +89,7 @@ matrix! {
     pairwise_all_to_all: Pairwise AllToAll;
     linear_gather: Linear Gather;
     linear_scatter: Linear Scatter;
+    linear_all_to_all: Linear AllToAll;
     hier_all_reduce: Hier AllReduce;
     hier_reduce_scatter: Hier ReduceScatter;
     hier_all_gather: Hier AllGather;

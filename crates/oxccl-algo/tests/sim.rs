@@ -152,7 +152,7 @@ fn program_json_round_trip_prices_the_same() {
 }
 
 /// Every pair whose closed form follows the simulator's schedule exactly.
-const EXACT: [(Algorithm, CollKind); 12] = [
+const EXACT: [(Algorithm, CollKind); 13] = [
     (Algorithm::TwoShot, CollKind::AllReduce),
     (Algorithm::Direct, CollKind::ReduceScatter),
     (Algorithm::Direct, CollKind::AllGather),
@@ -165,6 +165,7 @@ const EXACT: [(Algorithm, CollKind); 12] = [
     (Algorithm::Pairwise, CollKind::AllToAll),
     (Algorithm::Linear, CollKind::Gather),
     (Algorithm::Linear, CollKind::Scatter),
+    (Algorithm::Linear, CollKind::AllToAll),
 ];
 
 /// Links from latency-bound to bandwidth-bound for these sizes, and

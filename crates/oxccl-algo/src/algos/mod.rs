@@ -10,7 +10,7 @@
 //! | `twoshot`  | all-reduce: reduce-scatter then all-gather by direct reads |
 //! | `direct`   | reduce-scatter, all-gather, all-to-all, broadcast, reduce, gather, scatter over one-sided access; send/recv |
 //! | `pairwise` | all-to-all: n-1 rounds of pairwise exchange |
-//! | `linear`   | gather, scatter: the root talks to every rank |
+//! | `linear`   | gather, scatter: the root talks to every rank; all-to-all: every rank sends every block at once, then receives (groups of 8 peers) |
 //! | `hier`     | all-reduce, reduce-scatter, all-gather: inside hosts, then between the ranks of one local index across hosts (rail-aligned), then inside hosts ([`Placement`]) |
 //! | `bruck`    | all-gather, reduce-scatter in `⌈log2 n⌉` messages per rank (Bruck's rotation; for latency-bound sizes on many ranks) |
 //! | `ordered`  | all-reduce, reduce-scatter, reduce in the canonical order ([`crate::canon`]) for any rank count: each block's owner reduces every rank's piece in the tree, then sends it on |
@@ -38,6 +38,7 @@ mod table;
 mod tree;
 
 pub use ordered::weighted as ordered_block;
+pub use rooted::LINEAR_GROUP;
 pub use table::{AlgoSpec, Builder, CostModel, NCCL_ONLY, TABLE};
 pub use tree::{TreeLinks, btree, dtree, host_tree};
 
@@ -70,7 +71,8 @@ pub enum Algorithm {
     Direct,
     /// Pairwise exchange all-to-all.
     Pairwise,
-    /// The root exchanges with every rank.
+    /// The root exchanges with every rank (all-to-all: every rank with
+    /// every rank at once).
     Linear,
     /// Hierarchical: inside hosts, across them rail by rail, inside again.
     Hier,

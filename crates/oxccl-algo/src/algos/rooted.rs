@@ -162,6 +162,42 @@ pub(crate) fn pairwise_all_to_all(p: &mut Program, c: Collective) {
     }
 }
 
+/// Sends a linear all-to-all rank posts before it receives: its peers
+/// in groups of this many, each group's sends, then its receives. A send
+/// that has begun (its header queued) runs on while its lane moves past
+/// it, up to this many at once (the engine's `MAX_DEFERRED`), so a group's
+/// sends never wait for a receiver that waits on its own group's sends.
+pub const LINEAR_GROUP: usize = 8;
+
+/// Linear all-to-all: rank `r` sends block `r+k` to rank `r+k` for every
+/// `k` of a group, then receives block `r-k` from rank `r-k` for the same
+/// `k`s; groups of [`LINEAR_GROUP`] peers in turn. Every message of a group
+/// is in flight at once, so on few ranks the call takes one latency, not
+/// pairwise exchange's `n-1` (its rounds each wait for the last). In place
+/// with one group: every block is sent before any is received.
+pub(crate) fn linear_all_to_all(p: &mut Program, c: Collective) {
+    let (n, cnt) = (c.nranks, c.count);
+    p.reset("linear", c);
+    p.in_place = n <= LINEAR_GROUP + 1;
+    for r in 0..n {
+        if cnt == 0 {
+            continue;
+        }
+        copy_nonempty(p, r, Slice::input(r * cnt, cnt), Slice::output(r * cnt, cnt));
+        let ks: Vec<usize> = (1..n).collect();
+        for group in ks.chunks(LINEAR_GROUP) {
+            for &k in group {
+                let to = (r + k) % n;
+                p.push(r, 0, Step::Send { peer: to, src: Slice::input(to * cnt, cnt) });
+            }
+            for &k in group {
+                let from = (r + n - k) % n;
+                p.push(r, 0, Step::Recv { peer: from, dst: Slice::output(from * cnt, cnt) });
+            }
+        }
+    }
+}
+
 /// Linear gather: every rank sends its input to the root.
 pub(crate) fn gather(p: &mut Program, c: Collective) {
     let (n, cnt, root) = (c.nranks, c.count, c.root);

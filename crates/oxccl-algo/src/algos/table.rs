@@ -130,7 +130,7 @@ pub const TABLE: &[AlgoSpec] = &[
         algorithm: Algorithm::Linear,
         name: "linear",
         aliases: &[],
-        collectives: &[Gather, Scatter],
+        collectives: &[Gather, Scatter, AllToAll],
         one_sided: false,
         build: build_linear,
         cost: models::linear,
@@ -242,6 +242,7 @@ fn build_linear(p: &mut Program, c: Collective, _: &BuildOptions, _: &Placement)
     match c.kind {
         Gather => rooted::gather(p, c),
         Scatter => rooted::scatter(p, c),
+        AllToAll => rooted::linear_all_to_all(p, c),
         k => unlisted("linear", k),
     }
 }

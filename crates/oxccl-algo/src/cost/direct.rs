@@ -155,6 +155,21 @@ pub fn pairwise_all_to_all(n: usize, bytes: usize, link: Link, copy: f64) -> f64
     b * copy + nf(n - 1) * link.time(b)
 }
 
+/// Linear all-to-all: a copy of the own block, then the `n-1` blocks
+/// sent back to back, each to another rank, in `g` groups whose sends are
+/// in flight at once (the receivers of one slot are all different):
+/// `b·κ + g·α + (n-1)·b·β`, with `g = ⌈(n-1)/8⌉`: one latency on up to 9
+/// ranks, where pairwise exchange pays `n-1`.
+pub fn linear_all_to_all(n: usize, bytes: usize, link: Link, copy: f64) -> f64 {
+    let s = nf(bytes);
+    if n <= 1 || bytes == 0 {
+        return s * copy;
+    }
+    let b = s / nf(n);
+    let groups = (n - 1).div_ceil(crate::algos::LINEAR_GROUP);
+    b * copy + nf(groups) * link.lat + nf(n - 1) * b / link.bw
+}
+
 /// Linear gather: every rank sends its block to the root at once; the
 /// blocks queue at the root's port while it copies its own:
 /// `max(b·κ, α + (n-1)·b·β)`.

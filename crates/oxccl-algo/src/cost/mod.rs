@@ -589,8 +589,8 @@ impl Terms {
 mod direct;
 pub mod models;
 pub use direct::{
-    direct_all_gather, direct_from_root, direct_gather, direct_reduce, direct_reduce_scatter, linear_gather,
-    linear_scatter, one_shot_all_reduce, pairwise_all_to_all, reads, two_shot_all_reduce,
+    direct_all_gather, direct_from_root, direct_gather, direct_reduce, direct_reduce_scatter, linear_all_to_all,
+    linear_gather, linear_scatter, one_shot_all_reduce, pairwise_all_to_all, reads, two_shot_all_reduce,
 };
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 
 use super::{
     Terms, direct_all_gather, direct_from_root, direct_gather, direct_reduce, direct_reduce_scatter,
-    doubling_all_reduce, linear_gather, linear_scatter, log2_ceil, nf, one_shot_all_reduce, pairwise_all_to_all,
-    pipelined_rooted, rhd_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter, tree_all_reduce,
-    two_shot_all_reduce,
+    doubling_all_reduce, linear_all_to_all, linear_gather, linear_scatter, log2_ceil, nf, one_shot_all_reduce,
+    pairwise_all_to_all, pipelined_rooted, rhd_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter,
+    tree_all_reduce, two_shot_all_reduce,
 };
 use crate::collective::CollKind::{self, *};
 
@@ -82,12 +82,13 @@ pub fn pairwise(kind: CollKind, t: &Terms) -> Option<f64> {
     (kind == AllToAll).then(|| pairwise_all_to_all(t.nranks, t.bytes, t.link, t.copy))
 }
 
-/// Linear gather and scatter.
+/// Linear gather, scatter and all-to-all.
 pub fn linear(kind: CollKind, t: &Terms) -> Option<f64> {
     let (n, s, link, k) = (t.nranks, t.bytes, t.link, t.copy);
     match kind {
         Gather => Some(linear_gather(n, s, link, k)),
         Scatter => Some(linear_scatter(n, s, link, k)),
+        AllToAll => Some(linear_all_to_all(n, s, link, k)),
         _ => None,
     }
 }

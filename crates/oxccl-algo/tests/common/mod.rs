@@ -30,7 +30,7 @@ pub fn expected_sent(algo: Algorithm, c: &Collective) -> Option<Vec<u64>> {
         (Algorithm::Doubling, CollKind::AllReduce) if n.is_power_of_two() => {
             vec![u64::from(n.trailing_zeros()) * s; n]
         }
-        (Algorithm::Pairwise | Algorithm::Direct, CollKind::AllToAll) => vec![(nn - 1) * s; n],
+        (Algorithm::Pairwise | Algorithm::Direct | Algorithm::Linear, CollKind::AllToAll) => vec![(nn - 1) * s; n],
         (Algorithm::OneShot, _) => vec![(nn - 1) * s; n],
         (Algorithm::Tree, CollKind::AllReduce) if n > 1 => (0..n)
             .map(|r| {

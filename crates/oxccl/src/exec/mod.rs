@@ -105,6 +105,10 @@ struct Deferred {
 /// sequential execution sends.
 const MAX_DEFERRED: usize = 8;
 
+// The linear all-to-all's sends of one group are all in flight before its
+// receives: none may wait for a receiver (which sends its own group first).
+const _: () = assert!(MAX_DEFERRED >= oxccl_algo::algos::LINEAR_GROUP);
+
 impl Lane {
     pub fn new(steps: Arc<Vec<Step>>, wire: Channel) -> Lane {
         Lane {
