@@ -5,7 +5,8 @@
 //! not do before its deadline (`OXCCL_TIMEOUT`). So the first blocking call
 //! hooks SIGINT (chained to Python's handler, which still runs) to a pipe
 //! that a watcher thread reads: at a SIGINT it aborts every communicator
-//! with a call in flight (each registered once, when Python gets it), that call returns at once, and the caller, with
+//! with a call in flight (each registered once, when Python gets it;
+//! a call counts itself in flight), that call returns at once, and the caller, with
 //! the GIL again, lets Python run its handler (`check_signals`), which
 //! raises `KeyboardInterrupt` in its place. The communicator is left
 //! aborted, as after any failure, and its peers learn it.
@@ -71,25 +72,45 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
-    /// Watches the calls on `c` (a watch that never fires when SIGINT
-    /// cannot be hooked).
+    /// Watches the calls on `c`. SIGINT itself is hooked at the first
+    /// blocking call, as before: a handler the program installs between
+    /// init and that call is chained to, not replaced.
     pub(crate) fn new(c: &Communicator) -> Arc<Watch> {
         let w = Arc::new(Watch { in_flight: AtomicUsize::new(0), hits: AtomicU64::new(0), aborter: c.aborter() });
-        if hooked() {
-            let mut all = WATCHED.lock();
-            all.retain(|w| w.strong_count() > 0);
-            all.push(Arc::downgrade(&w));
-        }
+        let mut all = WATCHED.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&w));
         w
     }
 
     /// Runs `f`, a call on the watched communicator; whether a SIGINT
-    /// aborted it.
+    /// aborted it (never, when SIGINT cannot be hooked).
     pub(crate) fn call<T>(&self, f: impl FnOnce() -> T) -> (T, bool) {
+        if !hooked() {
+            return (f(), false);
+        }
         let before = self.hits.load(Ordering::Acquire);
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let r = f();
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let r = {
+            let _flight = InFlight::enter(&self.in_flight);
+            f()
+        };
         (r, self.hits.load(Ordering::Acquire) != before)
+    }
+}
+
+/// A call counted in flight until dropped (also when it unwinds: a count
+/// left behind would let every later SIGINT abort the communicator).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
+        n.fetch_add(1, Ordering::AcqRel);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

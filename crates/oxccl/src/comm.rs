@@ -146,7 +146,7 @@ impl Communicator {
         let process_ranks = boot.peers().iter().filter(|p| p.pid == me.pid && p.host == me.host).count();
         let host_ranks = boot.peers().iter().filter(|p| p.host == me.host).count();
         let cpus = std::thread::available_parallelism().ok();
-        let hot_spin = engine::hot_spin(process_ranks, host_ranks, cpus, cfg.spin);
+        let hot_spin = engine::hot_spin((process_ranks, host_ranks), cpus, engine::online_cpus(), cfg.spin);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Default::default()),
             queued: AtomicUsize::new(0),

@@ -400,6 +400,24 @@ fn await_word(shared: &Shared, words: &dyn Counters, word: usize, value: u64) ->
 /// a CPU to itself ([`hot_spin`]).
 const HOT_SPIN: Duration = Duration::from_micros(3);
 
+/// The host's online CPUs (`/sys/devices/system/cpu/online`, ranges like
+/// `0-3,8-11`); `None` where it cannot be read.
+pub(crate) fn online_cpus() -> Option<usize> {
+    cpu_list_len(std::fs::read_to_string("/sys/devices/system/cpu/online").ok()?.trim())
+}
+
+/// How many CPUs a kernel CPU list (`0-3,8,10-11`) names.
+fn cpu_list_len(list: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        n += match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().ok()?.checked_sub(a.parse::<usize>().ok()?)? + 1,
+            None => part.parse::<usize>().map(|_| 1).ok()?,
+        };
+    }
+    (n > 0).then_some(n)
+}
+
 /// How long a waiting rank polls before it yields its core:
 /// - all of `spin` when it is the only rank of its process and bound to
 ///   one CPU (oxccl-run, mpirun and srun bind ranks so): its peers run on
@@ -407,21 +425,26 @@ const HOT_SPIN: Duration = Duration::from_micros(3);
 ///   runnable there (a busy process) for a whole time slice, on every call
 ///   (a 2-rank 8-byte all_reduce beside one busy process took 6–600 µs per
 ///   call, Open MPI's 0.2–2.5);
-/// - nothing when this host's ranks (`host_ranks`) outnumber the CPUs this
-///   rank may run on: the rank it waits for is likely waiting for this
-///   core, and every poll delays it (4 ranks on 2 CPUs: a 64-byte
-///   all_reduce took 10–23 µs per call polling [`HOT_SPIN`] first, 5–12
-///   yielding at once; Open MPI yields at once when oversubscribed);
+/// - nothing when its ranks outnumber the CPUs it may run on (`cpus`):
+///   ranks of this process (threads), or, when this rank is not bound
+///   (it may run on every one of the host's `online` CPUs), this host's
+///   ranks. The rank it waits for is likely waiting for this core, and
+///   every poll delays it (4 ranks on 2 CPUs: a 64-byte all_reduce took
+///   10–23 µs per call polling [`HOT_SPIN`] first, 5–12 yielding at once;
+///   Open MPI yields at once when oversubscribed). A rank bound to a few
+///   CPUs of a host with more ranks than those CPUs (a core and its
+///   hyperthread per rank) is not oversubscribed: its peers run elsewhere;
 /// - else [`HOT_SPIN`]: the rank it waits for may need this core.
 pub(crate) fn hot_spin(
-    process_ranks: usize,
-    host_ranks: usize,
+    (process_ranks, host_ranks): (usize, usize),
     cpus: Option<std::num::NonZeroUsize>,
+    online: Option<usize>,
     spin: Duration,
 ) -> Duration {
     match cpus.map(std::num::NonZeroUsize::get) {
         Some(1) if process_ranks == 1 => spin.max(HOT_SPIN),
-        Some(n) if host_ranks > n => Duration::ZERO,
+        Some(n) if process_ranks > n => Duration::ZERO,
+        Some(n) if online == Some(n) && host_ranks > n => Duration::ZERO,
         _ => HOT_SPIN,
     }
 }
@@ -432,15 +455,27 @@ mod tests {
     use std::num::NonZeroUsize;
 
     #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(cpu_list_len("0-1"), Some(2));
+        assert_eq!(cpu_list_len("0-3,8,10-11"), Some(7));
+        assert_eq!(cpu_list_len("5"), Some(1));
+        assert_eq!(cpu_list_len(""), None);
+        assert_eq!(cpu_list_len("3-1"), None);
+        assert_eq!(cpu_list_len("x"), None);
+    }
+
+    #[test]
     fn only_a_rank_alone_on_its_cpu_polls_without_yielding() {
         let (one, two) = (NonZeroUsize::new(1), NonZeroUsize::new(2));
         let spin = Duration::from_millis(2);
-        assert_eq!(hot_spin(1, 4, one, spin), spin, "bound, alone in its process: polls all of spin");
-        assert_eq!(hot_spin(2, 2, one, spin), Duration::ZERO, "ranks as threads on one CPU need each other's turns");
-        assert_eq!(hot_spin(1, 2, two, spin), HOT_SPIN, "not bound: a peer may share the core");
-        assert_eq!(hot_spin(1, 4, two, spin), Duration::ZERO, "4 ranks on 2 CPUs: yield at once");
-        assert_eq!(hot_spin(4, 4, two, spin), Duration::ZERO, "4 ranks as threads on 2 CPUs");
-        assert_eq!(hot_spin(1, 4, None, spin), HOT_SPIN, "unknown CPUs");
-        assert_eq!(hot_spin(1, 1, one, Duration::ZERO), HOT_SPIN, "OXCCL_SPIN_US=0 still polls a moment");
+        let host = Some(2);
+        assert_eq!(hot_spin((1, 4), one, host, spin), spin, "bound, alone in its process: polls all of spin");
+        assert_eq!(hot_spin((2, 2), one, host, spin), Duration::ZERO, "threads on one CPU need each other's turns");
+        assert_eq!(hot_spin((1, 2), two, host, spin), HOT_SPIN, "not bound: a peer may share the core");
+        assert_eq!(hot_spin((1, 4), two, host, spin), Duration::ZERO, "4 ranks on a host of 2 CPUs: yield at once");
+        assert_eq!(hot_spin((4, 4), two, host, spin), Duration::ZERO, "4 ranks as threads on 2 CPUs");
+        assert_eq!(hot_spin((1, 8), two, Some(16), spin), HOT_SPIN, "bound to 2 of 16 CPUs: the peers run elsewhere");
+        assert_eq!(hot_spin((1, 4), None, host, spin), HOT_SPIN, "unknown CPUs");
+        assert_eq!(hot_spin((1, 1), one, Some(1), Duration::ZERO), HOT_SPIN, "OXCCL_SPIN_US=0 still polls a moment");
     }
 }
