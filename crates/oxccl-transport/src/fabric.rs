@@ -441,14 +441,7 @@ impl Fabric {
         }
         // Headers other providers held back for want of room (a 0-byte or
         // by-reference message behind a full FIFO) go out when room frees.
-        for &i in &self.senders.live {
-            if let Some((p, s)) = &mut self.senders.slots[i]
-                && !self.polled[*p]
-                && !s.flushed()
-            {
-                moved |= s.progress()?;
-            }
-        }
+        moved |= self.flush_senders(false)?;
         moved |= self.plane.progress()?;
         Ok(moved)
     }
@@ -458,15 +451,21 @@ impl Fabric {
     /// leaves now (a full [`progress`](Fabric::progress) would also poll
     /// every receiving socket, system calls on the way of the next call).
     pub fn push(&mut self) -> Result<bool> {
+        Ok(self.flush_senders(true)? | self.plane.flush_all()?)
+    }
+
+    /// Progresses the senders that hold unsent bytes: all of them, or
+    /// (`all` false) those of providers that `progress` does not poll.
+    fn flush_senders(&mut self, all: bool) -> Result<bool> {
         let mut moved = false;
         for &i in &self.senders.live {
-            if let Some((_, s)) = &mut self.senders.slots[i]
+            if let Some((p, s)) = &mut self.senders.slots[i]
+                && (all || !self.polled[*p])
                 && !s.flushed()
             {
                 moved |= s.progress()?;
             }
         }
-        moved |= self.plane.flush_all()?;
         Ok(moved)
     }
 

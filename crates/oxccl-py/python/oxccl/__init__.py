@@ -256,7 +256,7 @@ class Communicator:
             finally:
                 _release(views)
             return out
-        self._launch(("coll", kind, send_span, ov.span, count, ov.dtype, op, scalar, int(root)), list(views))
+        self._launch(("coll", kind, send_span, ov.span, count, ov.dtype, op, scalar, int(root)), views)
         return out
 
     def _blocks(self, n, what):

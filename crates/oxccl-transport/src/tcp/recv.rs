@@ -235,13 +235,7 @@ impl TcpReceiver {
             self.next_start = align64(start + h.msg_len);
             (h.seq, start)
         } else {
-            // The first known message after this socket's last one that
-            // has bytes on it.
-            let s = &self.streams[i];
-            let after = s.done.map_or(0, |d| d + 1);
-            let want =
-                self.msgs.iter().find(|m| m.seq >= after && !stripe_range(m.len, self.nstripes, i as u16).is_empty());
-            match want {
+            match self.next_on(i) {
                 Some(m) => {
                     h.check_seq(m.seq).map_err(|e| self.remote(i, e))?;
                     if h.msg_len != m.len {
@@ -467,11 +461,14 @@ impl TcpReceiver {
     /// socket.
     fn wanted(&self, i: usize) -> bool {
         let s = &self.streams[i];
-        if i == 0 || s.cur.is_some() || s.carry_len > 0 || s.hdr_got > 0 {
-            return true;
-        }
-        let after = s.done.map_or(0, |d| d + 1);
-        self.msgs.iter().any(|m| m.seq >= after && !stripe_range(m.len, self.nstripes, i as u16).is_empty())
+        i == 0 || s.cur.is_some() || s.carry_len > 0 || s.hdr_got > 0 || self.next_on(i).is_some()
+    }
+
+    /// The first known message after socket `i`'s last one that has bytes
+    /// on it.
+    fn next_on(&self, i: usize) -> Option<&Msg> {
+        let after = self.streams[i].done.map_or(0, |d| d + 1);
+        self.msgs.iter().find(|m| m.seq >= after && !stripe_range(m.len, self.nstripes, i as u16).is_empty())
     }
 
     /// The error when nothing can arrive any more for the next byte.
