@@ -227,9 +227,11 @@ fn processes(n: usize, transport: &str, extra: &[(&str, &str)]) {
     let mut envs = vec![("OXCCL_TRANSPORT", transport), ("OXCCL_DETERMINISTIC", "1")];
     envs.extend_from_slice(extra);
     let kids: Vec<Child> = (0..n).map(|r| spawn(&[], &id, n, r, "canon", &envs)).collect();
-    for (r, k) in kids.into_iter().enumerate() {
-        let (ok, out) = output(k);
-        assert!(ok && out.contains("CASES"), "rank {r} of {n} over {transport} {extra:?}:\n{out}");
+    let outs: Vec<(bool, String)> = kids.into_iter().map(output).collect();
+    // Every rank's output: the one that failed first is seldom rank 0.
+    let all = || outs.iter().enumerate().map(|(r, (_, o))| format!("--- rank {r}:\n{o}")).collect::<String>();
+    for (r, (ok, out)) in outs.iter().enumerate() {
+        assert!(*ok && out.contains("CASES"), "rank {r} of {n} over {transport} {extra:?} failed:\n{}", all());
         assert!(out.contains(&format!(":{transport}")), "rank {r} did not use {transport}:\n{out}");
     }
 }

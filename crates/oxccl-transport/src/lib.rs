@@ -218,6 +218,19 @@ pub trait Sender: Send {
     fn released(&self, _token: u64) -> bool {
         true
     }
+    /// Moves the message of `token` (from [`send_from`](Sender::send_from))
+    /// on: (whether anything moved, whether it is [released](Sender::released)).
+    /// Released is looked at first: a receiver that read the message and
+    /// then closed its end (its part of the call was done) has released it,
+    /// and [`progress`](Sender::progress) would fail on the closed connection.
+    fn progress_from(&mut self, token: u64) -> Result<(bool, bool)> {
+        if self.released(token) {
+            return Ok((true, true));
+        }
+        let moved = self.progress()?;
+        let done = self.released(token);
+        Ok((moved || done, done))
+    }
     /// The call that sent the messages of `send_from` failed and their
     /// sources are about to go away: afterwards this end never reads them
     /// (TCP keeps a copy of what it still has to send), and a receiver

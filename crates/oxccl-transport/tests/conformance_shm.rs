@@ -327,6 +327,11 @@ fn send_from_and_recv_into() {
     conformance::send_from_and_recv_into(&Shm);
 }
 
+#[test]
+fn released_after_the_receiver_closed() {
+    assert!(conformance::released_after_the_receiver_closed(&Shm), "shm did not take a 1 MiB message from its source");
+}
+
 /// A by-reference message whose sender's call failed: the receiver fails
 /// to read it rather than take whatever the buffer holds by then.
 #[test]

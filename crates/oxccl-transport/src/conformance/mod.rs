@@ -55,6 +55,7 @@ pub fn run_all(p: &dyn Provider) {
 pub fn two_sided(p: &dyn Provider) {
     fifo_cases(p);
     send_from_and_recv_into(p);
+    released_after_the_receiver_closed(p);
 }
 
 struct Rng(u64);
@@ -503,6 +504,50 @@ pub fn peer_drop(p: &dyn Provider) {
         }
     }
     assert_eq!(got, b"abc", "provider {name}: case peer_drop: bytes committed before the drop");
+}
+
+/// A message sent straight from its source that the receiver read whole
+/// and then closed its end: the sender's next look
+/// ([`Sender::progress_from`]) finds it released, not the connection
+/// closed (the receiver's part of the call was done; an error here failed
+/// a rank whose sends had all arrived). Returns whether the provider took
+/// the message from its source (`false`: nothing to check).
+pub fn released_after_the_receiver_closed(p: &dyn Provider) -> bool {
+    let name = p.name();
+    let mut clock = Clock::new(name, "released_after_the_receiver_closed");
+    let (mut s, mut r) = p.pair(11, 64 << 10);
+    let src: Vec<u8> = (0..1 << 20).map(|k| byte(11, k)).collect();
+    if !s.takes_from(src.len()) {
+        return false;
+    }
+    let t = s.send_from(crate::region::Region::of(&src), 5).unwrap().expect("takes_from said it would");
+    let mut got = vec![0u8; src.len()];
+    let dst = crate::region::Region::of_mut(&mut got);
+    let mut released = false;
+    loop {
+        // The sender looks before the receiver reads, never after the
+        // last read: its first look after that comes once the receiver
+        // has closed.
+        if !released {
+            released = s.progress_from(t).unwrap_or_else(|e| panic!("provider {name}: progress_from: {e}")).1;
+        }
+        r.progress().unwrap();
+        let (moved, done) = r.recv_into(&dst).unwrap_or_else(|e| panic!("provider {name}: recv_into: {e}"));
+        if done {
+            break;
+        }
+        if moved {
+            clock.moved();
+        }
+        clock.idle("recv_into");
+    }
+    assert!(got == src, "provider {name}: the message arrived wrong");
+    drop(r);
+    match s.progress_from(t) {
+        Ok((_, done)) => assert!(done, "provider {name}: a message the receiver read whole is not released"),
+        Err(e) => panic!("provider {name}: a message the receiver read whole, then closed: {e} (want it released)"),
+    }
+    true
 }
 
 /// Messages sent straight from their source (`send_from`, where the

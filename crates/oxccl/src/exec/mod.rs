@@ -166,21 +166,14 @@ fn drain(fabric: &mut Fabric, lane: &mut Lane, es: usize) -> Result<bool> {
     let mut moved = false;
     for d in &mut lane.deferred {
         let s = fabric.sender(d.peer, lane.wire)?;
-        // Lets out a by-reference header a full FIFO held back; but a
-        // receiver that copied the message and then closed (its part of
-        // the call was done) has released it, and progress would fail on
-        // its closed connection: look first.
-        if let Some(t) = d.token
-            && !s.released(t)
-        {
-            moved |= s.progress()?;
-        }
         match d.token {
-            Some(t) if s.released(t) => {
-                d.put = d.src.len();
-                moved = true;
+            Some(t) => {
+                let (m, done) = s.progress_from(t)?;
+                if done {
+                    d.put = d.src.len();
+                }
+                moved |= m;
             }
-            Some(_) => {}
             None => moved |= pump(s, &d.src, &mut d.put, es)?,
         }
     }

@@ -86,9 +86,7 @@ pub(super) fn advance(fabric: &mut Fabric, task: &mut Task, li: usize, step: &St
                 lane.begun = true;
             }
             if let Some(t) = lane.token {
-                let moved = s.progress()?;
-                let done = s.released(t);
-                return Ok((moved || done, done));
+                return s.progress_from(t);
             }
             let moved = pump(s, &src, &mut lane.put, es)?;
             Ok((moved, lane.put == src.len()))
