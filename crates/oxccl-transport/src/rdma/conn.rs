@@ -179,6 +179,10 @@ impl Who {
     }
 }
 
+/// How long a sender whose peer closed waits for the acknowledgements of
+/// writes it posted before (see `RdmaSender::progress`).
+const GONE_GRACE: Duration = Duration::from_secs(1);
+
 /// TCP keepalive on side sockets (idle seconds, seconds between probes,
 /// probes): a peer whose host stops answering (link down, host dead) is
 /// found within their sum even when no work request is outstanding to
@@ -235,7 +239,14 @@ impl Link {
     /// Notes in `gone` when the peer's side socket has closed or failed
     /// (no keepalive answered), and stops watching it.
     pub(crate) fn check_side(&mut self) {
-        if self.gone.is_some() || self.last_side_check.elapsed() < Duration::from_millis(10) {
+        if self.last_side_check.elapsed() >= Duration::from_millis(10) {
+            self.check_side_now();
+        }
+    }
+
+    /// [`check_side`](Self::check_side) at once, however recent the last look.
+    fn check_side_now(&mut self) {
+        if self.gone.is_some() {
             return;
         }
         self.last_side_check = Instant::now();
@@ -254,16 +265,31 @@ impl Link {
         }
     }
 
-    /// Polls the CQ (arming it when it is empty); the completions.
+    /// How long ago the peer was found gone (zero while it is not): the
+    /// side was last looked at then.
+    fn gone_for(&self) -> Duration {
+        if self.gone.is_some() { self.last_side_check.elapsed() } else { Duration::ZERO }
+    }
+
+    /// Polls the CQ until it is empty (arming it when it was); the
+    /// completions. All of them, not a batch: a peer found gone is judged
+    /// on everything that arrived before (a sender whose last writes
+    /// retired is done; a receiver reads every write that landed).
     fn poll(&mut self) -> Result<Vec<Completion>> {
         self.wc.clear();
         let mut wc = std::mem::take(&mut self.wc);
-        let n = self.cq.poll(&mut wc, 64).map_err(|e| self.cq_error(e))?;
-        if n == 0 {
+        let mut armed = false;
+        loop {
+            let n = self.cq.poll(&mut wc, 64).map_err(|e| self.cq_error(e))?;
+            if n == 64 {
+                continue;
+            }
+            if !wc.is_empty() || armed {
+                return Ok(wc);
+            }
             self.cq.arm()?;
-            self.cq.poll(&mut wc, 64).map_err(|e| self.cq_error(e))?;
+            armed = true;
         }
-        Ok(wc)
     }
 
     fn cq_error(&self, e: Error) -> Error {
@@ -567,10 +593,16 @@ impl Sender for RdmaSender {
         self.err.check()?;
         self.link.check_side();
         let mut moved = self.reap()?;
-        // A peer that is gone fails a sender with bytes still to land or a
-        // message still to write (waiting for room), not one that is done.
-        if let Some(e) = self.link.gone.clone().filter(|_| !self.flushed() || self.left.is_some()) {
-            return Err(self.err.fail(e));
+        // A peer that is gone fails a sender with bytes still to write
+        // (waiting for room) or to post, not one that is done. Writes
+        // posted and not yet acknowledged may have landed, been read and
+        // the receiver closed before their acknowledgements came: they
+        // have `GONE_GRACE` to retire.
+        if let Some(e) = self.link.gone.clone() {
+            let unsent = self.left.is_some() || !self.hdr_pending.is_empty() || self.posted != self.tail;
+            if unsent || (!self.flushed() && self.link.gone_for() >= GONE_GRACE) {
+                return Err(self.err.fail(e));
+            }
         }
         self.write_header();
         moved |= self.pump()?;
@@ -640,12 +672,16 @@ impl RdmaReceiver {
         })
     }
 
-    /// Nothing to read: fine, unless the sender is gone.
+    /// Nothing to read: fine, unless the sender is gone and nothing it
+    /// wrote before is left to take.
     fn nothing<'a>(&mut self) -> Result<Option<Piece<'a>>> {
-        match self.link.gone.clone() {
-            Some(e) => Err(self.err.fail(e)),
-            None => Ok(None),
+        let Some(e) = self.link.gone.clone() else { return Ok(None) };
+        let tail = self.tail;
+        self.reap()?;
+        if self.tail != tail {
+            return Ok(None);
         }
+        Err(self.err.fail(e))
     }
 
     fn reap(&mut self) -> Result<bool> {
@@ -656,6 +692,14 @@ impl RdmaReceiver {
         for wc in &wcs {
             let (kind, j, _) = wr_kind(wc.wr_id);
             if wc.status != Status::Success {
+                // A sender that finished and closed: the last credit write
+                // finds no one (after the retries), and the QP's error
+                // flushes the posted receives. What landed stays readable;
+                // `nothing` reports the close once it is read.
+                self.link.check_side_now();
+                if self.link.gone.is_some() {
+                    continue;
+                }
                 let what = if kind == KIND_CREDIT { "credit write" } else { "receive" };
                 return Err(self.err.fail(self.link.who.completion(what, wc)));
             }
@@ -695,7 +739,7 @@ impl RdmaReceiver {
 
     /// Tells the sender how far this end consumed, when it matters.
     fn credit(&mut self) -> Result<()> {
-        if self.head == self.credited || self.credits_out >= 8 {
+        if self.head == self.credited || self.credits_out >= 8 || self.link.gone.is_some() {
             return Ok(());
         }
         if self.head - self.credited < self.cap / 4 && self.head != self.tail {

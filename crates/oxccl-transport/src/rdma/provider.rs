@@ -653,6 +653,19 @@ pub fn soft_pair(
     chunk: usize,
     soft: SoftOptions,
 ) -> Result<(Box<dyn Sender>, Box<dyn Receiver>)> {
+    soft_pair_timed(ch, capacity, qps, chunk, soft, IbOptions::default().timeout)
+}
+
+/// [`soft_pair`] whose QPs wait `4.096 µs × 2^timeout` for an
+/// acknowledgement (`OXCCL_IB_TIMEOUT`), `retry_cnt + 1` times.
+pub fn soft_pair_timed(
+    ch: Channel,
+    capacity: usize,
+    qps: u32,
+    chunk: usize,
+    soft: SoftOptions,
+    timeout: u8,
+) -> Result<(Box<dyn Sender>, Box<dyn Receiver>)> {
     if !capacity.is_power_of_two() || !chunk.is_power_of_two() || chunk > capacity {
         return Err(Error::invalid(format!("soft_pair: capacity {capacity} and chunk {chunk} must be powers of two")));
     }
@@ -660,7 +673,8 @@ pub fn soft_pair(
     getrandom::fill(&mut secret).map_err(|e| Error::System(e.to_string()))?;
     let local = |rank: usize| -> Result<Local> {
         let dev: Arc<dyn Device> = SoftDevice::open(Ipv4Addr::LOCALHOST, soft)?;
-        let opts = IbOptions { provider: IbProvider::Soft, qps_per_connection: qps, chunk, ..IbOptions::default() };
+        let opts =
+            IbOptions { provider: IbProvider::Soft, qps_per_connection: qps, chunk, timeout, ..IbOptions::default() };
         let (port, gid) = pick_port(&dev, &opts)?;
         Ok(Local {
             rank,
