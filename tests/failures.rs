@@ -274,6 +274,33 @@ fn a_peer_that_closed_is_named_at_once_within_one_process() {
 }
 
 #[test]
+fn a_rank_that_closed_because_another_failed_is_not_named_as_the_cause() {
+    // Rank 2 closes, and at once rank 1 fails (as a rank that saw rank 1
+    // die closes): rank 0, waiting in a collective, hears of the close
+    // first and of the failure a moment later. It names the failure.
+    for transport in [None, Some(oxccl::Kind::Tcp)] {
+        let cfg = Config { timeout: Some(Duration::from_secs(8)), transport, ..Config::default() };
+        let mut comms = Communicator::init_threads_with(3, cfg).unwrap();
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || c.barrier().unwrap());
+            }
+        });
+        let (c2, c1) = (comms.pop().unwrap(), comms.pop().unwrap());
+        let c0 = &comms[0];
+        std::thread::scope(|s| {
+            let waiter = s.spawn(move || c0.all_reduce_in_place(&mut [1.0f32; 64], ReduceOp::Sum));
+            std::thread::sleep(Duration::from_millis(100));
+            drop(c2);
+            c1.abort();
+            let e = waiter.join().unwrap().unwrap_err().to_string();
+            println!("{transport:?}: {e}");
+            assert!(e.contains("rank 1 aborted"), "{transport:?}: {e}");
+        });
+    }
+}
+
+#[test]
 fn a_peer_that_closed_after_its_part_of_a_collective_does_not_fail_the_others() {
     // Rank 1 finishes a broadcast (its part done once it has the data and
     // passed it on) and closes; rank 2, later, runs the same broadcast:

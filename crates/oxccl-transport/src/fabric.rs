@@ -42,6 +42,10 @@ pub use crate::tcp::TcpOptions;
 /// control plane holds its own ends).
 const SLOTS: usize = CHANNELS + 1;
 
+/// How long [`Fabric::explain`] waits, once a rank closed its
+/// communicator, for news that another rank died (the likelier cause).
+const LEFT_GRACE: Duration = Duration::from_millis(250);
+
 /// How the fabric is built: what every provider shares, then each
 /// provider's own settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -530,10 +534,17 @@ impl Fabric {
         if !matches!(e, Error::Remote(_)) {
             return e;
         }
-        let end = Instant::now() + Duration::from_secs(2);
+        let start = Instant::now();
+        let end = start + Duration::from_secs(2);
         loop {
-            // A rank that closed its communicator is no death to wait for.
-            if let Some((_, who, _)) = self.boot.left() {
+            // A rank that closed its communicator is no death to wait for;
+            // but it may have closed because a peer died, and the news of
+            // that death may come a moment after its goodbye: a death
+            // seen within `LEFT_GRACE` is the cause named.
+            if let Some((_, who, _)) = self.boot.left()
+                && self.boot.failure().is_none()
+                && start.elapsed() >= LEFT_GRACE
+            {
                 return Error::Remote(format!("{who} closed its communicator (seen here as: {e})"));
             }
             if let Some(f) = self.boot.failure() {
