@@ -244,19 +244,25 @@ fn an_abort_after_a_failure_names_the_failure() {
     }
 }
 
+/// Three ranks as threads (a deadline of 8 s) that have run a barrier.
+fn three_past_a_barrier(transport: Option<oxccl::Kind>) -> Vec<Communicator> {
+    let cfg = Config { timeout: Some(Duration::from_secs(8)), transport, ..Config::default() };
+    let comms = Communicator::init_threads_with(3, cfg).unwrap();
+    std::thread::scope(|s| {
+        for c in &comms {
+            s.spawn(move || c.barrier().unwrap());
+        }
+    });
+    comms
+}
+
 #[test]
 fn a_peer_that_closed_is_named_at_once_within_one_process() {
     // Rank 1 closes its communicator; the next collective of ranks 0 and 2
     // (rank 2 hears of it from rank 0) fails naming rank 1, not at the
     // 8 s deadline.
     for transport in [None, Some(oxccl::Kind::Tcp)] {
-        let cfg = Config { timeout: Some(Duration::from_secs(8)), transport, ..Config::default() };
-        let mut comms = Communicator::init_threads_with(3, cfg).unwrap();
-        std::thread::scope(|s| {
-            for c in &comms {
-                s.spawn(move || c.barrier().unwrap());
-            }
-        });
+        let mut comms = three_past_a_barrier(transport);
         drop(comms.remove(1));
         std::thread::scope(|s| {
             for c in &comms {
@@ -279,13 +285,7 @@ fn a_rank_that_closed_because_another_failed_is_not_named_as_the_cause() {
     // die closes): rank 0, waiting in a collective, hears of the close
     // first and of the failure a moment later. It names the failure.
     for transport in [None, Some(oxccl::Kind::Tcp)] {
-        let cfg = Config { timeout: Some(Duration::from_secs(8)), transport, ..Config::default() };
-        let mut comms = Communicator::init_threads_with(3, cfg).unwrap();
-        std::thread::scope(|s| {
-            for c in &comms {
-                s.spawn(move || c.barrier().unwrap());
-            }
-        });
+        let mut comms = three_past_a_barrier(transport);
         let (c2, c1) = (comms.pop().unwrap(), comms.pop().unwrap());
         let c0 = &comms[0];
         std::thread::scope(|s| {

@@ -506,6 +506,20 @@ pub fn peer_drop(p: &dyn Provider) {
     assert_eq!(got, b"abc", "provider {name}: case peer_drop: bytes committed before the drop");
 }
 
+/// One pass of receiving into `dst`: progress, then `recv_into`; whether
+/// the message is complete (the clock told of the pass otherwise).
+fn recv_into_step(r: &mut dyn Receiver, dst: &crate::region::Region, clock: &mut Clock, name: &str) -> bool {
+    r.progress().unwrap();
+    let (moved, done) = r.recv_into(dst).unwrap_or_else(|e| panic!("provider {name}: recv_into: {e}"));
+    if !done {
+        if moved {
+            clock.moved();
+        }
+        clock.idle("recv_into");
+    }
+    done
+}
+
 /// A message sent straight from its source that the receiver read whole
 /// and then closed its end: the sender's next look
 /// ([`Sender::progress_from`]) finds it released, not the connection
@@ -531,15 +545,9 @@ pub fn released_after_the_receiver_closed(p: &dyn Provider) -> bool {
         if !released {
             released = s.progress_from(t).unwrap_or_else(|e| panic!("provider {name}: progress_from: {e}")).1;
         }
-        r.progress().unwrap();
-        let (moved, done) = r.recv_into(&dst).unwrap_or_else(|e| panic!("provider {name}: recv_into: {e}"));
-        if done {
+        if recv_into_step(&mut *r, &dst, &mut clock, name) {
             break;
         }
-        if moved {
-            clock.moved();
-        }
-        clock.idle("recv_into");
     }
     assert!(got == src, "provider {name}: the message arrived wrong");
     drop(r);
@@ -615,17 +623,7 @@ pub fn send_from_and_recv_into(p: &dyn Provider) {
                     None => clock.idle("next_tag"),
                 }
             }
-            loop {
-                r.progress().unwrap();
-                let (moved, done) = r.recv_into(&dst).unwrap_or_else(|e| panic!("provider {name}: recv_into: {e}"));
-                if done {
-                    break;
-                }
-                if moved {
-                    clock.moved();
-                }
-                clock.idle("recv_into");
-            }
+            while !recv_into_step(&mut *r, &dst, &mut clock, &name) {}
         } else {
             let mut off = 0;
             while off < m.len() || (m.is_empty() && off == 0) {
