@@ -537,16 +537,6 @@ impl Fabric {
         let start = Instant::now();
         let end = start + Duration::from_secs(2);
         loop {
-            // A rank that closed its communicator is no death to wait for;
-            // but it may have closed because a peer died, and the news of
-            // that death may come a moment after its goodbye: a death
-            // seen within `LEFT_GRACE` is the cause named.
-            if let Some((_, who, _)) = self.boot.left()
-                && self.boot.failure().is_none()
-                && start.elapsed() >= LEFT_GRACE
-            {
-                return Error::Remote(format!("{who} closed its communicator (seen here as: {e})"));
-            }
             if let Some(f) = self.boot.failure() {
                 // A peer lost over a rail that is down here: the rail is
                 // the cause.
@@ -560,6 +550,15 @@ impl Fabric {
                     Error::Remote(m) => Error::Remote(format!("{m} (seen here as: {e})")),
                     other => other,
                 };
+            }
+            // A rank that closed its communicator is no death to wait for;
+            // but it may have closed because a peer died, and the news of
+            // that death may come a moment after its goodbye: a death
+            // seen within `LEFT_GRACE` is the cause named (above).
+            if let Some((_, who, _)) = self.boot.left()
+                && start.elapsed() >= LEFT_GRACE
+            {
+                return Error::Remote(format!("{who} closed its communicator (seen here as: {e})"));
             }
             if Instant::now() >= end {
                 return e;
