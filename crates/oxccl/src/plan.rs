@@ -78,7 +78,7 @@ fn built(tuner: &Tuner, choice: Choice, coll: &Collective, shared: bool) -> Resu
         tuner.placement().hash(&mut h);
         h.finish()
     };
-    let key = (choice, *coll, tuner.chunk_bytes(), tuner.channels_for(coll), placement);
+    let key = (choice, *coll, tuner.chunk_for(choice), tuner.channels_for(coll), placement);
     if let Some(b) = BUILT.lock().0.get(&key) {
         return Ok(b.clone());
     }
