@@ -283,10 +283,11 @@ pub struct Tuner {
 /// scratch between the tree's steps, and at this size they are still in
 /// the core's cache when the next step reads them. Measured on 3 and 4
 /// ranks over shared memory (docs/PERFORMANCE.md): the mode's all-reduce
-/// took 1.00–1.41× the default's time at 1–16 MiB with the FIFO's 2 MiB
-/// chunks, 0.92–1.11× with these. Over TCP a message costs more than the
-/// cache saves (0.76–0.84× the default with 2 MiB chunks, 0.97–1.03× with
-/// these), so sockets keep the FIFO's chunk.
+/// took 1.12–1.75× the default's time at 1–16 MiB with the FIFO's 2 MiB
+/// chunks, 0.86–1.31× with these, better at every point. Over TCP a
+/// message costs more than the cache saves (3 ranks: 0.80–1.10× the
+/// default with 2 MiB chunks, 1.06–1.31× with these), so sockets keep
+/// the FIFO's chunk.
 pub const TREE_CHUNK: usize = 128 << 10;
 
 /// How many channels host programs run on: a count every collective
