@@ -2,7 +2,7 @@
 //! communicator (nothing moves, so the call path is all that is timed)
 //! through `Communicator::all_reduce` and through `ncclAllReduce`, side by
 //! side; and a two-rank all-reduce, one thread driving both ranks in an
-//! NCCL group. `cargo bench -p oxccl-nccl --bench c_abi`.
+//! NCCL group. `cargo bench -p oxccl-benches --bench c_abi`.
 #![allow(unsafe_code, missing_docs)]
 
 use criterion::{Criterion, criterion_group, criterion_main};

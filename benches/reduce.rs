@@ -1,6 +1,6 @@
 //! Throughput of the host reduction kernels (crate `oxccl-core`).
 //!
-//! `cargo bench -p oxccl-core --bench reduce` (add a filter such as `float`
+//! `cargo bench -p oxccl-benches --bench reduce` (add a filter such as `float`
 //! or `64MiB` to run a part).
 //!
 //! - `reduce_into_sum_<size>/<type>`: `acc += b` on byte buffers of every
