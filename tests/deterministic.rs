@@ -10,16 +10,10 @@ use oxccl_algo::algos::Algorithm;
 use oxccl_algo::algos::{BuildOptions, build};
 use oxccl_algo::{Collective, verify};
 use oxccl_e2e::canon::{self, Case, OPS, TYPES};
-use oxccl_e2e::child::{self, fresh_id, output, spawn};
+use oxccl_e2e::child::{fresh_id, output, spawn};
 use oxccl_e2e::{on_threads, run_case};
 use std::process::Child;
 use std::time::Duration;
-
-#[test]
-#[ignore = "a rank's body, started by the other tests of this file"]
-fn child() {
-    child::body();
-}
 
 fn cfg(on: bool, algo: Option<&str>, buffsize: Option<usize>) -> Config {
     Config {

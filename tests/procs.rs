@@ -7,12 +7,6 @@ use oxccl_e2e::netns::Hosts;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-#[test]
-#[ignore = "a rank's body, started by the other tests of this file"]
-fn child() {
-    child::body();
-}
-
 /// The matrix on `n` ranks over `transport`, with `env` besides.
 fn run_matrix(n: usize, transport: &str, env: &[(&str, &str)]) {
     let id = fresh_id();

@@ -3,7 +3,7 @@
 //! every transport; loaded from OXCCL_ALGO_FILE by processes; broken
 //! programs refused before anything runs.
 
-use oxccl::{CollKind, Communicator, Config, DataType, Kind, Program, ReduceOp, programs};
+use oxccl::{CollKind, Communicator, Config, DataType, Kind, Program, ReduceOp, UniqueId, programs};
 use oxccl_e2e::child::{self, fresh_id, output, spawn};
 use oxccl_e2e::{on_threads, run_case};
 
@@ -138,12 +138,10 @@ fn broken_programs_are_refused_naming_rank_and_step() {
     assert!(e.contains("hand") && e.contains("2 ranks") && e.contains('3'), "{e}");
 }
 
-#[test]
-#[ignore = "a rank's body, started by the process tests"]
-fn child() {
-    let Some((mode, id, rank, size)) = child::rank_env() else { return };
-    let result = Communicator::init(&id, size, rank, Config::default()).map_err(|e| e.to_string()).and_then(|c| {
-        assert_eq!(mode, "hand");
+/// The body of a rank in mode `hand` (the process tests below): the
+/// program of `OXCCL_ALGO_FILE` on every count, checked.
+pub(crate) fn hand_rank(id: &UniqueId, rank: usize, size: usize) {
+    let result = Communicator::init(id, size, rank, Config::default()).map_err(|e| e.to_string()).and_then(|c| {
         for count in COUNTS {
             run_case(&c, CollKind::AllReduce, DataType::Float32, count, ReduceOp::Sum, 0, false)?;
         }

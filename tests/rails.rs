@@ -10,12 +10,6 @@ use oxccl_e2e::netns::Hosts;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-#[test]
-#[ignore = "a rank's body, started by the other tests of this file"]
-fn child() {
-    child::body();
-}
-
 /// Both rails' interfaces, on every transport.
 const BOTH: (&str, &str) = ("OXCCL_SOCKET_IFNAME", "v,w");
 
@@ -146,7 +140,7 @@ fn a_soft_rdma_rail_set_down_is_an_error_naming_it() {
 /// over TCP and over the soft RDMA HCA. Prints seconds per call and the
 /// ratio; asserts nothing on time.
 #[test]
-#[ignore = "a benchmark (two minutes): cargo test --release -p oxccl-e2e --test rails -- --ignored --nocapture rails_benchmark"]
+#[ignore = "a benchmark (two minutes): cargo test --release -p oxccl-e2e --test e2e -- --ignored --nocapture rails::two_rails_benchmark"]
 fn two_rails_benchmark() {
     let Some(hosts) = Hosts::railed("two_rails_benchmark", 2, 2) else { return };
     let rate = std::env::var("OXCCL_TEST_RATE").unwrap_or_else(|_| "1gbit".into());

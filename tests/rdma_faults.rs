@@ -16,12 +16,6 @@ use oxccl_e2e::netns::Hosts;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-#[test]
-#[ignore = "a rank's body, started by the other tests of this file"]
-fn child() {
-    child::body();
-}
-
 const SOFT: [(&str, &str); 2] = [("OXCCL_TRANSPORT", "rdma"), ("OXCCL_IB_PROVIDER", "soft")];
 
 /// How long every rank may take to fail, counted from the start (setup is

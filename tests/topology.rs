@@ -12,12 +12,6 @@ use oxccl_e2e::netns::{Hosts, host};
 use oxccl_e2e::{DTYPES, config, matrix, on_threads, run_case};
 use std::path::PathBuf;
 
-#[test]
-#[ignore = "a rank's body, started by the other tests of this file"]
-fn child() {
-    child::body();
-}
-
 /// Every collective × type, checked, on 2 and 3 hosts of 2 or 3 ranks,
 /// numbered both ways, with the hierarchical algorithms, the rings that
 /// follow the hosts, the trees over hosts, Bruck's and the tuner's picks; shared memory inside hosts and
@@ -175,7 +169,7 @@ fn bad_or_different_topology_files_fail_init() {
 /// Prints each one's seconds per call and the ratios; asserts nothing on
 /// time.
 #[test]
-#[ignore = "a benchmark (a minute): cargo test --release -p oxccl-e2e --test topology -- --ignored --nocapture shaped"]
+#[ignore = "a benchmark (a minute): cargo test --release -p oxccl-e2e --test e2e -- --ignored --nocapture topology::shaped"]
 fn shaped_link_benchmark() {
     let Some(hosts) = Hosts::new("shaped_link_benchmark") else { return };
     let rate = std::env::var("OXCCL_TEST_RATE").unwrap_or_else(|_| "1gbit".into());

@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The workspace root: the directory above this package (`tests/`).
-fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
 /// `cargo metadata --no-deps` of the workspace whose manifest is
 /// `root/Cargo.toml`.
-fn metadata(root: &Path) -> Value {
+pub(crate) fn metadata(root: &Path) -> Value {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
         .args(["metadata", "--format-version", "1", "--no-deps", "--offline", "--manifest-path"])
@@ -46,7 +46,7 @@ fn relative(root: &Path, path: &Path) -> Option<PathBuf> {
 }
 
 /// The directory of a package's manifest, relative to `root`.
-fn package_dir(root: &Path, package: &Value) -> Option<PathBuf> {
+pub(crate) fn package_dir(root: &Path, package: &Value) -> Option<PathBuf> {
     let manifest = Path::new(package["manifest_path"].as_str()?);
     relative(root, manifest.parent()?)
 }

@@ -1,5 +1,5 @@
 //! Rust mirrors of `cuda/args.h`: the kernels' argument blocks and constants.
-//! `tests/layout.rs` compiles the header with the C compiler and checks every
+//! `tests/cuda/layout.rs` compiles the header with the C compiler and checks every
 //! field's offset and every constant against these.
 #![allow(unsafe_code)]
 
@@ -121,7 +121,7 @@ pub struct CollArgs {
 }
 
 // SAFETY: #[repr(C)] plain-old-data (integers and f64, no padding the kernel
-// reads), laid out exactly as `struct oxccl_reduce_args` (tests/layout.rs
+// reads), laid out exactly as `struct oxccl_reduce_args` (tests/cuda/layout.rs
 // checks every offset against the C compiler's), so passing it by value as a
 // kernel parameter is what the kernel expects.
 unsafe impl cudarc::driver::DeviceRepr for ReduceArgs {}

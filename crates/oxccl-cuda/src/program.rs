@@ -140,7 +140,7 @@ impl Default for ProgArgs {
 }
 
 // SAFETY: #[repr(C)] plain-old-data laid out exactly as `struct
-// oxccl_prog_args` (tests/layout.rs checks every offset), passed by value
+// oxccl_prog_args` (tests/cuda/layout.rs checks every offset), passed by value
 // as the kernel's only parameter.
 unsafe impl cudarc::driver::DeviceRepr for ProgArgs {}
 
@@ -263,7 +263,7 @@ impl Default for P2pArgs {
 }
 
 // SAFETY: #[repr(C)] plain-old-data laid out exactly as `struct
-// oxccl_p2p_args` (tests/layout.rs checks every offset), passed by value.
+// oxccl_p2p_args` (tests/cuda/layout.rs checks every offset), passed by value.
 unsafe impl cudarc::driver::DeviceRepr for P2pArgs {}
 
 /// One send or receive of a group (bytes).

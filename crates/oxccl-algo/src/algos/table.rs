@@ -9,7 +9,7 @@
 //! place in [`TABLE`] (a compile-time check keeps the two in order), its
 //! builder below (the functions it calls live in the module of its
 //! family), and its cost in [`crate::cost::models`]. The table's tests
-//! (tests/table.rs) then build, verify and price every collective it
+//! (tests/algo/table.rs) then build, verify and price every collective it
 //! lists; docs/EXTENDING.md has the whole checklist.
 
 use super::{Algorithm, BuildOptions, bruck, direct, hier, ordered, rhd, ring, rooted, tree};

@@ -45,7 +45,7 @@ pub fn reads(m: usize, d: f64, lat: f64, w: f64, first_plain: bool, tail: usize)
 /// or reductions shift rank 0's reads into the others'), which this
 /// leaves out: it never exceeds the simulated time and is exact in both
 /// limits; the simulator says up to 15% more up to 9 ranks and 40% up to
-/// 64 where `n·S·β` is a few `α` (tests/sim.rs).
+/// 64 where `n·S·β` is a few `α` (tests/algo/sim.rs).
 pub fn one_shot_all_reduce(n: usize, bytes: usize, link: Link, gamma: f64, copy: f64) -> f64 {
     let s = nf(bytes);
     if n <= 1 || bytes == 0 {

@@ -1,7 +1,7 @@
 //! Each algorithm's cost model: its closed form per collective, from the
 //! collective's [`Terms`]. The algorithm table
 //! ([`AlgoSpec::cost`](crate::algos::AlgoSpec::cost)) points here; every
-//! collective an entry lists has a `Some` (tests/table.rs checks it).
+//! collective an entry lists has a `Some` (tests/algo/table.rs checks it).
 
 use super::{
     Terms, direct_all_gather, direct_from_root, direct_gather, direct_reduce, direct_reduce_scatter,

@@ -1,4 +1,4 @@
-//! The table `tests/ibv_layout.rs` checks against verbs.h: every size,
+//! The table `tests/transport/ibv_layout.rs` checks against verbs.h: every size,
 //! field offset and constant this binding relies on.
 
 use super::sys::*;

@@ -22,7 +22,7 @@
 //! ## What it does underneath
 //! - Loading (`load`): `dlopen` + `dlvsym` at `IBVERBS_1.1`
 //!   (`IBVERBS_1.0` for the completion-channel calls), never linked.
-//! - Layouts: `sys` mirrors verbs.h `#[repr(C)]`; `tests/ibv_layout.rs`
+//! - Layouts: `sys` mirrors verbs.h `#[repr(C)]`; `tests/transport/ibv_layout.rs`
 //!   checks it against the installed header with the C compiler
 //!   ([`layout_table`]). The data-path calls (`post_send`, `post_recv`,
 //!   `poll_cq`, `req_notify_cq`) go through `context->ops`, as verbs.h's

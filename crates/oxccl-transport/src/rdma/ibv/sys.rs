@@ -3,7 +3,7 @@
 //!
 //! Only what oxccl reads or writes is named; the rest of a struct is kept
 //! as opaque padding of the right size and alignment so that offsets and
-//! sizes match the C definitions (`tests/ibv_layout.rs` compiles a C
+//! sizes match the C definitions (`tests/transport/ibv_layout.rs` compiles a C
 //! program against the installed header and compares every entry of
 //! `layout::layout_table`).
 //!

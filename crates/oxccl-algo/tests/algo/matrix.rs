@@ -3,7 +3,7 @@
 //! (where the algorithm claims it) in place, with per-rank volumes asserted
 //! against each algorithm's formula.
 
-mod common;
+use crate::common;
 
 use common::{expected_sent, expected_total};
 use oxccl_algo::algos::{Algorithm, BuildOptions, build};

@@ -13,7 +13,7 @@ use oxccl_core::DataType;
 use oxccl_cuda::cache::{DiskCache, Key, Lookup};
 use oxccl_cuda::kernels::{self, KernelOp};
 
-mod common;
+use crate::common;
 use common::have_nvrtc;
 
 fn temp(tag: &str) -> PathBuf {

@@ -2,7 +2,7 @@
 //! LOCAL_RANK, OXCCL_ADDR): every binary over shared memory, one over TCP
 //! on the loopback interface, and threads inside processes (`-t 2`).
 
-mod common;
+use crate::common;
 
 use common::{Expect, Run, combos, run_procs, sizes, verify};
 
@@ -76,7 +76,7 @@ fn threads_inside_processes() {
 #[test]
 fn a_researchers_program_as_processes() {
     let file = std::env::temp_dir().join(format!("oxccl-perf-procs-hand-{}.json", std::process::id()));
-    std::fs::write(&file, include_str!("../../../tests/programs/hand.json")).unwrap();
+    std::fs::write(&file, include_str!("../../../../tests/programs/hand.json")).unwrap();
     for transport in ["shm", "tcp"] {
         let args = ["--program", file.to_str().unwrap(), "-b", "4", "-e", "1M", "-f", "9", "-n", "2"];
         let runs = run_procs("all_reduce", 2, transport, &[], &args);

@@ -3,7 +3,7 @@
 //! the values just beside it, saturation, and a million f32 inputs against
 //! rounding by search.
 
-mod common;
+use crate::common;
 
 use common::{Rng, fp8_max, fp8_round, fp8_value};
 use oxccl_core::{F8E4M3, F8E5M2};

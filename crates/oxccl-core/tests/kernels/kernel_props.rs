@@ -1,6 +1,6 @@
 //! Property tests: random lengths, misalignments, values and source counts.
 
-mod common;
+use crate::common;
 
 use common::{Buf, Ref, Rng, assert_same, random_vec};
 use half::bf16;

@@ -55,7 +55,7 @@ fn rdma_conformance() {
 #[test]
 fn rdma_one_sided() {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "one_sided_child", "--ignored", "--nocapture"])
+        .args(["--exact", "conformance_rdma::one_sided_child", "--ignored", "--nocapture"])
         .env("OXCCL_IB_PROVIDER", "soft")
         .output()
         .unwrap();

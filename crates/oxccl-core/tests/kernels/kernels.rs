@@ -3,7 +3,7 @@
 //! fused n-ary form against the chain of binary ones, bit for bit (any NaN
 //! for a NaN).
 
-mod common;
+use crate::common;
 
 use common::{Buf, Ref, Rng, assert_same, random_vec, values};
 use half::{bf16, f16};

@@ -10,7 +10,7 @@
 //! compiler the tests say so and pass, or fail where `OXCCL_REQUIRE_CC` is
 //! set (CI).
 
-mod common;
+use crate::common;
 
 use common::*;
 use half::{bf16, f16};

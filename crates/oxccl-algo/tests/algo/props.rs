@@ -1,6 +1,6 @@
 //! Property tests: random rank counts, counts, roots and chunk sizes.
 
-mod common;
+use crate::common;
 
 use oxccl_algo::algos::{Algorithm, BuildOptions, build};
 use oxccl_algo::verify::verify;

@@ -9,9 +9,9 @@
 //! the abort word, a program the kernel must refuse.
 //!
 //! Without a C++ compiler the tests say so and pass, or fail where
-//! `OXCCL_REQUIRE_CC` is set (see tests/emulate.rs).
+//! `OXCCL_REQUIRE_CC` is set (see emulate.rs).
 
-mod common;
+use crate::common;
 
 use common::*;
 use oxccl_algo::algos::{Algorithm, BuildOptions, build};

@@ -241,7 +241,7 @@ fn two_processes() {
     let name = fresh_name("2proc");
     let mut inbox = Inbox::create(&name, 1, 2, 1, 8192).unwrap();
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "child_sender", "--nocapture", "--test-threads=1"])
+        .args(["--ignored", "--exact", "conformance_shm::child_sender", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, &name)
         .stdout(std::process::Stdio::null())
         .spawn()

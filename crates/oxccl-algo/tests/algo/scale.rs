@@ -1,7 +1,7 @@
 //! `scale::instantiate`: a program written for count C, verified at many
 //! other counts N, with its byte counts computed independently.
 
-mod common;
+use crate::common;
 
 use oxccl_algo::algos::{Algorithm, BuildOptions, build};
 use oxccl_algo::scale::{check_aligned, instantiate, one_sided_peers, one_sided_peers_all};
@@ -216,7 +216,7 @@ fn at_multiples_of_the_count_even_split_programs_are_the_built_ones() {
 }
 
 /// The README's hand-written 2-rank all-reduce of 4 floats.
-const README: &str = include_str!("../../../tests/programs/hand.json");
+const README: &str = include_str!("../../../../tests/programs/hand.json");
 
 #[test]
 fn the_readme_program_runs_at_every_count() {

@@ -301,7 +301,7 @@ fn real_communicators(transport: &str) {
     let c = Command::new(RUN)
         .args(["-np", "3", "--transport", transport, "--tag-output", "--timeout", "90"])
         .arg(&exe)
-        .args(["--ignored", "--exact", "child_allreduce", "--nocapture", "--test-threads=1"])
+        .args(["--ignored", "--exact", "oxccl_run::child_allreduce", "--nocapture", "--test-threads=1"])
         .env("OXCCL_RUN_TEST_TRANSPORT", transport)
         .env("OXCCL_TIMEOUT", "60")
         .stdin(Stdio::null())

@@ -2,7 +2,7 @@
 //! exit statuses; and the output parser itself (it must reject wrong
 //! output, or the other tests prove nothing).
 
-mod common;
+use crate::common;
 
 use common::{Expect, combos, exe, run_threads, run_with_deadline, sizes, verify};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! (`-d all -o all -r all`) on 2 ranks, other rank counts and sizes on 3
 //! and 4; the output parsed as a script parses nccl-tests output.
 
-mod common;
+use crate::common;
 
 use common::{Expect, OPS, TYPES, combos, run_threads, sizes, verify};
 
@@ -116,7 +116,7 @@ fn sizes_below_16_bytes_per_rank_run_what_they_hold() {
 }
 
 /// The README's program, written for 4 floats on 2 ranks.
-const HAND: &str = include_str!("../../../tests/programs/hand.json");
+const HAND: &str = include_str!("../../../../tests/programs/hand.json");
 
 /// Writes `text` to a fresh file; its path.
 pub fn program_file(name: &str, text: &str) -> String {

@@ -9,7 +9,7 @@ use oxccl_core::DataType;
 use oxccl_cuda::CudaError;
 use oxccl_cuda::kernels::{self, ENTRY_POINTS, KernelOp};
 
-mod common;
+use crate::common;
 use common::have_nvrtc;
 
 #[test]

@@ -24,7 +24,8 @@ fn leftovers_of_dead_processes_are_removed_and_the_name_reused() {
     let name = format!("oxccl-crashtest{}-0", std::process::id());
     let seg = Path::new("/dev/shm").join(&name);
     let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", "leftovers_of_dead_processes_are_removed_and_the_name_reused", "--nocapture"]).env(CHILD, &name);
+    c.args(["--exact", "shm_crash::leftovers_of_dead_processes_are_removed_and_the_name_reused", "--nocapture"])
+        .env(CHILD, &name);
     let mut kid = c.spawn().unwrap();
     let dead = kid.id();
     assert!(kid.wait().unwrap().success());

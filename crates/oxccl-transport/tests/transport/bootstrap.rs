@@ -233,7 +233,7 @@ fn child_rank() {
 
 fn spawn_child(id: &UniqueId, n: usize, r: usize) -> Child {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_rank", "--ignored", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "bootstrap::child_rank", "--ignored", "--nocapture", "--test-threads=1"])
         .env("OXCCL_TEST_ID", id.to_string())
         .env("OXCCL_TEST_NRANKS", n.to_string())
         .env("OXCCL_TEST_RANK", r.to_string())

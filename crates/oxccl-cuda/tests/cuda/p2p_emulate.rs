@@ -6,7 +6,7 @@
 //! that never runs is a timeout on its peers. Lanes come from
 //! `P2pArgs::group`, as on a GPU.
 
-mod common;
+use crate::common;
 
 use common::*;
 use oxccl_cuda::program::{P2pArgs, P2pOp};

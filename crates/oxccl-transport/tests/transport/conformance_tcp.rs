@@ -21,7 +21,7 @@ impl Provider for Tcp {
 
 // `conformance::two_sided` leaves out `peer_drop`: TCP retries a refused
 // connection until its connect timeout (peers start at different times), so
-// that case is a Timeout here; tests/tcp.rs covers a peer dropped
+// that case is a Timeout here; tcp.rs covers a peer dropped
 // mid-message and between messages.
 
 #[test]
