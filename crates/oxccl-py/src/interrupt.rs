@@ -47,11 +47,19 @@ fn hook() -> std::io::Result<()> {
             match read.read(&mut b) {
                 Ok(0) => return,
                 Ok(_) => {
-                    for w in WATCHED.lock().iter().filter_map(Weak::upgrade) {
-                        if w.in_flight.load(Ordering::Acquire) > 0 {
-                            w.hits.fetch_add(1, Ordering::AcqRel);
-                            w.aborter.abort();
-                        }
+                    // The calls in flight at the signal, all of them before
+                    // any is aborted: an abort lets its caller go on, and a
+                    // call it then makes on another communicator (a peer's,
+                    // in a process of thread ranks) was not interrupted.
+                    let hit: Vec<Arc<Watch>> = WATCHED
+                        .lock()
+                        .iter()
+                        .filter_map(Weak::upgrade)
+                        .filter(|w| w.in_flight.load(Ordering::Acquire) > 0)
+                        .collect();
+                    for w in hit {
+                        w.hits.fetch_add(1, Ordering::AcqRel);
+                        w.aborter.abort();
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
