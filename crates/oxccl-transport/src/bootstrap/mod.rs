@@ -136,10 +136,12 @@ struct Shared {
     closed: AtomicBool,
     /// Whether any rank is in `State::left` (checked without the lock).
     any_left: AtomicBool,
+    /// Whether `State::failure` is set (checked without the lock).
+    failed: AtomicBool,
     /// Collectives this rank ran, said with its goodbye.
     done: AtomicU64,
     /// What this rank published ([`Bootstrap::publish`]).
-    records: Mutex<query::Records>,
+    records: query::Records,
 }
 
 impl Shared {
@@ -197,6 +199,7 @@ impl Shared {
             }
             tracing::warn!(rank = self.rank, "bootstrap failure: {err}");
             st.failure = Some(err);
+            self.failed.store(true, Ordering::Release);
             self.cond.notify_all();
             self.callbacks.lock().clone()
         };
@@ -305,8 +308,9 @@ impl Bootstrap {
             callbacks: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             any_left: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             done: AtomicU64::new(0),
-            records: Mutex::new(query::Records::default()),
+            records: query::Records::default(),
         });
         let mut boot = Bootstrap {
             shared: shared.clone(),
@@ -358,6 +362,9 @@ impl Bootstrap {
 
     /// The first failure seen (a rank died or aborted), without blocking.
     pub fn failure(&self) -> Option<Error> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.shared.state.lock().failure.clone()
     }
 

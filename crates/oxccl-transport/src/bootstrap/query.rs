@@ -7,7 +7,7 @@
 //! rank 0's monitor. The engine uses it to name both sides of calls that
 //! disagree in a way the messages cannot show (a count that differs).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use super::frame::{self, Dec, Enc, tag};
@@ -18,32 +18,83 @@ pub(super) const KEPT: usize = 64;
 /// Bytes of one record.
 pub const RECORD: usize = 32;
 
-/// The records a rank published, by key modulo [`KEPT`].
+/// The records a rank published, by key modulo [`KEPT`]: a seqlock per
+/// slot, so that publishing (once per collective, on the call path) is
+/// plain stores, and the monitor thread reads without a lock. One writer
+/// at a time ([`Bootstrap::publish`]'s contract); readers retry while a
+/// write is under way.
 pub(super) struct Records {
-    slots: Vec<Option<(u64, [u8; RECORD])>>,
+    slots: Vec<Slot>,
+}
+
+/// One record: `ver` is odd while it is written, 0 until the first.
+#[derive(Default)]
+struct Slot {
+    ver: AtomicU64,
+    key: AtomicU64,
+    words: [AtomicU64; RECORD / 8],
 }
 
 impl Default for Records {
     fn default() -> Records {
-        Records { slots: vec![None; KEPT] }
+        Records { slots: (0..KEPT).map(|_| Slot::default()).collect() }
     }
 }
 
 impl Records {
+    fn slot(&self, key: u64) -> &Slot {
+        &self.slots[(key % KEPT as u64) as usize]
+    }
+
+    /// Stores `v` under `key`. One writer at a time: a second one at once
+    /// could leave a torn record (never unsound, only a wrong answer).
+    fn put(&self, key: u64, v: &[u8; RECORD]) {
+        let s = self.slot(key);
+        let ver = s.ver.load(Ordering::Relaxed);
+        s.ver.store(ver | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        s.key.store(key, Ordering::Relaxed);
+        for (w, b) in s.words.iter().zip(v.chunks_exact(8)) {
+            w.store(u64::from_le_bytes(b.try_into().expect("8 bytes")), Ordering::Relaxed);
+        }
+        s.ver.store((ver | 1).wrapping_add(1), Ordering::Release);
+    }
+
     fn get(&self, key: u64) -> Option<[u8; RECORD]> {
-        self.slots[(key % KEPT as u64) as usize].filter(|(k, _)| *k == key).map(|(_, v)| v)
+        let s = self.slot(key);
+        loop {
+            let before = s.ver.load(Ordering::Acquire);
+            if before == 0 {
+                return None;
+            }
+            if before & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let k = s.key.load(Ordering::Relaxed);
+            let mut v = [0u8; RECORD];
+            for (w, b) in s.words.iter().zip(v.chunks_exact_mut(8)) {
+                b.copy_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+            }
+            fence(Ordering::Acquire);
+            if s.ver.load(Ordering::Relaxed) == before {
+                return (k == key).then_some(v);
+            }
+        }
     }
 }
 
 impl Bootstrap {
     /// Publishes `what` (at most [`RECORD`] bytes, zero-padded) under
     /// `key`; other ranks may [`ask`](Bootstrap::ask) for it. The latest
-    /// [`KEPT`] keys are kept.
+    /// [`KEPT`] keys are kept. Plain stores, no lock: the caller makes
+    /// sure one thread publishes at a time (the engine publishes under
+    /// its lock); two at once may leave one record torn.
     pub fn publish(&self, key: u64, what: &[u8]) {
         let mut v = [0u8; RECORD];
         let n = what.len().min(RECORD);
         v[..n].copy_from_slice(&what[..n]);
-        self.shared.records.lock().slots[(key % KEPT as u64) as usize] = Some((key, v));
+        self.shared.records.put(key, &v);
     }
 
     /// What `rank` published under `key`: `None` if it did not (yet, or
@@ -52,7 +103,7 @@ impl Bootstrap {
     pub fn ask(&self, rank: usize, key: u64, wait: Duration) -> Option<[u8; RECORD]> {
         let sh = &*self.shared;
         if rank == sh.rank {
-            return sh.records.lock().get(key);
+            return sh.records.get(key);
         }
         if rank >= sh.nranks || sh.closed.load(Ordering::Acquire) {
             return None;
@@ -104,12 +155,12 @@ pub(super) fn on_ask(sh: &Shared, from: usize, payload: &[u8]) -> Result<(), Str
     }
     if sh.rank != 0 {
         // From rank 0, on behalf of `other`.
-        let _ = sh.send(0, &answer(qid, other, sh.records.lock().get(key)));
+        let _ = sh.send(0, &answer(qid, other, sh.records.get(key)));
         return Ok(());
     }
     // To rank 0, for `other`.
     if other == 0 {
-        let _ = sh.send(from, &answer(qid, 0, sh.records.lock().get(key)));
+        let _ = sh.send(from, &answer(qid, 0, sh.records.get(key)));
         return Ok(());
     }
     let mut e = Enc::default();
@@ -148,4 +199,69 @@ pub(super) fn on_answer(sh: &Shared, from: usize, payload: &[u8]) -> Result<(), 
     st.answers.insert(qid, found);
     sh.cond.notify_all();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: u64) -> [u8; RECORD] {
+        let mut v = [0u8; RECORD];
+        for (i, b) in v.iter_mut().enumerate() {
+            *b = (key as u8).wrapping_mul(31).wrapping_add(i as u8);
+        }
+        v
+    }
+
+    #[test]
+    fn records_keep_the_latest_keys_and_forget_older_ones() {
+        let r = Records::default();
+        assert_eq!(r.get(5), None, "nothing published yet");
+        r.put(5, &record(5));
+        assert_eq!(r.get(5), Some(record(5)));
+        r.put(5 + KEPT as u64, &record(7));
+        assert_eq!(r.get(5), None, "its slot now holds a later key");
+        assert_eq!(r.get(5 + KEPT as u64), Some(record(7)));
+        // Keys 0 and u64::MAX are keys like the others.
+        assert_eq!(r.get(u64::MAX), None, "its slot was never written");
+        assert_eq!(r.get(0), None, "its slot was never written");
+        r.put(u64::MAX, &record(9));
+        assert_eq!(r.get(u64::MAX), Some(record(9)));
+        r.put(0, &record(1));
+        assert_eq!(r.get(0), Some(record(1)));
+    }
+
+    #[test]
+    fn a_reader_never_sees_a_torn_record_while_the_writer_writes() {
+        let r = Records::default();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for round in 0..200_000u64 {
+                    // Every write lands in slot 3, under keys that differ.
+                    r.put(3 + KEPT as u64 * (round % 4), &record(round));
+                }
+                stop.store(true, Ordering::Release);
+            });
+            let mut seen = 0u64;
+            loop {
+                // One more pass after the writer is done: the slot is
+                // then sure to hold a record.
+                let done = stop.load(Ordering::Acquire);
+                for q in 0..4 {
+                    if let Some(v) = r.get(3 + KEPT as u64 * q) {
+                        let first = v[0];
+                        let key = (0..=255u8).find(|k| k.wrapping_mul(31) == first).expect("a written byte");
+                        assert_eq!(v, record(key as u64), "a record mixing two writes");
+                        assert_eq!(key as u64 % 4, q, "a key from one write, the bytes from another");
+                        seen += 1;
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            assert!(seen > 0, "the reader saw no record at all");
+        });
+    }
 }
