@@ -4,7 +4,7 @@ use crate::buf::Region;
 use crate::call::Call;
 use crate::config::{Config, Resolved, init_logging};
 use crate::device::DeviceComm;
-use crate::engine::{self, Shared};
+use crate::engine::{self, Locked, Shared};
 use crate::exec::{Label, Task};
 use crate::job::{Completion, Extras, Job};
 use crate::plan::{self, Cache};
@@ -61,8 +61,6 @@ struct Inner {
     topology: Topology,
     /// The device side, set up by the first call on device buffers.
     device: Mutex<Option<Arc<DeviceComm>>>,
-    /// The last small blocking collectives' jobs, to run again.
-    replay: Mutex<Slot>,
 }
 
 /// Fails on every rank, naming one that differs, unless all ranks run the
@@ -151,7 +149,7 @@ impl Communicator {
             queue: Mutex::new(Default::default()),
             queued: AtomicUsize::new(0),
             bell: fabric.bell(),
-            fabric: Mutex::new(fabric),
+            state: Mutex::new(Locked { fabric, replay: Slot::default() }),
             kick: Doorbell::heap(),
             poison: Mutex::new(None),
             poisoned: AtomicBool::new(false),
@@ -189,7 +187,6 @@ impl Communicator {
                 kinds,
                 topology,
                 device: Mutex::new(None),
-                replay: Mutex::new(Slot::default()),
             }),
         })
     }
@@ -270,7 +267,7 @@ impl Communicator {
     /// Bytes sent and received per peer and transport (waits for a call
     /// that is running to end).
     pub fn stats(&self) -> Vec<PeerStats> {
-        self.inner.shared.fabric.lock().stats()
+        self.inner.shared.state.lock().fabric.stats()
     }
 
     /// Stops everything now: pending and later calls fail, every other
@@ -405,15 +402,10 @@ impl Communicator {
         &self.inner.tuner
     }
 
-    /// The last small blocking collectives' jobs ([`crate::replay`]).
-    pub(crate) fn replay_slot(&self) -> &Mutex<Slot> {
-        &self.inner.replay
-    }
-
     /// How many calls ran a kept job again ([`crate::replay`]).
     #[cfg(test)]
     pub(crate) fn replayed(&self) -> u64 {
-        self.inner.replay.lock().replayed
+        self.inner.shared.state.lock().replay.replayed
     }
 
     /// The device side's slot.

@@ -10,6 +10,7 @@
 
 use crate::exec;
 use crate::job::{Action, Counters, Job};
+use crate::replay::Slot;
 use oxccl_core::{Error, Result};
 use oxccl_transport::fabric::Fabric;
 use oxccl_transport::futex::Doorbell;
@@ -18,6 +19,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+/// What the engine's lock guards: the fabric, and the jobs of the last
+/// small calls ([`crate::replay`]), which run again under the same lock
+/// (one lock per replayed call).
+pub(crate) struct Locked {
+    pub fabric: Fabric,
+    pub replay: Slot,
+}
 
 /// State shared by the API and the engine.
 ///
@@ -31,7 +40,7 @@ pub(crate) struct Shared {
     /// Jobs in the queue (a blocking call looks here, not in the queue,
     /// whether one is ahead of it: no lock on the way of a small call).
     pub queued: AtomicUsize,
-    pub fabric: Mutex<Fabric>,
+    pub state: Mutex<Locked>,
     /// The fabric's doorbell: peers ring it when data or room arrives.
     pub bell: Doorbell,
     /// Wakes the progress thread (a job queued, a shutdown).
@@ -88,11 +97,15 @@ impl Shared {
     /// goes straight back to the caller: nobody waits on the job's
     /// completion, and the job may run again ([`crate::replay`]).
     pub fn run_here(&self, job: &mut Job) -> Option<Result<()>> {
-        let mut fabric = self.fabric.lock();
+        self.run_locked(&mut self.state.lock().fabric, job)
+    }
+
+    /// [`run_here`](Shared::run_here) for a caller that holds the lock.
+    pub fn run_locked(&self, fabric: &mut Fabric, job: &mut Job) -> Option<Result<()>> {
         if self.queued.load(Ordering::Acquire) != 0 || self.shutdown.load(Ordering::Acquire) {
             return None;
         }
-        let r = self.execute(&mut fabric, job);
+        let r = self.execute(fabric, job);
         job.settled = true;
         if !fabric.flushed() {
             // Bytes still queued in a transport: the progress thread
@@ -169,7 +182,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
     for mut job in left {
         job.done.finish(Err(err.clone()), job.keep.take());
     }
-    let mut fabric = shared.fabric.lock();
+    let mut st = shared.state.lock();
+    let fabric = &mut st.fabric;
     // Let the last bytes of finished calls reach the peers (a failed
     // call's were abandoned when it ended): a peer may still be in a call
     // this rank finished before its own next call failed. Briefly when
@@ -188,7 +202,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
 fn main_loop(shared: &Shared) {
     loop {
         let seen = shared.kick.seq();
-        let mut fabric = shared.fabric.lock();
+        let mut st = shared.state.lock();
         let job = {
             let mut q = shared.queue.lock();
             let job = q.pop_front();
@@ -196,8 +210,8 @@ fn main_loop(shared: &Shared) {
             job
         };
         if let Some(mut job) = job {
-            let result = shared.execute(&mut fabric, &mut job);
-            drop(fabric);
+            let result = shared.execute(&mut st.fabric, &mut job);
+            drop(st);
             job.done.finish(result, job.keep.take());
             continue;
         }
@@ -210,8 +224,8 @@ fn main_loop(shared: &Shared) {
         // poisoned communicator still pushes out what its finished calls
         // sent (a failed call's sends were abandoned). Bytes that cannot
         // leave (a connection failed) are tried again at the slow pace.
-        let flushed = fabric.progress().is_err() || fabric.flushed();
-        drop(fabric);
+        let flushed = st.fabric.progress().is_err() || st.fabric.flushed();
+        drop(st);
         // Sleep on the kick, not on the fabric's doorbell: peers ring that
         // for whichever thread runs a job, and waking this one for nothing
         // would take a core from it.

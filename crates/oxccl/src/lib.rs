@@ -63,6 +63,8 @@
 //! `Communicator` is `Send + Sync`. All ranks must issue collectives in
 //! the same order.
 
+#[cfg(test)]
+mod alloc_count;
 mod buf;
 pub mod call;
 mod check;

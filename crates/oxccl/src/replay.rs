@@ -10,9 +10,9 @@
 //! their own signature), but it is not planned, and nothing is allocated
 //! for it.
 //!
-//! This module holds what is kept; the communicator's side is
-//! `Communicator::run_collective` in `launch.rs` (the communicator holds
-//! the slot, so this module may not know the communicator).
+//! This module holds what is kept; the engine's lock guards it with the
+//! fabric (`engine::Locked`: a replayed call takes that one lock), and the
+//! communicator's side is `Communicator::run_collective` in `launch.rs`.
 
 use crate::buf::Region;
 use crate::call::{Call, Spec};
