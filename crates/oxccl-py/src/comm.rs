@@ -170,6 +170,8 @@ impl Comm {
     /// streams)` runs, with the kind, element type and reduction as the
     /// indices `codes` gave (nothing to parse, no list to walk: the way of
     /// every small call).
+    // The arguments are the Python method's, one each (a tuple or class
+    // would be built in Python on every small call).
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (codes, send, recv, count, scalar, root, streams))]
     fn coll(

@@ -78,7 +78,6 @@ pub fn codes(kind: &str, dtype_name: &str, op: &str) -> Result<(usize, usize, us
 }
 
 /// A collective from [`codes`]' indices, checked for `comm`'s rank.
-#[allow(clippy::too_many_arguments)]
 pub fn coll(
     comm: &Communicator,
     (kind, dtype, op): (usize, usize, usize),

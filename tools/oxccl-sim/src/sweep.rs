@@ -150,6 +150,9 @@ pub type Priced = (f64, Bound, Option<String>);
 /// on `placement` (the topology's shape, numbered blocked or cyclically),
 /// cut into `channels` parts where they can be ([`build`]), and priced on
 /// the links its ranks take.
+// What to price (collectives, algorithms, options), where (topology,
+// placement, channels) and how (threads, verbosity): each a command-line
+// option of its own, passed as given.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     colls: &[Collective],
