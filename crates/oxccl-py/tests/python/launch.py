@@ -49,6 +49,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def _torchrun_env(r, n, port):
+    """torchrun's variables for rank ``r`` of ``n`` (one OpenMP thread
+    each: the ranks share this machine's cores)."""
+    return {"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+
+
+def _fail(what, failed, section):
+    """The error naming the ranks in ``failed``; ``section(r)`` is rank
+    ``r``'s part of the message (a heading and the end of its output)."""
+    ranks = sorted(set(failed))
+    text = "\n".join(section(r) for r in ranks)
+    raise AssertionError(f"{what} failed on ranks {ranks}:\n{text}")
+
+
 def _torch_importable():
     try:
         import importlib.util
@@ -101,9 +116,8 @@ def run(n, func, *args, timeout=180, env=None):
     with tempfile.TemporaryDirectory() as d:
         procs, logs = [], []
         for r in range(n):
-            e = {"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo",
-                 "OMP_NUM_THREADS": "1"}
+            e = _torchrun_env(r, n, port)
+            e["GLOO_SOCKET_IFNAME"] = "lo"
             e.update(env or {})
             out = os.path.join(d, f"rank{r}.pkl")
             e["OXCCL_TEST_OUT"] = out
@@ -142,8 +156,7 @@ def wait_forked(procs, logs, what, timeout):
                     return f.read()[-3000:]
             except OSError as e:
                 return f"(no output: {e})"
-        text = "\n".join(f"--- rank {r} (exit {procs[r].exitcode}) ---\n{tail(r)}" for r in sorted(set(failed)))
-        raise AssertionError(f"{what} failed on ranks {sorted(set(failed))}:\n{text}")
+        _fail(what, failed, lambda r: f"--- rank {r} (exit {procs[r].exitcode}) ---\n{tail(r)}")
 
 
 def script(n, path, timeout=180):
@@ -153,8 +166,7 @@ def script(n, path, timeout=180):
     procs = []
     for r in range(n):
         e = dict(os.environ)
-        e.update({"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
-                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+        e.update(_torchrun_env(r, n, port))
         procs.append(subprocess.Popen([sys.executable, path], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     return wait_all(procs, path, timeout)
@@ -177,6 +189,5 @@ def wait_all(procs, what, timeout):
         if p.returncode != 0:
             failed.append(r)
     if failed:
-        logs = "\n".join(f"--- rank {r} ---\n{outputs[r][-3000:]}" for r in sorted(set(failed)))
-        raise AssertionError(f"{what} failed on ranks {sorted(set(failed))}:\n{logs}")
+        _fail(what, failed, lambda r: f"--- rank {r} ---\n{outputs[r][-3000:]}")
     return outputs
